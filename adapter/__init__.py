@@ -1,0 +1,34 @@
+"""jacklring: collectives over numpy, cupy and torch buffers (the public API)."""
+from .backends.base import ReduceOp
+from .errors import (
+    BackendUnavailable,
+    CollectiveTimeout,
+    ConfigError,
+    DistributedError,
+    IntegrityError,
+    MismatchError,
+    PeerError,
+)
+from .group import Group, init, is_available
+from .ops import (
+    all_gather,
+    all_max,
+    all_min,
+    all_reduce,
+    all_sum,
+    barrier,
+    broadcast,
+    recv,
+    recv_like,
+    reduce_scatter,
+    send,
+    sum_scatter,
+)
+
+__all__ = [
+    "Group", "init", "is_available", "ReduceOp",
+    "all_sum", "all_max", "all_min", "all_reduce", "all_gather", "sum_scatter", "reduce_scatter",
+    "broadcast", "barrier", "send", "recv", "recv_like",
+    "DistributedError", "ConfigError", "BackendUnavailable", "PeerError", "MismatchError",
+    "CollectiveTimeout", "IntegrityError",
+]

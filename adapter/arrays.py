@@ -1,0 +1,105 @@
+"""numpy / torch / cupy buffers <-> 1-D numpy views, without copies where the input allows.
+
+The backends only see numpy arrays. A contiguous numpy array or CPU tensor is viewed in
+place; a non-contiguous one is made contiguous once; GPU buffers are staged through host
+memory here (the NCCL backend takes them directly, see adapter.ops).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+
+from .backends.elements import BFLOAT16, DTYPE_CODES
+
+Restore = Callable[[np.ndarray], Any]
+
+
+def _kind(x: Any) -> str:
+    module = type(x).__module__
+    if module.startswith("torch"):
+        return "torch"
+    if module.startswith("cupy"):
+        return "cupy"
+    return "numpy"
+
+
+def _torch_to_numpy(t: Any) -> np.ndarray:
+    import torch
+
+    t = t.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    t = t.contiguous()
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(BFLOAT16)
+    if t.dtype in (torch.uint16, torch.uint32, torch.uint64):
+        signed = {torch.uint16: torch.int16, torch.uint32: torch.int32, torch.uint64: torch.int64}[t.dtype]
+        unsigned = {torch.uint16: np.uint16, torch.uint32: np.uint32, torch.uint64: np.uint64}[t.dtype]
+        return t.view(signed).numpy().view(unsigned)
+    return t.numpy()
+
+
+def numpy_to_torch(arr: np.ndarray, device: Any = None) -> Any:
+    import torch
+
+    if arr.dtype == BFLOAT16:
+        t = torch.from_numpy(arr.view(np.int16)).view(torch.bfloat16)
+    elif arr.dtype in (np.uint16, np.uint32, np.uint64):
+        signed = {np.dtype(np.uint16): np.int16, np.dtype(np.uint32): np.int32, np.dtype(np.uint64): np.int64}[arr.dtype]
+        target = {np.dtype(np.uint16): torch.uint16, np.dtype(np.uint32): torch.uint32, np.dtype(np.uint64): torch.uint64}[arr.dtype]
+        t = torch.from_numpy(arr.view(signed)).view(target)
+    else:
+        t = torch.from_numpy(arr)
+    if device is not None and torch.device(device).type != "cpu":
+        t = t.to(device)
+    return t
+
+
+def as_numpy(x: Any) -> tuple[np.ndarray, Restore]:
+    """A C-contiguous numpy view of x, and a function turning a numpy result back into x's type."""
+    kind = _kind(x)
+    if kind == "torch":
+        arr = _torch_to_numpy(x)
+        device = x.device
+        restore: Restore = lambda out: numpy_to_torch(out, device)  # noqa: E731
+    elif kind == "cupy":
+        import cupy
+
+        arr = cupy.asnumpy(x)
+        restore = cupy.asarray
+    else:
+        arr = np.ascontiguousarray(x)
+        restore = _identity
+    if arr.dtype not in DTYPE_CODES:
+        raise TypeError(f"dtype {arr.dtype} is not supported (supported: {', '.join(sorted(map(str, DTYPE_CODES)))})")
+    return arr, restore
+
+
+def _identity(out: np.ndarray) -> np.ndarray:
+    return out
+
+
+def numpy_dtype(dtype: Any) -> np.dtype:
+    """A numpy dtype from a numpy dtype, a string such as 'bfloat16', or a torch dtype."""
+    if type(dtype).__module__.startswith("torch"):
+        import torch
+
+        if dtype == torch.bfloat16:
+            return BFLOAT16
+        return np.dtype(str(dtype).replace("torch.", ""))
+    if isinstance(dtype, str) and dtype == "bfloat16":
+        return BFLOAT16
+    return np.dtype(dtype)
+
+
+def result_like(dtype: Any) -> Restore:
+    """How to wrap a received numpy array so it matches the kind of dtype the caller named."""
+    if type(dtype).__module__.startswith("torch"):
+        return numpy_to_torch
+    return _identity
+
+
+def flat(arr: np.ndarray) -> np.ndarray:
+    """A 1-D view of a C-contiguous array (never a copy)."""
+    return arr.reshape(-1)

@@ -1,0 +1,70 @@
+"""The small interface every backend implements.
+
+Buffers are 1-D, C-contiguous numpy arrays of the logical dtype (ml_dtypes.bfloat16
+included). The ops layer does all conversion from torch / cupy and all shape checks;
+a backend only moves and reduces elements.
+"""
+from __future__ import annotations
+
+import abc
+import enum
+
+import numpy as np
+
+
+class ReduceOp(enum.Enum):
+    SUM = "sum"
+    PROD = "prod"
+    MAX = "max"
+    MIN = "min"
+    BAND = "band"
+    BOR = "bor"
+    BXOR = "bxor"
+
+
+class Backend(abc.ABC):
+    """One communicator: a fixed set of ranks that run collectives together."""
+
+    name: str = "?"
+
+    @abc.abstractmethod
+    def rank(self) -> int: ...
+
+    @abc.abstractmethod
+    def size(self) -> int: ...
+
+    @abc.abstractmethod
+    def all_reduce(self, src: np.ndarray, dst: np.ndarray, op: ReduceOp) -> None:
+        """dst = op over ranks of src. src may be dst (in place); same dtype and size on every rank."""
+
+    @abc.abstractmethod
+    def all_gather(self, src: np.ndarray, dst: np.ndarray) -> None:
+        """dst (size() * src.size elements) = concatenation of every rank's src, in rank order."""
+
+    @abc.abstractmethod
+    def reduce_scatter(self, src: np.ndarray, dst: np.ndarray, op: ReduceOp) -> None:
+        """dst = this rank's block (dst.size elements) of op over ranks of src (size() * dst.size)."""
+
+    @abc.abstractmethod
+    def broadcast(self, buf: np.ndarray, root: int) -> None:
+        """buf on every rank = buf on root (in place)."""
+
+    @abc.abstractmethod
+    def barrier(self) -> None: ...
+
+    @abc.abstractmethod
+    def send(self, buf: np.ndarray, dst: int) -> None: ...
+
+    @abc.abstractmethod
+    def recv(self, buf: np.ndarray, src: int) -> None:
+        """Fill buf (exact size expected) with a message from src."""
+
+    @abc.abstractmethod
+    def split(self, color: int, key: int) -> "Backend":
+        """A new communicator of the ranks that passed the same color, ordered by (key, rank)."""
+
+    def close(self) -> None:
+        """Release sockets and threads. Safe to call twice."""
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} rank {self.rank()} of {self.size()}>"

@@ -1,0 +1,103 @@
+"""Element types and reductions shared by every backend that reduces on the CPU.
+
+float16 and bfloat16 are reduced in float32 and rounded once per step, so a sum of
+many ranks loses no more precision than one rounding per hop.
+"""
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+
+from .base import ReduceOp
+
+BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
+
+# Stable wire codes: two ranks compare these to detect a dtype mismatch.
+DTYPE_CODES: dict[np.dtype, int] = {
+    np.dtype(np.bool_): 1,
+    np.dtype(np.int8): 2,
+    np.dtype(np.int16): 3,
+    np.dtype(np.int32): 4,
+    np.dtype(np.int64): 5,
+    np.dtype(np.uint8): 6,
+    np.dtype(np.uint16): 7,
+    np.dtype(np.uint32): 8,
+    np.dtype(np.uint64): 9,
+    np.dtype(np.float16): 10,
+    BFLOAT16: 11,
+    np.dtype(np.float32): 12,
+    np.dtype(np.float64): 13,
+    np.dtype(np.complex64): 14,
+    np.dtype(np.complex128): 15,
+}
+CODE_NAMES = {code: str(dt) for dt, code in DTYPE_CODES.items()}
+
+_WIDEN = {np.dtype(np.float16), BFLOAT16}
+
+_UFUNCS = {
+    ReduceOp.SUM: np.add,
+    ReduceOp.PROD: np.multiply,
+    ReduceOp.MAX: np.maximum,
+    ReduceOp.MIN: np.minimum,
+    ReduceOp.BAND: np.bitwise_and,
+    ReduceOp.BOR: np.bitwise_or,
+    ReduceOp.BXOR: np.bitwise_xor,
+}
+# numpy's add on bool is logical or; spell the boolean meaning of each op out.
+_BOOL_UFUNCS = {
+    ReduceOp.SUM: np.logical_or,
+    ReduceOp.PROD: np.logical_and,
+    ReduceOp.MAX: np.logical_or,
+    ReduceOp.MIN: np.logical_and,
+    ReduceOp.BAND: np.logical_and,
+    ReduceOp.BOR: np.logical_or,
+    ReduceOp.BXOR: np.logical_xor,
+}
+
+
+def dtype_code(dtype: np.dtype) -> int:
+    try:
+        return DTYPE_CODES[np.dtype(dtype)]
+    except KeyError:
+        raise TypeError(f"dtype {dtype} is not supported by jacklring") from None
+
+
+def check_reducible(dtype: np.dtype, op: ReduceOp) -> None:
+    """Raise TypeError for a combination numpy cannot reduce (bitwise ops on floats, max of complex)."""
+    dt = np.dtype(dtype)
+    if op in (ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR) and dt.kind not in "biu":
+        raise TypeError(f"{op.name} needs an integer or bool dtype, not {dt}")
+    if op in (ReduceOp.MAX, ReduceOp.MIN) and dt.kind == "c":
+        raise TypeError(f"{op.name} is not defined for complex dtype {dt}")
+
+
+def reduce_into(dst: np.ndarray, a: np.ndarray, b: np.ndarray, op: ReduceOp) -> None:
+    """dst = op(a, b) elementwise; dst may alias a or b."""
+    dt = dst.dtype
+    if dt in _WIDEN:
+        wide = _UFUNCS[op](a.astype(np.float32), b.astype(np.float32))
+        dst[...] = wide.astype(dt)
+    elif dt == np.bool_:
+        _BOOL_UFUNCS[op](a, b, out=dst)
+    else:
+        _UFUNCS[op](a, b, out=dst)
+
+
+def reduce_many(dst: np.ndarray, parts: list[np.ndarray], op: ReduceOp) -> None:
+    """dst = op over parts in list order (a fixed order gives bit-identical results on every rank).
+
+    dst may alias parts[0], never a later part.
+    """
+    if dst.dtype in _WIDEN:
+        acc = parts[0].astype(np.float32)
+        ufunc = _UFUNCS[op]
+        for part in parts[1:]:
+            ufunc(acc, part.astype(np.float32), out=acc)
+        dst[...] = acc.astype(dst.dtype)
+        return
+    if len(parts) == 1:
+        dst[...] = parts[0]
+        return
+    reduce_into(dst, parts[0], parts[1], op)
+    for part in parts[2:]:
+        reduce_into(dst, dst, part, op)
