@@ -129,7 +129,7 @@ def load_hostfile(path: Union[str, Path]) -> Hostfile:
 def parse_hostfile(obj: Any, source: str = "hostfile") -> Hostfile:
     """Validate an already decoded hostfile (either form)."""
     if isinstance(obj, list):
-        backend, envs, entries, where = "", [], obj, ""
+        backend, envs, entries, where = "", [], obj, "hosts"
     elif isinstance(obj, dict):
         unknown = sorted(set(obj) - {"backend", "envs", "hosts"})
         if unknown:
