@@ -1,0 +1,98 @@
+"""The transport interface JACCL's algorithms are written against, modelled on verbs.
+
+Each peer has a few numbered slots per direction; each slot is one registered buffer of
+`frame_bytes` bytes, allocated once (a BufferPool) and reused by every operation. An algorithm
+fills a send slot and posts it, posts receive slots, and polls for completions:
+
+    view = t.send_buffer(peer, slot); view[:n] = ...; t.post_send(peer, slot, n)
+    t.post_recv(peer, slot)
+    for c in t.poll(deadline): ...          # Completion(kind, peer, slot, nbytes)
+
+Messages to one peer arrive in the order they were posted, each into the receive slot posted
+for it in the same order (RC queue-pair semantics). A failed completion raises (PeerError naming
+the peer); poll raises CollectiveTimeout at the deadline; nothing fails silently.
+"""
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+from typing import Callable, Generic, TypeVar
+
+SEND = 1
+RECV = 2
+KIND_NAMES = {SEND: "send", RECV: "recv"}
+
+
+@dataclass(frozen=True)
+class Completion:
+    kind: int      # SEND or RECV
+    peer: int
+    slot: int
+    nbytes: int    # bytes received (RECV) or sent (SEND)
+
+
+B = TypeVar("B")
+
+
+class BufferPool(Generic[B]):
+    """Buffers keyed by (peer, kind, slot), each allocated on first use and then reused.
+
+    `allocate(nbytes, key)` makes one buffer (a bytearray for TCP, a registered memory
+    region for verbs); registration is expensive, so it happens once per key per transport.
+    """
+
+    def __init__(self, frame_bytes: int, allocate: Callable[[int, tuple[int, int, int]], B]) -> None:
+        self.frame_bytes = frame_bytes
+        self._allocate = allocate
+        self._buffers: dict[tuple[int, int, int], B] = {}
+        self.allocations = 0
+
+    def get(self, peer: int, kind: int, slot: int) -> B:
+        key = (peer, kind, slot)
+        buf = self._buffers.get(key)
+        if buf is None:
+            buf = self._allocate(self.frame_bytes, key)
+            self._buffers[key] = buf
+            self.allocations += 1
+        return buf
+
+    def items(self):
+        return self._buffers.items()
+
+    def clear(self) -> None:
+        self._buffers.clear()
+
+
+class Transport(abc.ABC):
+    """Point-to-point message passing between one rank and its directly connected peers."""
+
+    name: str = "?"
+    rank: int
+    size: int
+    peers: list[int]
+    frame_bytes: int   # the largest message one slot carries
+    slots: int         # slots per peer and direction
+
+    @abc.abstractmethod
+    def send_buffer(self, peer: int, slot: int) -> memoryview:
+        """The registered buffer of send slot `slot` to `peer` (do not touch while posted)."""
+
+    @abc.abstractmethod
+    def recv_buffer(self, peer: int, slot: int) -> memoryview:
+        """The registered buffer of receive slot `slot` from `peer` (valid after its completion)."""
+
+    @abc.abstractmethod
+    def post_send(self, peer: int, slot: int, nbytes: int) -> None:
+        """Send the first nbytes of the send slot as one message."""
+
+    @abc.abstractmethod
+    def post_recv(self, peer: int, slot: int) -> None:
+        """Make the receive slot ready for the next message from peer."""
+
+    @abc.abstractmethod
+    def poll(self, deadline: float) -> list[Completion]:
+        """At least one completion; CollectiveTimeout at the deadline; PeerError on a failure."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Release connections and buffers. Safe to call twice."""
