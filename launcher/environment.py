@@ -1,0 +1,154 @@
+"""What each rank's environment holds, per backend (the contract in DESIGN.md).
+
+Pure planning: no process is started here. Files (MLX_HOSTFILE, MLX_IBV_DEVICES) are
+returned as contents; whoever starts the rank writes them on the rank's own host.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+from collections import Counter
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from typing import Optional
+
+from .hostfile import Host
+
+DEFAULT_STARTING_PORT = 32323   # mlx.launch's default
+DEFAULT_NCCL_PORT = 12345       # mlx.launch's default
+DEFAULT_MASTER_PORT = 29500     # torchrun's default, used when rank 0 is remote
+
+
+@dataclass
+class LaunchOptions:
+    backend: str
+    envs: list[str] = field(default_factory=list)        # hostfile envs then --env, "K=V"
+    starting_port: Optional[int] = None
+    connections_per_ip: int = 1
+    nccl_port: Optional[int] = None
+    verbose: bool = False
+    columns: Optional[tuple[int, int]] = None             # terminal (cols, lines) to pass on
+
+
+@dataclass
+class RankPlan:
+    rank: int
+    host: Host
+    local_rank: int
+    local_world_size: int
+    env: dict[str, str]                                   # set on top of the rank's environment
+    files: dict[str, str] = field(default_factory=dict)   # variable -> file content
+
+
+def plan_ranks(hosts: list[Host], options: LaunchOptions) -> list[RankPlan]:
+    """One plan per rank: torch variables < user envs < the backend's contract variables."""
+    all_local = all(h.is_local for h in hosts)
+    shared_env, files = _backend_contract(hosts, options, all_local)
+    torch_env = _torch_env(hosts, all_local)
+    per_host = Counter(h.ssh for h in hosts)
+    seen: Counter = Counter()
+    plans = []
+    for rank, host in enumerate(hosts):
+        local_rank = seen[host.ssh]
+        seen[host.ssh] += 1
+        env = {
+            "PYTHONUNBUFFERED": "1",  # ranks write into pipes: keep lines timely and ordered
+            "RANK": str(rank),
+            "LOCAL_RANK": str(local_rank),
+            "LOCAL_WORLD_SIZE": str(per_host[host.ssh]),
+            **torch_env,
+        }
+        if options.columns:
+            env["COLUMNS"], env["LINES"] = map(str, options.columns)
+        env.update(parse_env_assignments(options.envs))
+        env.update(shared_env)
+        env["MLX_RANK"] = str(rank)
+        if options.backend == "nccl":
+            env["CUDA_VISIBLE_DEVICES"] = str(local_rank)
+        plans.append(RankPlan(rank, host, local_rank, per_host[host.ssh], env, dict(files)))
+    return plans
+
+
+def parse_env_assignments(items: list[str]) -> dict[str, str]:
+    out = {}
+    for item in items:
+        key, _, value = item.partition("=")
+        out[key] = value
+    return out
+
+
+def _torch_env(hosts: list[Host], all_local: bool) -> dict[str, str]:
+    master = hosts[0].address
+    port = free_ports([master])[0] if hosts[0].is_local else DEFAULT_MASTER_PORT
+    return {"WORLD_SIZE": str(len(hosts)), "MASTER_ADDR": master, "MASTER_PORT": str(port)}
+
+
+def _backend_contract(hosts: list[Host], options: LaunchOptions, all_local: bool):
+    """(variables shared by every rank, files shared by every rank) for options.backend."""
+    backend = options.backend
+    if backend == "ring":
+        addresses = ring_addresses(hosts, options.connections_per_ip, options.starting_port, all_local)
+        env = {"MLX_RING_VERBOSE": "1"} if options.verbose else {}
+        return env, {"MLX_HOSTFILE": json.dumps(addresses)}
+    if backend in ("jaccl", "jaccl-ring"):
+        coordinator = hosts[0].ips[0]
+        port = options.starting_port or (
+            free_ports([coordinator])[0] if all_local else DEFAULT_STARTING_PORT)
+        env = {"MLX_JACCL_COORDINATOR": f"{_host_port(coordinator, port)}"}
+        if backend == "jaccl-ring":
+            env["MLX_JACCL_RING"] = "1"  # what mlx.launch sets for --backend jaccl-ring
+        return env, {"MLX_IBV_DEVICES": json.dumps(rdma_matrix(hosts))}
+    if backend == "nccl":
+        ip = hosts[0].ips[0]
+        port = options.nccl_port or (free_ports([ip])[0] if all_local else DEFAULT_NCCL_PORT)
+        env = {"NCCL_HOST_IP": ip, "NCCL_PORT": str(port), "MLX_WORLD_SIZE": str(len(hosts))}
+        if options.verbose:
+            env["NCCL_DEBUG"] = "INFO"
+        return env, {}
+    if backend == "mpi":
+        return {}, {}  # mpirun provides ranks; see launcher/mpi.py
+    raise ValueError(f"unknown backend {backend!r}")
+
+
+def ring_addresses(hosts: list[Host], connections_per_ip: int,
+                   starting_port: Optional[int], all_local: bool) -> list[list[str]]:
+    """Per rank: each of its ips x connections_per_ip, on consecutive ports from
+    starting_port (mlx.launch's layout). An all-local run without --starting-port takes
+    free ports instead, so two jobs on one machine do not collide."""
+    wanted = [ip for h in hosts for ip in h.ips for _ in range(connections_per_ip)]
+    if starting_port is None and all_local:
+        ports = free_ports(wanted)
+    else:
+        start = starting_port or DEFAULT_STARTING_PORT
+        ports = list(range(start, start + len(wanted)))
+    it = iter(zip(wanted, ports))
+    return [[_host_port(*next(it)) for _ in h.ips for _ in range(connections_per_ip)]
+            for h in hosts]
+
+
+def rdma_matrix(hosts: list[Host]) -> list[list]:
+    """The hosts' rdma rows; hosts without any rdma get an all-null N x N matrix."""
+    n = len(hosts)
+    if not any(h.rdma for h in hosts):
+        return [[None] * n for _ in range(n)]
+    return [list(h.rdma) for h in hosts]
+
+
+def free_ports(addresses: list[str]) -> list[int]:
+    """One currently free TCP port per address, all distinct (sockets held until all bound)."""
+    with ExitStack() as stack:
+        ports = []
+        for addr in addresses:
+            family = socket.AF_INET6 if ":" in addr else socket.AF_INET
+            s = stack.enter_context(socket.socket(family, socket.SOCK_STREAM))
+            try:
+                s.bind((addr, 0))
+            except OSError:
+                s.bind(("", 0))  # address not on this machine: any free port is our best guess
+            ports.append(s.getsockname()[1])
+        return ports
+
+
+def _host_port(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"

@@ -1,0 +1,247 @@
+"""Running one rank: here as a subprocess, or on another host through Fabric.
+
+Both kinds report to one queue: ("output", rank, fd, bytes) and, once their output is
+drained, ("exit", index, code) with code = exit status or 128 + signal number.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import queue
+import shlex
+import signal
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+from typing import Callable, Optional
+
+from . import agent
+from .agent import DATA, EOF, SIGNAL, encode_frame
+
+CONNECT_TIMEOUT = 20.0
+OUTPUT_DRAIN_TIMEOUT = 2.0  # after exit, how long a grandchild holding the pipe may delay us
+
+
+class StartError(RuntimeError):
+    """A rank could not be started (ssh failure, missing program, ...)."""
+
+
+def exit_code(returncode: int) -> int:
+    return returncode if returncode >= 0 else 128 - returncode
+
+
+class RankProcess:
+    """Shared bookkeeping: which rank, where, how to describe it in one line."""
+
+    def __init__(self, index: int, rank: int, host_label: str) -> None:
+        self.index = index
+        self.rank = rank
+        self.host_label = host_label
+        self.events: Optional[queue.Queue] = None
+        self.stdin_queue: queue.Queue = queue.Queue()
+
+    def describe(self) -> str:
+        return f"rank {self.rank} (host {self.host_label})"
+
+    def _pump(self, read: Callable[[], bytes], fd: int) -> None:
+        while True:
+            try:
+                data = read()
+            except (OSError, ValueError, EOFError):
+                return
+            if not data:
+                return
+            self.events.put(("output", self.rank, fd, data))
+
+    def _start_thread(self, target, *args) -> threading.Thread:
+        t = threading.Thread(target=target, args=args, daemon=True)
+        t.start()
+        return t
+
+    # interface
+    def start(self, events: queue.Queue) -> None: ...
+    def send_stdin(self, data: bytes) -> None: self.stdin_queue.put(data)
+    def close_stdin(self) -> None: self.stdin_queue.put(None)
+    def signal(self, sig: int) -> None: ...
+    def kill(self) -> None: ...
+    def cleanup(self) -> None: ...
+
+
+class LocalRank(RankProcess):
+    """A subprocess in its own session, so the rank and its children die together."""
+
+    def __init__(self, index: int, rank: int, argv: list[str], env: dict[str, str],
+                 files: dict[str, str], cwd: Optional[str]) -> None:
+        super().__init__(index, rank, "127.0.0.1")
+        self.argv, self.env, self.files, self.cwd = argv, env, files, cwd
+        self.proc: Optional[subprocess.Popen] = None
+        self.tmpdir: Optional[str] = None
+
+    def start(self, events: queue.Queue) -> None:
+        # Must run on the main thread: PDEATHSIG fires when the *thread* that forked exits.
+        self.events = events
+        env = dict(os.environ)
+        env.update(self.env)
+        if self.files:
+            self.tmpdir = tempfile.mkdtemp(prefix=f"launcher-rank{self.rank}-")
+            for name, content in self.files.items():
+                path = Path(self.tmpdir) / f"{name.lower()}.json"
+                path.write_text(content)
+                env[name] = str(path)
+        try:
+            self.proc = subprocess.Popen(
+                self.argv, env=env, cwd=self.cwd, stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                start_new_session=True, preexec_fn=agent.die_with_parent,
+            )
+        except OSError as e:
+            raise StartError(f"cannot run {self.argv[0]!r}: {e.strerror}") from None
+        readers = [
+            self._start_thread(self._pump, lambda: os.read(self.proc.stdout.fileno(), 65536), 1),
+            self._start_thread(self._pump, lambda: os.read(self.proc.stderr.fileno(), 65536), 2),
+        ]
+        self._start_thread(self._feed_stdin)
+        self._start_thread(self._wait, readers)
+
+    def _wait(self, readers) -> None:
+        code = self.proc.wait()
+        for t in readers:
+            t.join(OUTPUT_DRAIN_TIMEOUT)
+        self.events.put(("exit", self.index, exit_code(code)))
+
+    def _feed_stdin(self) -> None:
+        pipe = self.proc.stdin
+        while True:
+            data = self.stdin_queue.get()
+            try:
+                if data is None:
+                    pipe.close()
+                    return
+                pipe.write(data)
+                pipe.flush()
+            except (OSError, ValueError):
+                return
+
+    def signal(self, sig: int) -> None:
+        if self.proc is not None:
+            try:
+                os.killpg(self.proc.pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    def kill(self) -> None:
+        self.signal(signal.SIGKILL)
+
+    def cleanup(self) -> None:
+        self.kill()  # leftovers in the rank's process group
+        if self.tmpdir:
+            for p in Path(self.tmpdir).iterdir():
+                p.unlink()
+            os.rmdir(self.tmpdir)
+            self.tmpdir = None
+
+
+class RemoteRank(RankProcess):
+    """A rank on another host: one ssh session running launcher/agent.py as a watchdog.
+
+    The agent writes the temp files on the remote host, applies env and cwd, and kills
+    the rank's process group when told to or when the ssh session ends."""
+
+    def __init__(self, index: int, rank: int, connection, agent_python: str,
+                 argv: list[str], env: dict[str, str], files: dict[str, str],
+                 cwd: Optional[str], cwd_required: bool, grace: float) -> None:
+        super().__init__(index, rank, connection.original_host)
+        self.connection = connection
+        self.agent_python = agent_python
+        self.spec = {"argv": argv, "env": env, "files": files, "cwd": cwd,
+                     "cwd_required": cwd_required, "grace": grace}
+        self.channel = None
+        self.send_lock = threading.Lock()
+
+    def remote_command(self) -> str:
+        source = base64.b64encode(Path(agent.__file__).read_bytes()).decode()
+        spec = base64.b64encode(json.dumps(self.spec).encode()).decode()
+        bootstrap = ("import base64,sys;"
+                     "exec(compile(base64.b64decode(sys.argv[1]),'launcher-agent','exec'))")
+        return "exec " + shlex.join([self.agent_python, "-c", bootstrap, source, spec])
+
+    def start(self, events: queue.Queue) -> None:
+        self.events = events
+        try:
+            self.channel = self.connection.create_session()
+            self.channel.exec_command(self.remote_command())
+        except Exception as e:  # paramiko raises several unrelated types
+            raise StartError(f"ssh session to {self.host_label} failed: {e}") from None
+        readers = [
+            self._start_thread(self._pump, lambda: self.channel.recv(65536), 1),
+            self._start_thread(self._pump, lambda: self.channel.recv_stderr(65536), 2),
+        ]
+        self._start_thread(self._feed_stdin)
+        self._start_thread(self._wait, readers)
+
+    def _wait(self, readers) -> None:
+        for t in readers:
+            t.join()
+        status = self.channel.recv_exit_status()  # -1: session closed without a status
+        self.events.put(("exit", self.index, status if status >= 0 else 255))
+
+    def _send(self, frame: bytes) -> None:
+        with self.send_lock:
+            try:
+                self.channel.sendall(frame)
+            except Exception:
+                pass  # session gone: the agent is stopping the rank on its own
+
+    def _feed_stdin(self) -> None:
+        while True:
+            data = self.stdin_queue.get()
+            if data is None:
+                self._send(encode_frame(EOF))
+                return
+            self._send(encode_frame(DATA, data))
+
+    def signal(self, sig: int) -> None:
+        if self.channel is not None:
+            # Not through the stdin queue: a stop must not wait behind user input.
+            threading.Thread(target=self._send, args=(encode_frame(SIGNAL, bytes([sig])),),
+                             daemon=True).start()
+
+    def kill(self) -> None:
+        if self.channel is not None:
+            self.channel.close()  # the agent sees EOF and SIGKILLs after its grace period
+
+    def cleanup(self) -> None:
+        if self.channel is not None:
+            self.channel.close()
+
+
+def open_connections(targets: list[str], ssh_config: Optional[str],
+                     timeout: float = CONNECT_TIMEOUT) -> dict:
+    """One Fabric Connection per distinct target, opened in parallel.
+
+    Returns {target: Connection or StartError}."""
+    import fabric  # lazy: local runs need no ssh stack
+
+    config = fabric.Config(runtime_ssh_path=ssh_config) if ssh_config else fabric.Config()
+    result: dict = {}
+
+    def connect(target: str) -> None:
+        try:
+            conn = fabric.Connection(target, config=config, connect_timeout=timeout)
+            conn.open()
+            conn.transport.set_keepalive(5)  # notice a dead peer instead of waiting forever
+            result[target] = conn
+        except Exception as e:
+            result[target] = StartError(f"cannot ssh to {target}: {e}")
+
+    threads = [threading.Thread(target=connect, args=(t,), daemon=True) for t in targets]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout + 5)
+    for t in targets:
+        result.setdefault(t, StartError(f"cannot ssh to {t}: timed out after {timeout:.0f} s"))
+    return result

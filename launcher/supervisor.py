@@ -1,0 +1,168 @@
+"""Run a set of ranks to completion: pump output and stdin, and stop everything as soon
+as one rank fails or the launcher is interrupted. Returns the launcher's exit code."""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import sys
+import threading
+import time
+from typing import Optional
+
+from .output import OutputRouter
+from .ranks import RankProcess, StartError
+
+GRACE = 3.0       # SIGTERM -> SIGKILL
+GIVE_UP = 4.0     # after SIGKILL, how long to wait for ranks (e.g. a dead ssh link) to report
+TICK = 0.05
+
+
+def _stdin_reader(events: queue.Queue) -> None:
+    while True:
+        try:
+            data = os.read(0, 65536)
+        except OSError:
+            data = b""
+        events.put(("stdin", data))
+        if not data:
+            return
+
+
+def _can_read_stdin() -> bool:
+    try:
+        os.fstat(0)
+    except OSError:
+        return False
+    # Reading a terminal from a background job would stop the launcher (SIGTTIN).
+    if os.isatty(0):
+        try:
+            return os.tcgetpgrp(0) == os.getpgrp()
+        except OSError:
+            return False
+    return True
+
+
+class Supervisor:
+    def __init__(self, ranks: list[RankProcess], output: OutputRouter,
+                 grace: float = GRACE, log=None) -> None:
+        self.ranks = ranks
+        self.output = output
+        self.grace = grace
+        self.log = log or (lambda msg: print(f"launcher: {msg}", file=sys.stderr, flush=True))
+        self.events: queue.Queue = queue.Queue()
+        self.pending_signal: Optional[int] = None
+        self.running: set[int] = set()
+
+    def _on_signal(self, signum, frame) -> None:
+        # Only a flag: queue.put from a signal handler could deadlock with the main loop.
+        self.pending_signal = signum
+
+    def run(self) -> int:
+        previous = {s: signal.signal(s, self._on_signal)
+                    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+        try:
+            return self._run()
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+
+    def _run(self) -> int:
+        failure: Optional[tuple[RankProcess, int, str]] = None
+        interrupted: Optional[int] = None
+        for proc in self.ranks:
+            if self.pending_signal is not None:
+                break
+            try:
+                proc.start(self.events)
+            except StartError as e:
+                failure = (proc, 255, f"could not start: {e}")
+                break
+            self.running.add(proc.index)
+        if _can_read_stdin():
+            threading.Thread(target=_stdin_reader, args=(self.events,), daemon=True).start()
+
+        stop_at = kill_at = give_up_at = None
+        if failure is not None:
+            stop_at = self._stop(signal.SIGTERM)
+        while self.running:
+            now = time.monotonic()
+            if self.pending_signal is not None:
+                signum, self.pending_signal = self.pending_signal, None
+                if stop_at is None:
+                    interrupted = signum
+                    stop_at = self._stop(signum)
+                elif kill_at is None:  # a second Ctrl-C: no more patience
+                    kill_at = now
+            if stop_at is not None and kill_at is None and now >= stop_at:
+                kill_at = now
+            if kill_at is not None and give_up_at is None and now >= kill_at:
+                for proc in self._running_procs():
+                    proc.kill()
+                give_up_at = now + GIVE_UP
+            if give_up_at is not None and now >= give_up_at:
+                break
+            try:
+                event = self.events.get(timeout=TICK)
+            except queue.Empty:
+                self.output.flush_partials()
+                continue
+            kind = event[0]
+            if kind == "output":
+                self.output.write(*event[1:])
+            elif kind == "stdin":
+                self._broadcast_stdin(event[1])
+            elif kind == "exit":
+                _, index, code = event
+                self.running.discard(index)
+                if code != 0 and failure is None and stop_at is None:
+                    failure = (self.ranks[index], code, f"exited with code {code}")
+                    stop_at = self._stop(signal.SIGTERM)
+            self.output.flush_partials()
+
+        self._drain_output()
+        for proc in self.ranks:
+            proc.cleanup()
+        self.output.close()
+        return self._summarize(failure, interrupted)
+
+    def _running_procs(self) -> list[RankProcess]:
+        return [p for p in self.ranks if p.index in self.running]
+
+    def _stop(self, sig: int) -> float:
+        for proc in self._running_procs():
+            proc.signal(sig)
+        return time.monotonic() + self.grace
+
+    def _broadcast_stdin(self, data: bytes) -> None:
+        for proc in self._running_procs():
+            if data:
+                proc.send_stdin(data)
+            else:
+                proc.close_stdin()
+
+    def _drain_output(self) -> None:
+        while True:
+            try:
+                event = self.events.get_nowait()
+            except queue.Empty:
+                return
+            if event[0] == "output":
+                self.output.write(*event[1:])
+
+    def _summarize(self, failure, interrupted: Optional[int]) -> int:
+        others = len(self.ranks) - 1
+        unresponsive = [p.describe() for p in self._running_procs()]
+        if unresponsive:
+            self.log(f"gave up waiting for {', '.join(unresponsive)}")
+        if failure is not None:
+            proc, code, what = failure
+            tail = f"; stopped the other {others} rank{'s' if others != 1 else ''}" if others else ""
+            self.log(f"{proc.describe()} {what}{tail}")
+            return code if 0 < code < 256 else 1
+        if interrupted is not None:
+            name = signal.Signals(interrupted).name
+            self.log(f"interrupted by {name}; stopped all {len(self.ranks)} ranks")
+            return 128 + interrupted
+        return 0
