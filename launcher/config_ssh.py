@@ -62,8 +62,9 @@ def describe_error(exc: BaseException, target: str, timeout: float) -> str:
         return f"no answer within {timeout:g} s (host down or firewalled?)"
     if name == "AuthenticationException" or name == "BadAuthenticationType":
         return "authentication failed: passwordless (key) ssh is not set up for this host"
-    if name == "NoValidConnectionsError":
-        return f"connection refused ({text})"
+    if name == "NoValidConnectionsError":  # paramiko: {(addr, port): error} per address tried
+        where = ", ".join(f"{addr[0]} port {addr[1]}" for addr in getattr(exc, "errors", {}))
+        return f"connection refused ({where or text}): is sshd running there?"
     if name == "CommandTimedOut":
         return f"a command did not finish within {timeout:g} s"
     if name == "SSHException":
