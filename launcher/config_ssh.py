@@ -109,7 +109,7 @@ class RemoteHosts:
             except Exception:  # closing a half-open connection must not hide the real error
                 pass
 
-    def _run_one(self, index: int, command: str) -> Outcome:
+    def _run_one(self, index: int, command: str, what: str | None = None) -> Outcome:
         target = self.targets[index]
         try:
             result = self.connections[index].run(command, hide=True, warn=True, in_stream=False,
@@ -120,11 +120,12 @@ class RemoteHosts:
                                                         else self.connect_timeout))
         if result.exited != 0:
             detail = (result.stderr.strip().splitlines() or [""])[-1]
+            what = what or f"`{command.split()[0]}`"
             return Outcome(target, stdout=result.stdout,
-                           error=f"`{command.split()[0]}` exited with {result.exited}" + (f": {detail}" if detail else ""))
+                           error=f"{what} exited with {result.exited}" + (f": {detail}" if detail else ""))
         return Outcome(target, stdout=result.stdout)
 
-    def run_each(self, command_for: Callable[[int], str | None]) -> list[Outcome]:
+    def run_each(self, command_for: Callable[[int], str | None], what: str | None = None) -> list[Outcome]:
         """Run command_for(i) on host i, all hosts at once; None skips a host (no error)."""
         outcomes: list[Outcome | None] = [None] * len(self.targets)
         pool = ThreadPoolExecutor(max_workers=max(1, len(self.targets)), thread_name_prefix="launcher-config")
@@ -135,7 +136,7 @@ class RemoteHosts:
                 if command is None:
                     outcomes[i] = Outcome(self.targets[i])
                 else:
-                    futures[pool.submit(self._run_one, i, command)] = i
+                    futures[pool.submit(self._run_one, i, command, what)] = i
             # Each host has its own connect and command deadline; this one catches anything stuck
             # past both (a host that accepted TCP and then went silent during the handshake).
             done, _ = wait(futures, timeout=self.connect_timeout + self.command_timeout + 5)
@@ -180,7 +181,7 @@ class RemoteHosts:
                 else:
                     lines.append(f"{{ {text} || {{ echo \"failed: {_escape(text)}\" >&2; exit 1; }}; }}")
             return " && ".join(lines)
-        return self.run_each(script)
+        return self.run_each(script, what="link setup")
 
 
 def _escape(text: str) -> str:
