@@ -43,14 +43,15 @@ class Request:
         name = KIND_NAMES.get(self.kind, f"unknown operation {self.kind}")
         if self.reduce:
             name += f"({REDUCE_NAMES.get(self.reduce, self.reduce)})"
-        if self.kind == KIND_CODES["broadcast"]:
-            name += f" from root {self.extra}"
-        elif self.kind == KIND_CODES["send"]:
-            name += f" to rank {self.extra}"
-        elif self.kind == KIND_CODES["recv"]:
-            name += f" from rank {self.extra}"
         dtype = CODE_NAMES.get(self.dtype, "bytes") if self.dtype else "bytes"
-        return f"{name} of {self.nbytes} bytes ({dtype})"
+        text = f"{name} of {self.nbytes} bytes ({dtype})"
+        if self.kind == KIND_CODES["broadcast"]:
+            text += f" from root {self.extra}"
+        elif self.kind == KIND_CODES["send"]:
+            text += f" to rank {self.extra}"
+        elif self.kind == KIND_CODES["recv"]:
+            text += f" from rank {self.extra}"
+        return text
 
 
 class Link:
@@ -188,7 +189,7 @@ class _Transfer:
         if theirs != self.expect or phase != self.phase:
             steps = "" if phase == self.phase else f" (at step {self.phase}; rank {peer} at step {phase})"
             raise MismatchError(
-                f"collective mismatch between rank {rank} and rank {peer}: rank {rank} called "
+                f"mismatched operations on rank {rank} and rank {peer}: rank {rank} called "
                 f"{self.request.describe()}, rank {peer} called {theirs.describe()}{steps} "
                 f"[message #{seq} from rank {peer}]")
         expected_seq = self.seq_in[peer] & 0xFFFFFFFF

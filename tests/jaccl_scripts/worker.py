@@ -1,0 +1,211 @@
+"""One JACCL rank for tests/test_jaccl_mesh.py: runs a scenario, checks its own results and writes
+a JSON report (digests of results that must be bit-identical across ranks, caught errors).
+
+usage: worker.py SCENARIO OUT_DIR   (environment: MLX_RANK, MLX_JACCL_COORDINATOR, MLX_IBV_DEVICES)
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import time
+
+import ml_dtypes
+import numpy as np
+
+from adapter.backends import jaccl
+from adapter.backends.base import ReduceOp
+from adapter.backends.elements import reduce_many
+from adapter.errors import MismatchError, PeerError
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+SMALL, LARGE, MULTI_FRAME = 7, 20_000, 300_000  # elements: one-step, blocks, frames > 1 MiB
+
+REDUCE_CASES = [
+    (ReduceOp.SUM, np.float32), (ReduceOp.SUM, np.float16), (ReduceOp.SUM, BF16), (ReduceOp.SUM, np.int32),
+    (ReduceOp.SUM, np.uint8), (ReduceOp.SUM, np.bool_), (ReduceOp.SUM, np.complex64), (ReduceOp.SUM, np.float64),
+    (ReduceOp.PROD, np.int64), (ReduceOp.PROD, np.float64), (ReduceOp.MAX, np.float32), (ReduceOp.MAX, np.int8),
+    (ReduceOp.MIN, np.float16), (ReduceOp.MIN, np.uint16), (ReduceOp.BAND, np.uint8), (ReduceOp.BOR, np.int64),
+    (ReduceOp.BXOR, np.bool_), (ReduceOp.BXOR, np.int32),
+]
+
+
+def make(rank: int, tag: int, count: int, dtype) -> np.ndarray:
+    """Deterministic per-rank data, so every rank can compute every other rank's input."""
+    rng = np.random.default_rng(rank * 7919 + tag)
+    dt = np.dtype(dtype)
+    if dt == np.bool_:
+        return rng.integers(0, 2, count).astype(np.bool_)
+    if dt.kind in "iu":
+        return rng.integers(0, 5, count).astype(dt)
+    if dt.kind == "c":
+        return (rng.normal(size=count) + 1j * rng.normal(size=count)).astype(dt)
+    return rng.normal(size=count).astype(dt)
+
+
+def digest(arr: np.ndarray) -> str:
+    return hashlib.sha256(arr.tobytes()).hexdigest()
+
+
+def check_equal(name: str, got: np.ndarray, want: np.ndarray, exact: bool) -> None:
+    if exact or got.dtype.kind in "biu":
+        ok = got.tobytes() == want.astype(got.dtype).tobytes()
+    else:
+        wide = np.complex128 if got.dtype.kind == "c" else np.float64
+        ok = np.allclose(got.astype(wide), want.astype(got.dtype).astype(wide), rtol=2e-2, atol=5e-2)
+    if not ok:
+        raise AssertionError(f"{name}: wrong result\n got {got[:8]}\nwant {want[:8]}")
+
+
+def run_ops(b, report: dict) -> None:
+    r, n = b.rank(), b.size()
+    exact = b.mode == "mesh"  # the mesh reduces in rank order exactly like reduce_many
+    for tag, (op, dtype) in enumerate(REDUCE_CASES):
+        for count in (SMALL, LARGE) if tag % 3 == 0 else (SMALL,):
+            inputs = [make(q, tag, count, dtype) for q in range(n)]
+            src = inputs[r].copy()
+            dst = np.empty_like(src)
+            b.all_reduce(src, dst, op)
+            want = np.empty_like(src)
+            reduce_many(want, inputs, op)
+            name = f"all_reduce {op.name} {np.dtype(dtype)} x{count}"
+            check_equal(name, dst, want, exact)
+            report["digests"][name] = digest(dst)
+    # in place and larger than one frame (1 MiB)
+    big = [make(q, 100, MULTI_FRAME, np.float32) for q in range(n)]
+    buf = big[r].copy()
+    b.all_reduce(buf, buf, ReduceOp.SUM)
+    want = np.empty_like(buf)
+    reduce_many(want, big, ReduceOp.SUM)
+    check_equal("all_reduce in place multi-frame", buf, want, exact)
+    report["digests"]["all_reduce in place multi-frame"] = digest(buf)
+
+    for tag, (dtype, count) in enumerate([(np.float32, 5), (BF16, 3), (np.bool_, 9), (np.int64, MULTI_FRAME // 2)]):
+        inputs = [make(q, 200 + tag, count, dtype) for q in range(n)]
+        dst = np.empty(n * count, np.dtype(dtype))
+        b.all_gather(inputs[r], dst)
+        check_equal(f"all_gather {np.dtype(dtype)}", dst, np.concatenate(inputs), True)
+
+    for tag, (op, dtype, block) in enumerate([(ReduceOp.SUM, np.float32, 4), (ReduceOp.MAX, np.int32, 3),
+                                              (ReduceOp.SUM, np.float64, LARGE)]):
+        inputs = [make(q, 300 + tag, n * block, dtype) for q in range(n)]
+        dst = np.empty(block, np.dtype(dtype))
+        b.reduce_scatter(inputs[r], dst, op)
+        full = np.empty_like(inputs[0])
+        reduce_many(full, inputs, op)
+        check_equal(f"reduce_scatter {op.name}", dst, full[r * block:(r + 1) * block], exact)
+
+    for root in range(n):
+        for count in (6, LARGE):
+            buf = make(r, 400 + root, count, np.float32)
+            b.broadcast(buf, root)
+            check_equal(f"broadcast root {root}", buf, make(root, 400 + root, count, np.float32), True)
+
+    b.barrier()
+    report["ops"] = "ok"
+
+
+def run_p2p(b, report: dict) -> None:
+    """Every ordered pair of ranks exchanges a message, in one global order."""
+    r, n = b.rank(), b.size()
+    for src in range(n):
+        for dst in range(n):
+            if src == dst:
+                continue
+            count = 3 + src * n + dst
+            if r == src:
+                b.send(make(src, 500 + dst, count, np.int32), dst)
+            elif r == dst:
+                got = np.empty(count, np.int32)
+                b.recv(got, src)
+                check_equal(f"recv {src}->{dst}", got, make(src, 500 + dst, count, np.int32), True)
+    report["p2p"] = "ok"
+
+
+def run_split(b, report: dict) -> None:
+    r, n = b.rank(), b.size()
+    color = r % 2
+    sub = b.split(color, -r)   # reversed order inside each color
+    members = sorted((q for q in range(n) if q % 2 == color), key=lambda q: -q)
+    assert sub.rank() == members.index(r) and sub.size() == len(members), (sub.rank(), sub.size(), members)
+    got = np.empty(sub.size(), np.int64)
+    sub.all_gather(np.array([r], np.int64), got)
+    assert list(got) == members, (list(got), members)
+    x = np.array([r + 1.0], np.float64)
+    sub.all_reduce(x, x, ReduceOp.SUM)
+    assert x[0] == sum(q + 1.0 for q in members), x
+    # the parent still works after the split
+    y = np.ones(3, np.float32)
+    b.all_reduce(y, y, ReduceOp.SUM)
+    assert (y == n).all()
+    sub.close()
+    report["split"] = members
+
+
+def run_mismatch(b, report: dict) -> None:
+    r = b.rank()
+    try:
+        if r == 0:
+            b.all_reduce(np.ones(4, np.float32), np.empty(4, np.float32), ReduceOp.SUM)
+        elif r == 1:
+            b.all_gather(np.ones(4, np.float32), np.empty(4 * b.size(), np.float32))
+        else:
+            b.all_reduce(np.ones(4, np.float32), np.empty(4, np.float32), ReduceOp.SUM)
+        report["error"] = None
+    except (MismatchError, PeerError) as exc:
+        report["error"] = f"{type(exc).__name__}: {exc}"
+
+
+def run_recv_mismatch(b, report: dict) -> None:
+    r = b.rank()
+    try:
+        if r == 0:
+            b.send(np.ones(4, np.float32), 1)
+        elif r == 1:
+            b.recv(np.empty(8, np.float32), 0)
+        report["error"] = None
+    except MismatchError as exc:
+        report["error"] = f"{type(exc).__name__}: {exc}"
+
+
+def run_dead_peer(b, report: dict) -> None:
+    if b.rank() == 1:
+        os._exit(0)   # dies without a word
+    start = time.monotonic()
+    try:
+        b.all_reduce(np.ones(4, np.float32), np.empty(4, np.float32), ReduceOp.SUM)
+        report["error"] = None
+    except PeerError as exc:
+        report["error"] = f"{type(exc).__name__}: {exc}"
+    report["seconds"] = time.monotonic() - start
+
+
+def run_api(b, report: dict) -> None:
+    """The public API on top: adapter.init(backend="jaccl") and adapter.ops."""
+    import adapter
+    from adapter import ops
+    group = adapter.init(backend="jaccl", strict=True)
+    total = ops.all_sum(np.full(5, group.rank() + 1, np.float32), group=group)
+    assert (total == sum(range(1, group.size() + 1))).all(), total
+    report["api"] = group.backend_name
+
+
+SCENARIOS = {"api": run_api, "ops": run_ops, "p2p": run_p2p, "split": run_split, "mismatch": run_mismatch,
+             "recv_mismatch": run_recv_mismatch, "dead_peer": run_dead_peer}
+
+
+def main() -> None:
+    scenarios, out_dir = sys.argv[1].split(","), sys.argv[2]
+    b = jaccl.create()
+    report = {"rank": b.rank(), "size": b.size(), "mode": b.mode, "transport": b.transport_kind, "digests": {}}
+    for name in scenarios:
+        SCENARIOS[name](b, report)
+    with open(os.path.join(out_dir, f"rank{b.rank()}.json"), "w") as fh:
+        json.dump(report, fh)
+    if "dead_peer" not in scenarios:
+        b.close()
+
+
+if __name__ == "__main__":
+    main()

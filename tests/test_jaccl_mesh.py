@@ -1,0 +1,137 @@
+"""JACCL over the TCP mesh transport: real rank processes on 127.0.0.1 with the MLX environment
+contract (MLX_RANK, MLX_JACCL_COORDINATOR, MLX_IBV_DEVICES with fake device names)."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+WORKER = REPO / "tests" / "jaccl_scripts" / "worker.py"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def mesh_matrix(n: int) -> list:
+    return [[None if i == j else f"rdma_en{j + 2}" for j in range(n)] for i in range(n)]
+
+
+def ring_matrix(n: int) -> list:
+    return [[f"rdma_en{j + 2}" if j in ((i - 1) % n, (i + 1) % n) and j != i else None for j in range(n)]
+            for i in range(n)]
+
+
+def run_ranks(tmp_path: Path, matrix: list, scenarios: str, extra_env: dict | None = None,
+              timeout: float = 60.0, expect_ok: bool = True) -> list[dict]:
+    """Spawn one worker per rank, wait for all (killing them at the timeout), return reports."""
+    devices = tmp_path / "devices.json"
+    devices.write_text(json.dumps(matrix))
+    port = free_port()
+    procs = []
+    for rank in range(len(matrix)):
+        env = dict(os.environ, MLX_RANK=str(rank), MLX_JACCL_COORDINATOR=f"127.0.0.1:{port}",
+                   MLX_IBV_DEVICES=str(devices), PYTHONPATH=str(REPO), JACKLRING_TIMEOUT="30",
+                   JACKLRING_CONNECT_TIMEOUT="30")
+        env.pop("JACKLRING_JACCL_TRANSPORT", None)
+        env.update(extra_env or {})
+        procs.append(subprocess.Popen([sys.executable, str(WORKER), scenarios, str(tmp_path)], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    outputs = []
+    try:
+        for p in procs:
+            out, err = p.communicate(timeout=timeout)
+            outputs.append((p.returncode, out, err))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    if expect_ok:
+        for rank, (code, out, err) in enumerate(outputs):
+            assert code == 0, f"rank {rank} exited {code}\n{out}\n{err}"
+    reports = []
+    for rank in range(len(matrix)):
+        path = tmp_path / f"rank{rank}.json"
+        reports.append(json.loads(path.read_text()) if path.exists() else {"stderr": outputs[rank][2]})
+    return reports
+
+
+def assert_identical_reductions(reports: list[dict]) -> None:
+    first = reports[0]["digests"]
+    assert first, "no reductions recorded"
+    for report in reports[1:]:
+        assert report["digests"] == first, f"rank {report['rank']} differs from rank 0 bit for bit"
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_mesh_all_ops(tmp_path, n):
+    scenarios = "ops,p2p,split" + (",api" if n == 2 else "")
+    reports = run_ranks(tmp_path, mesh_matrix(n), scenarios, timeout=100)
+    assert all(r["mode"] == "mesh" and r["transport"] == "tcp" and r["ops"] == "ok" for r in reports)
+    assert all(r["p2p"] == "ok" for r in reports)
+    assert_identical_reductions(reports)
+    if n == 2:
+        assert all(r["api"] == "jaccl" for r in reports)
+
+
+@pytest.mark.timeout(120)
+def test_ring_mode_runs_ring_algorithms(tmp_path):
+    """MLX_JACCL_RING=1 with a ring-only matrix (what `--backend jaccl-ring` produces); the split
+    leaves rank 1 alone in its group, which must come back as a group of one."""
+    reports = run_ranks(tmp_path, ring_matrix(3), "ops,p2p,split", {"MLX_JACCL_RING": "1"}, timeout=100)
+    assert all(r["mode"] == "ring" and r["ops"] == "ok" for r in reports)
+    assert_identical_reductions(reports)
+
+
+@pytest.mark.timeout(60)
+def test_full_matrix_with_ring_preference_is_a_ring(tmp_path):
+    reports = run_ranks(tmp_path, mesh_matrix(4), "p2p", {"MLX_JACCL_RING": "1"}, timeout=45, expect_ok=False)
+    # ring mode connects only neighbours: 0 <-> 2 is refused with a clear error, not a hang
+    assert all("p2p" not in r for r in reports)
+    assert any("not a neighbour" in r.get("stderr", "") for r in reports)
+
+
+@pytest.mark.timeout(60)
+def test_collective_mismatch_raises_on_both_sides(tmp_path):
+    reports = run_ranks(tmp_path, mesh_matrix(3), "mismatch", timeout=45)
+    for rank in (0, 1):
+        error = reports[rank]["error"]
+        assert error and error.startswith("MismatchError"), error
+        assert "all_reduce(sum) of 16 bytes (float32)" in error and "all_gather of 16 bytes (float32)" in error
+    # rank 0 sees rank 1's request; rank 1 may report either of the two ranks that disagree with it
+    assert "rank 0 and rank 1" in reports[0]["error"]
+    assert "rank 1 and rank" in reports[1]["error"]
+
+
+@pytest.mark.timeout(60)
+def test_send_recv_size_mismatch_names_both_requests(tmp_path):
+    reports = run_ranks(tmp_path, mesh_matrix(2), "recv_mismatch", timeout=45)
+    error = reports[1]["error"]
+    assert error and "recv of 32 bytes (float32) from rank 0" in error and "send of 16 bytes (float32)" in error
+
+
+@pytest.mark.timeout(60)
+def test_dead_peer_is_named_within_seconds(tmp_path):
+    reports = run_ranks(tmp_path, mesh_matrix(3), "dead_peer", timeout=45, expect_ok=False)
+    for rank in (0, 2):
+        error = reports[rank]["error"]
+        assert error and error.startswith("PeerError") and "rank 1" in error, error
+        assert reports[rank]["seconds"] < 20  # JACKLRING_TIMEOUT is 30: EOF, not the deadline
+
+
+@pytest.mark.timeout(60)
+def test_forced_rdma_without_a_device_fails_clearly(tmp_path):
+    reports = run_ranks(tmp_path, mesh_matrix(2), "ops", {"JACKLRING_JACCL_TRANSPORT": "rdma"}, timeout=45,
+                        expect_ok=False)
+    for r in reports:
+        assert "BackendUnavailable" in r["stderr"] and "cannot use RDMA" in r["stderr"], r["stderr"][-2000:]
