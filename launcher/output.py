@@ -1,15 +1,18 @@
 """Where rank output goes: the terminal (each line prefixed `[rank] `, stderr kept on
-stderr), or raw with --no-prefix, and optionally one log file per rank (--log-dir)."""
+stderr), or raw with --no-prefix, and optionally one log file per rank (--log-dir).
+
+Output is assembled into lines per (rank, stream) so that ranks never interleave inside a
+line; a partial line (a prompt such as "(Pdb) ") is shown once it waited PARTIAL_LINE_DELAY.
+"""
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from pathlib import Path
 from typing import BinaryIO, Optional
 
-PARTIAL_LINE_DELAY = 0.1  # a prompt without newline ("(Pdb) ") shows after this long
+PARTIAL_LINE_DELAY = 0.1
 
 
 class _Stream:
@@ -18,7 +21,7 @@ class _Stream:
     def __init__(self) -> None:
         self.pending = b""
         self.since = 0.0
-        self.mid_line = False  # a partial line was already shown with its prefix
+        self.mid_line = False  # part of the current line was already shown
 
 
 class OutputRouter:
@@ -27,8 +30,9 @@ class OutputRouter:
         self.prefix = prefix
         self.log_dir = Path(log_dir) if log_dir else None
         self.targets = {1: stdout or sys.stdout.buffer, 2: stderr or sys.stderr.buffer}
-        self.streams: dict[tuple[int, int], _Stream] = {}
-        self.logs: dict[int, BinaryIO] = {}
+        self.streams: dict[tuple, _Stream] = {}
+        self.logs: dict = {}
+        self.open_line: dict[int, Optional[tuple]] = {1: None, 2: None}  # who is mid-line
         if self.log_dir:
             self.log_dir.mkdir(parents=True, exist_ok=True)
 
@@ -38,52 +42,73 @@ class OutputRouter:
             return None
         return self.log_dir / (f"rank{rank}.log" if isinstance(rank, int) else f"{rank}.log")
 
-    def write(self, rank: int, fd: int, data: bytes) -> None:
-        if self.log_dir:
-            log = self.logs.get(rank)
-            if log is None:
-                log = self.logs[rank] = open(self.log_path(rank), "ab")
-            log.write(data)
-            log.flush()
+    def write(self, rank, fd: int, data: bytes) -> None:
         if not self.prefix:
-            self._emit(fd, data)
-            return
+            self._emit(fd, data)  # raw and immediate; lines are still assembled for the log
+            if not self.log_dir:
+                return
         stream = self.streams.setdefault((rank, fd), _Stream())
         if not stream.pending:
             stream.since = time.monotonic()
         stream.pending += data
         complete, sep, rest = stream.pending.rpartition(b"\n")
         if sep:
-            out = []
-            for line in (complete + b"\n").splitlines(keepends=True):
-                out.append(line if stream.mid_line else self._tag(rank) + line)
-                stream.mid_line = False
-            self._emit(fd, b"".join(out))
             stream.pending = rest
             stream.since = time.monotonic()
+            self._show(rank, fd, stream, complete + b"\n", ends_line=True)
 
     def flush_partials(self, force: bool = False) -> None:
         """Show partial lines that waited long enough (prompts), or all when forced."""
         now = time.monotonic()
-        for (rank, fd), stream in self.streams.items():
+        for (rank, fd), stream in list(self.streams.items()):
             if stream.pending and (force or now - stream.since >= PARTIAL_LINE_DELAY):
-                head = b"" if stream.mid_line else self._tag(rank)
-                self._emit(fd, head + stream.pending)
-                stream.pending = b""
-                stream.mid_line = True
+                data, stream.pending = stream.pending, b""
+                self._show(rank, fd, stream, data, ends_line=False)
+
+    def end_rank(self, rank) -> None:
+        """The rank is gone: show its unfinished lines, each closed with a newline."""
+        for fd in (1, 2):
+            stream = self.streams.get((rank, fd))
+            if stream is not None and (stream.pending or stream.mid_line):
+                data, stream.pending = stream.pending + b"\n", b""
+                self._show(rank, fd, stream, data, ends_line=True)
 
     def close(self) -> None:
-        self.flush_partials(force=True)
-        for (rank, fd), stream in self.streams.items():
-            if stream.mid_line:
-                self._emit(fd, b"\n")  # do not glue the next message onto a rank's last words
-                stream.mid_line = False
+        for rank, _fd in list(self.streams):
+            self.end_rank(rank)
         for log in self.logs.values():
             log.close()
         self.logs.clear()
 
+    def _show(self, rank, fd: int, stream: _Stream, data: bytes, ends_line: bool) -> None:
+        """Deliver assembled text: to the log unchanged, to the terminal with prefixes."""
+        if self.log_dir:
+            log = self.logs.get(rank)
+            if log is None:
+                log = self.logs[rank] = open(self.log_path(rank), "ab")
+            log.write(data)
+            log.flush()
+        if self.prefix:
+            key = (rank, fd)
+            self._claim(fd, key)
+            tag = self._tag(rank)
+            lines = data.splitlines(keepends=True)
+            out = [line if (i == 0 and stream.mid_line) else tag + line
+                   for i, line in enumerate(lines)]
+            self._emit(fd, b"".join(out))
+            self.open_line[fd] = None if ends_line else key
+        stream.mid_line = not ends_line
+
+    def _claim(self, fd: int, key: tuple) -> None:
+        """Before `key` writes to fd, end another rank's partial line so text never glues."""
+        owner = self.open_line[fd]
+        if owner is not None and owner != key:
+            self._emit(fd, b"\n")
+            self.streams[owner].mid_line = False
+            self.open_line[fd] = None
+
     @staticmethod
-    def _tag(rank: int) -> bytes:
+    def _tag(rank) -> bytes:
         return f"[{rank}] ".encode()
 
     def _emit(self, fd: int, data: bytes) -> None:

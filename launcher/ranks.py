@@ -108,6 +108,7 @@ class LocalRank(RankProcess):
 
     def _wait(self, readers) -> None:
         code = self.proc.wait()
+        self.kill()  # the rank's leftovers (same process group) end with it, as remotely
         for t in readers:
             t.join(OUTPUT_DRAIN_TIMEOUT)
         self.events.put(("exit", self.index, exit_code(code)))

@@ -116,6 +116,7 @@ class Supervisor:
             elif kind == "exit":
                 _, index, code = event
                 self.running.discard(index)
+                self.output.end_rank(self.ranks[index].rank)
                 if code != 0 and failure is None and stop_at is None:
                     failure = (self.ranks[index], code, f"exited with code {code}")
                     stop_at = self._stop(signal.SIGTERM)

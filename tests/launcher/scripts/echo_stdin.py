@@ -1,0 +1,6 @@
+"""Echo every stdin line back, tagged, until EOF."""
+import sys
+
+for line in sys.stdin:
+    print("got " + line.strip(), flush=True)
+print("eof", flush=True)
