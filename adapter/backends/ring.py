@@ -34,7 +34,7 @@ from ..config import env_flag, env_float, env_rank, op_timeout
 from ..errors import ConfigError, DistributedError, MismatchError, PeerError
 from . import tcp
 from .base import Backend, ReduceOp
-from .elements import CODE_NAMES, dtype_code, reduce_many
+from .elements import CODE_NAMES, DTYPE_CODES, dtype_code, reduce_many
 from .ring_algorithms import (
     Channel,
     all_gather as ring_all_gather,
@@ -115,6 +115,18 @@ def validate_addresses(data: object, where: str) -> list[list[str]]:
     return data
 
 
+class _Described:
+    """Formats a header only when an error message needs it (off the hot path)."""
+
+    __slots__ = ("header",)
+
+    def __init__(self, header: bytes) -> None:
+        self.header = header
+
+    def __str__(self) -> str:
+        return describe_header(self.header)
+
+
 def _copy(src: np.ndarray, dst: np.ndarray) -> None:
     if dst is not src:
         dst[...] = src
@@ -155,6 +167,7 @@ class RingBackend(Backend):
         self._seq = 0
         self._broken: BaseException | None = None
         self._pool: dict[tuple, np.ndarray] = {}
+        self._small_view: memoryview | None = None
         self._p2p_out: dict[int, socket.socket] = {}
         self._p2p_in: dict[int, socket.socket] = {}
         self._p2p_lock = threading.Lock()
@@ -370,7 +383,8 @@ class RingBackend(Backend):
     # ---- collective plumbing --------------------------------------------------------------
 
     def _header(self, op: int, arr: np.ndarray, extra: int) -> bytes:
-        return HEADER.pack(HEADER_MAGIC, op, dtype_code(arr.dtype), self._seq, arr.nbytes, extra)
+        code = DTYPE_CODES.get(arr.dtype) or dtype_code(arr.dtype)
+        return HEADER.pack(HEADER_MAGIC, op, code, self._seq, arr.nbytes, extra)
 
     def _check_usable(self) -> None:
         if self._broken is not None:
@@ -384,7 +398,7 @@ class RingBackend(Backend):
             self._check_usable()
             self._seq += 1
             self._deadline = time.monotonic() + self.timeout
-            self._what = describe_header(header)
+            self._what = _Described(header)
             try:
                 body()
             except BaseException as exc:
@@ -399,12 +413,19 @@ class RingBackend(Backend):
 
     def _buffer(self, tag: str, dtype: np.dtype, count: int) -> np.ndarray:
         """Reusable scratch memory (allocated once per tag and dtype, grown when needed)."""
-        key = (tag, np.dtype(dtype))
+        key = (tag, dtype)
         buf = self._pool.get(key)
         if buf is None or buf.size < count:
             buf = np.empty(max(count, 1), dtype)
             self._pool[key] = buf
         return buf[:count]
+
+    def _small_bytes(self, nbytes: int) -> memoryview:
+        """A reusable byte buffer for small messages (its memoryview is cached: this is the hot path)."""
+        view = self._small_view
+        if view is None or len(view) < nbytes:
+            view = self._small_view = memoryview(bytearray(max(nbytes, 4096)))
+        return view[:nbytes]
 
     def _check_header(self, mine: bytes, raw: memoryview, sender: int) -> None:
         if raw[:HEADER.size] != mine:
@@ -418,7 +439,7 @@ class RingBackend(Backend):
         keeps its origin's header, so every rank checks every other rank's request."""
         n, r = self._size, self._rank
         size = HEADER.size + len(data)
-        gathered = memoryview(self._buffer("small", np.uint8, size * n).data).cast("B")
+        gathered = self._small_bytes(size * n)
         mine = gathered[r * size:(r + 1) * size]
         mine[:HEADER.size] = header
         mine[HEADER.size:] = data
@@ -432,7 +453,11 @@ class RingBackend(Backend):
                 self._check_header(header, view, q)
                 if forward:
                     out.post_send(view)
-            inp.post_recv(view, done)
+
+            def truncated(got: int, view=view, q=q) -> None:
+                if got >= HEADER.size:
+                    self._check_header(header, view, q)
+            inp.post_recv(view, done, truncated)
         self._run()
         return [gathered[q * size + HEADER.size:(q + 1) * size] for q in range(n)]
 

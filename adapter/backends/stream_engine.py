@@ -9,6 +9,7 @@ the two processes, and the ordering of each stream is the order of posting.
 from __future__ import annotations
 
 import logging
+import os
 import select
 import socket
 import time
@@ -20,6 +21,7 @@ from ..errors import CollectiveTimeout, PeerError
 log = logging.getLogger("jacklring.engine")
 
 Callback = Callable[[], None]
+Truncated = Callable[[int], None]
 
 
 class Link:
@@ -34,7 +36,7 @@ class Link:
         self.peer = peer
         self.label = label  # e.g. "rank 1 (127.0.0.1:5001)", used in every error message
         self.sendq: deque[memoryview] = deque()
-        self.recvq: deque[tuple[memoryview, Callback | None]] = deque()
+        self.recvq: deque[tuple[memoryview, Callback | None, Truncated | None]] = deque()
         self.recv_got = 0
         self.bytes_in = 0
         self.bytes_out = 0
@@ -43,9 +45,12 @@ class Link:
         if len(view):
             self.sendq.append(view)
 
-    def post_recv(self, view: memoryview, on_done: Callback | None = None) -> None:
+    def post_recv(self, view: memoryview, on_done: Callback | None = None,
+                  on_truncated: Truncated | None = None) -> None:
+        """Fill view, then call on_done. If the peer hangs up part-way, on_truncated(bytes_received)
+        may raise a more telling error (e.g. a mismatch visible in the header already received)."""
         if len(view):
-            self.recvq.append((view, on_done))
+            self.recvq.append((view, on_done, on_truncated))
         elif on_done is not None:
             on_done()
 
@@ -55,7 +60,7 @@ class Link:
     def describe_pending(self) -> str:
         parts = []
         if self.recvq:
-            missing = sum(len(v) for v, _ in self.recvq) - self.recv_got
+            missing = sum(len(entry[0]) for entry in self.recvq) - self.recv_got
             parts.append(f"{missing} bytes still to receive from {self.label}")
         if self.sendq:
             parts.append(f"{sum(len(v) for v in self.sendq)} bytes still to send to {self.label}")
@@ -83,24 +88,34 @@ class Engine:
         self._poll = select.poll()
         self._registered: dict[int, int] = {}
         self.stall_report_s: float | None = None
+        # Busy-poll this long before sleeping in poll(): waking a sleeping process costs more
+        # than a small message's whole trip on many machines (what MPI libraries do too).
+        self.spin_s = float(os.environ.get("JACKLRING_SPIN_US", "50")) * 1e-6
 
     def run(self, deadline: float, what: str) -> None:
         """Progress every link until all their queues are empty; raise on a dead peer or the deadline."""
         all_links = self.links
         links = [link for link in all_links if link.sendq or link.recvq]
         stall_at = time.monotonic() + self.stall_report_s if self.stall_report_s else None
+        spin_until = time.monotonic() + self.spin_s
         while links:
             progressed = False
-            for link in links:
-                if link.sendq and self._push(link, what):
-                    progressed = True
-                if link.recvq and self._pull(link, what):
-                    progressed = True
+            try:
+                for link in links:
+                    if link.sendq and self._push(link, what):
+                        progressed = True
+                    if link.recvq and self._pull(link, what):
+                        progressed = True
+            except PeerError:
+                self._drain_others(links, what)
+                raise
             # A callback may have posted work on any link, not only the ones still busy.
             links = [link for link in all_links if link.sendq or link.recvq]
             if progressed or not links:
                 continue
             now = time.monotonic()
+            if now < spin_until:
+                continue
             if now >= deadline:
                 raise CollectiveTimeout(
                     f"rank {self.rank}: {what} timed out: " + "; ".join(l.describe_pending() for l in links)
@@ -114,6 +129,16 @@ class Engine:
                 else:
                     wait = min(wait, stall_at - now)
             self._wait(links, wait)
+
+    def _drain_others(self, links: list[Link], what: str) -> None:
+        """A peer hung up: first read whatever already arrived on the other links, so that a
+        mismatch it reveals (the usual reason a peer gives up) is reported instead."""
+        for link in links:
+            if link.recvq:
+                try:
+                    self._pull(link, what)
+                except PeerError:
+                    pass
 
     def _wait(self, links: list[Link], seconds: float) -> None:
         poll = self._poll
@@ -157,7 +182,7 @@ class Engine:
         queue = link.recvq
         progressed = False
         while queue:
-            view, on_done = queue[0]
+            view, on_done, on_truncated = queue[0]
             got = link.recv_got
             try:
                 n = recv_into(view[got:] if got else view)
@@ -167,6 +192,8 @@ class Engine:
                 raise PeerError(f"rank {self.rank}: {what}: connection to {link.label} failed: "
                                 f"{exc.strerror or exc}") from None
             if n == 0:
+                if on_truncated is not None:
+                    on_truncated(got)
                 raise PeerError(
                     f"rank {self.rank}: {what}: {link.label} closed the connection "
                     f"({len(view) - got} bytes of the current message still expected; the peer died or raised)"

@@ -1,0 +1,209 @@
+"""Benchmark: nccl-tests style tables for all_sum, side by side with gloo, Open MPI and MLX.
+
+    python -m adapter.bench -n 2                       # ring only
+    python -m adapter.bench -n 2 --compare gloo,mpi    # + torch gloo and raw mpi4py Allreduce
+    python -m adapter.bench -n 4 --backend ring,jaccl --sizes 4,4K,1M
+
+All backends live in the same processes and are timed in interleaved rounds (median of
+rounds), so machine noise hits every column alike. With mpi in the list the ranks are
+started by the venv's mpirun; otherwise as plain subprocesses.
+busbw follows nccl-tests: all-reduce busbw = 2(n-1)/n * bytes / time.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+DEFAULT_SIZES = "4,64,1K,4K,16K,64K,256K,1M,4M,16M,64M"
+OURS = ("ring", "jaccl", "mpi-adapter")
+OTHERS = ("gloo", "mpi", "mlx")
+
+
+def parse_size(text: str) -> int:
+    text = text.strip().upper().removesuffix("B").removesuffix("I")
+    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+    return int(float(text.rstrip("KMG")) * scale)
+
+
+def human(n: int) -> str:
+    for unit, scale in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if n >= scale and n % scale == 0:
+            return f"{n // scale}{unit}"
+    return str(n)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+# ---- worker side ------------------------------------------------------------------------------
+
+class Runner:
+    """One backend's all_sum, timed identically for every library."""
+
+    def __init__(self, name: str, rank: int, size: int) -> None:
+        self.name = name
+        if name in ("ring", "jaccl", "mpi-adapter"):
+            import adapter
+            from adapter.backends.base import ReduceOp
+            group = adapter.init(strict=True, backend=name.replace("-adapter", ""))
+            backend = group.backend
+            self.fn = lambda src, dst: backend.all_reduce(src, dst, ReduceOp.SUM)
+        elif name == "gloo":
+            import torch
+            import torch.distributed as dist
+            if not dist.is_initialized():
+                dist.init_process_group("gloo", rank=rank, world_size=size)
+            def gloo(src, dst):
+                t = torch.from_numpy(dst)
+                dst[...] = src
+                dist.all_reduce(t)
+            self.fn = gloo
+        elif name == "mpi":
+            from mpi4py import MPI
+            comm = MPI.COMM_WORLD
+            self.fn = lambda src, dst: comm.Allreduce(src, dst, op=MPI.SUM)
+        elif name == "mlx":
+            import mlx.core as mx
+            world = mx.distributed.init(strict=True, backend="ring")
+            def mlx(src, dst):
+                dst[...] = np.array(mx.distributed.all_sum(mx.array(src), group=world))
+            self.fn = mlx
+        else:
+            raise SystemExit(f"unknown backend {name}")
+
+
+def worker(args: argparse.Namespace) -> None:
+    rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("MLX_RANK", "0")))
+    size = args.n
+    os.environ["MLX_RANK"] = str(rank)
+    os.environ.setdefault("RANK", str(rank))
+    os.environ.setdefault("WORLD_SIZE", str(size))
+    runners = [Runner(name, rank, size) for name in args.backends]
+    results = {}
+    for nbytes in args.sizes:
+        count = max(1, nbytes // 4)
+        src = (np.arange(count, dtype=np.float32) % 97) + rank
+        dst = np.empty_like(src)
+        expected = (np.arange(count, dtype=np.float32) % 97) * size + size * (size - 1) / 2
+        iters = max(1, min(args.iters, int(args.budget_bytes // max(nbytes, 1))))
+        for r in runners:  # warm-up and correctness
+            r.fn(src, dst)
+            results.setdefault((nbytes, r.name), {"times": [], "ok": bool(np.array_equal(dst, expected))})
+        for _ in range(args.rounds):
+            for r in runners:
+                r.fn(src, dst)  # re-align the ranks before timing
+                start = time.perf_counter()
+                for _ in range(iters):
+                    r.fn(src, dst)
+                results[(nbytes, r.name)]["times"].append((time.perf_counter() - start) / iters)
+    if rank == 0:
+        report(args, results, size)
+    for r in runners:
+        if r.name == "gloo":
+            import torch.distributed as dist
+            dist.destroy_process_group()
+
+
+def report(args: argparse.Namespace, results: dict, n: int) -> None:
+    factor = 2 * (n - 1) / n
+    names = args.backends
+    print(f"# all_sum float32, {n} ranks, median of {args.rounds} interleaved rounds; "
+          f"time in us, algbw/busbw in GB/s")
+    head = f"{'bytes':>8}"
+    for name in names:
+        head += f" | {name + ' time':>14} {'algbw':>7} {'busbw':>7} {'ok':>3}"
+    print(head)
+    for nbytes in args.sizes:
+        line = f"{human(nbytes):>8}"
+        for name in names:
+            res = results[(nbytes, name)]
+            t = statistics.median(res["times"])
+            alg = nbytes / t / 1e9
+            line += f" | {t * 1e6:>14.1f} {alg:>7.2f} {alg * factor:>7.2f} {'yes' if res['ok'] else 'NO':>3}"
+        print(line)
+    if len(names) > 1:
+        base = names[0]
+        print(f"\n# time ratio vs {base} (>1 means {base} is faster)")
+        print(f"{'bytes':>8} | " + " | ".join(f"{name:>10}" for name in names[1:]))
+        for nbytes in args.sizes:
+            t0 = statistics.median(results[(nbytes, base)]["times"])
+            print(f"{human(nbytes):>8} | " + " | ".join(
+                f"{statistics.median(results[(nbytes, name)]['times']) / t0:>10.2f}" for name in names[1:]))
+    sys.stdout.flush()
+
+
+# ---- launcher side ----------------------------------------------------------------------------
+
+def launch(args: argparse.Namespace, argv: list[str]) -> int:
+    n = args.n
+    tmp = tempfile.mkdtemp(prefix="jacklring-bench-")
+    hostfile = os.path.join(tmp, "ring.json")
+    with open(hostfile, "w") as f:
+        json.dump([[f"127.0.0.1:{free_port()}" for _ in range(args.connections)] for _ in range(n)], f)
+    env = dict(os.environ, MLX_HOSTFILE=hostfile, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
+               WORLD_SIZE=str(n))
+    if "jaccl" in args.backends:
+        devices = os.path.join(tmp, "devices.json")
+        with open(devices, "w") as f:
+            json.dump([[None if i == j else f"rdma_fake{j}" for j in range(n)] for i in range(n)], f)
+        env.update(MLX_IBV_DEVICES=devices, MLX_JACCL_COORDINATOR=f"127.0.0.1:{free_port()}")
+    cmd = [sys.executable, "-m", "adapter.bench", "--worker"] + argv
+    if "mpi" in args.backends or "mpi-adapter" in args.backends:
+        mpirun = shutil.which("mpirun", path=os.path.dirname(sys.executable)) or shutil.which("mpirun")
+        if mpirun is None:
+            raise SystemExit("bench: mpirun not found (pip install jacklring[mpi])")
+        env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+        env.setdefault("OMPI_MCA_btl_tcp_if_include", "lo")
+        return subprocess.call([mpirun, "--oversubscribe", "-n", str(n)] + cmd, env=env)
+    procs = [subprocess.Popen(cmd, env=dict(env, MLX_RANK=str(r))) for r in range(n)]
+    try:
+        codes = [p.wait(timeout=args.timeout) for p in procs]
+    except subprocess.TimeoutExpired:
+        for p in procs:
+            p.kill()
+        print(f"bench: timed out after {args.timeout} s", file=sys.stderr)
+        return 1
+    return max(codes)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    ap = argparse.ArgumentParser(prog="python -m adapter.bench", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("-n", type=int, default=2, help="number of ranks (default 2)")
+    ap.add_argument("--backend", default="ring", help="our backends to measure, comma separated: ring, jaccl, mpi-adapter")
+    ap.add_argument("--compare", default="", help="others in the same run, comma separated: gloo, mpi, mlx")
+    ap.add_argument("--sizes", default=DEFAULT_SIZES, help=f"message sizes in bytes (default {DEFAULT_SIZES})")
+    ap.add_argument("--rounds", type=int, default=7, help="interleaved rounds per size (median reported)")
+    ap.add_argument("--iters", type=int, default=50, help="iterations per round (fewer for big sizes)")
+    ap.add_argument("--budget-bytes", type=float, default=256e6, help="cap on bytes per round per backend")
+    ap.add_argument("--connections", type=int, default=1, help="ring connections per neighbour")
+    ap.add_argument("--timeout", type=float, default=600)
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    args.sizes = [parse_size(s) for s in args.sizes.split(",") if s]
+    args.backends = [b for b in args.backend.split(",") + args.compare.split(",") if b]
+    for b in args.backends:
+        if b not in OURS + OTHERS:
+            ap.error(f"unknown backend {b!r}; choose from {', '.join(OURS + OTHERS)}")
+    if args.worker:
+        worker(args)
+        return 0
+    return launch(args, [a for a in argv])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

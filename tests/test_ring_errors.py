@@ -1,0 +1,190 @@
+"""Errors, never hangs: dead peers, mismatches, bad configuration, deadlines, stray connections."""
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from ranks import ROOT, collect, free_ports, ring_hostfile, run, spawn
+
+EXEC = "ring_scripts/exec.py"
+
+
+def program(body: str) -> str:
+    return "import os, sys, time, numpy as np, adapter\ng = adapter.init(strict=True)\nr = g.rank()\n" + body
+
+
+@pytest.mark.timeout(60)
+def test_peer_killed_mid_all_sum_raises_within_seconds():
+    body = ("x = np.ones(32 * 1024 * 1024, np.float32)\n"
+            "adapter.all_sum(x)\n"
+            "if r == 1:\n"
+            "    os._exit(9)  # dies abruptly, as kill -9 would, between collectives\n"
+            "t = time.monotonic()\n"
+            "try:\n"
+            "    for _ in range(5): adapter.all_sum(x)\n"
+            "except adapter.PeerError as e:\n"
+            "    print('PEER', round(time.monotonic() - t, 2), e)\n"
+            "    sys.exit(3)\n")
+    res = run(3, EXEC, [program(body)], timeout=50)
+    assert res[1].returncode == 9
+    for survivor in (res[0], res[2]):
+        assert survivor.returncode == 3, survivor.stderr
+        assert "PEER" in survivor.stdout
+        elapsed = float(survivor.stdout.split()[1])
+        assert elapsed < 5, survivor.stdout
+    # the neighbours name the dead rank (rank 0 may only see rank 2 give up)
+    assert "rank 1" in res[0].stdout + res[2].stdout
+
+
+@pytest.mark.timeout(60)
+def test_sigkill_during_a_large_all_sum():
+    body = ("print('ready', flush=True)\n"
+            "x = np.ones(64 * 1024 * 1024, np.float32)\n"
+            "t = time.monotonic()\n"
+            "try:\n"
+            "    for _ in range(50): adapter.all_sum(x)\n"
+            "except adapter.DistributedError as e:\n"
+            "    print('ERR', round(time.monotonic() - t, 2), type(e).__name__, e)\n"
+            "    sys.exit(3)\n")
+    procs = spawn(2, EXEC, [program(body)])
+    assert procs[1].stdout.readline().strip() == "ready"
+    time.sleep(1.0)
+    procs[1].kill()
+    res = collect(procs, timeout=40)
+    assert res[0].returncode == 3, res[0].stderr
+    assert "PeerError" in res[0].stdout and "rank 1" in res[0].stdout
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("case,expected", [
+    ("op", "all_reduce(max"),
+    ("size", "bytes"),
+    ("dtype", "float64"),
+])
+def test_mismatched_collectives_raise_on_both_sides(case, expected):
+    body = ("n = {'size': 10 + r * 100000, 'op': 10, 'dtype': 10}[CASE]\n"
+            "x = np.ones(n, np.float64 if (CASE == 'dtype' and r == 1) else np.float32)\n"
+            "try:\n"
+            "    if CASE == 'op' and r == 1: adapter.all_max(x)\n"
+            "    else: adapter.all_sum(x)\n"
+            "except (adapter.MismatchError, adapter.PeerError) as e:\n"
+            "    print(type(e).__name__, e)\n"
+            "    sys.exit(3)\n").replace("CASE", repr(case))
+    res = run(2, EXEC, [program(body)], timeout=50)
+    for r in res:
+        assert r.returncode == 3, r.stdout + r.stderr
+        assert "MismatchError" in r.stdout, r.stdout
+        assert expected in r.stdout
+        assert "rank 0" in r.stdout and "rank 1" in r.stdout
+
+
+@pytest.mark.timeout(60)
+def test_operation_deadline():
+    body = ("if r == 1: time.sleep(4)\n"
+            "t = time.monotonic()\n"
+            "try:\n"
+            "    adapter.all_sum(np.ones(10))\n"
+            "except adapter.CollectiveTimeout as e:\n"
+            "    print('TIMEOUT', round(time.monotonic() - t, 1), e)\n"
+            "    sys.exit(3)\n")
+    res = run(2, EXEC, [program(body)], env={"JACKLRING_TIMEOUT": "1"}, timeout=50)
+    assert res[0].returncode == 3 and "TIMEOUT" in res[0].stdout
+    assert "rank 1" in res[0].stdout
+    assert float(res[0].stdout.split()[1]) < 3
+
+
+@pytest.mark.timeout(60)
+def test_stalled_rank_that_resumes_completes():
+    body = ("print('ready', flush=True)\n"
+            "time.sleep(0.5)\n"
+            "y = adapter.all_sum(np.full(1000, r + 1.0))\n"
+            "assert (y == 3).all()\n"
+            "print('done')\n")
+    procs = spawn(2, EXEC, [program(body)], env={"JACKLRING_STALL_REPORT": "0.5"})
+    for p in procs:
+        assert p.stdout.readline().strip() == "ready"
+    procs[1].send_signal(19)  # SIGSTOP
+    time.sleep(2)
+    procs[1].send_signal(18)  # SIGCONT
+    res = collect(procs, timeout=40)
+    assert [r.returncode for r in res] == [0, 0], res
+    assert "stalled" in res[0].stderr and "rank 1" in res[0].stderr
+
+
+@pytest.mark.timeout(60)
+def test_missing_rank_fails_at_connect_deadline_naming_it():
+    hostfile = ring_hostfile(2)
+    address = json.load(open(hostfile))[1][0]
+    t = time.monotonic()
+    res = collect(spawn(2, EXEC, [program("")], hostfile=hostfile, ranks=[0],
+                        env={"JACKLRING_CONNECT_TIMEOUT": "2"}), timeout=40)
+    assert time.monotonic() - t < 20
+    assert res[0].returncode != 0
+    assert "rank 1" in res[0].stderr and address in res[0].stderr, res[0].stderr
+
+
+@pytest.mark.timeout(60)
+def test_garbage_connection_is_rejected_and_the_job_goes_on():
+    hostfile = ring_hostfile(2)
+    host, port = json.load(open(hostfile))[0][0].split(":")
+    body = ("y = adapter.all_sum(np.ones(5))\nassert (y == 2).all()\nprint('ok')\n")
+    procs = spawn(2, EXEC, [program("time.sleep(0.01)\n" + body)], hostfile=hostfile, ranks=[0])
+    # rank 0 is listening: connect, send junk, and leave a silent connection open too
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            junk = socket.create_connection((host, int(port)), timeout=1)
+            break
+        except OSError:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+    junk.sendall(b"GET / HTTP/1.0\r\n\r\n" + b"x" * 100)
+    silent = socket.create_connection((host, int(port)), timeout=1)
+    procs += spawn(2, EXEC, [program(body)], hostfile=hostfile, ranks=[1])
+    res = collect(procs, timeout=40)
+    junk.close()
+    silent.close()
+    assert [r.returncode for r in res] == [0, 0], [r.stderr for r in res]
+    assert "rejected a connection" in res[0].stderr
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("content,message", [
+    ("not json", "not valid JSON"),
+    ("{}", "non-empty JSON list"),
+    ("[[\"127.0.0.1\"]]", "ip:port"),
+    ("[[\"127.0.0.1:notaport\"]]", "non-numeric port"),
+    ("[[]]", "non-empty list"),
+])
+def test_malformed_hostfile(tmp_path, content, message):
+    path = tmp_path / "hosts.json"
+    path.write_text(content)
+    res = collect(spawn(1, EXEC, [program("")], hostfile=str(path)), timeout=30)
+    assert res[0].returncode != 0
+    assert "ConfigError" in res[0].stderr and message in res[0].stderr, res[0].stderr
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("rank,message", [("abc", "not an integer"), ("5", "out of range")])
+def test_bad_rank(rank, message):
+    hostfile = ring_hostfile(2)
+    env = dict(os.environ, MLX_HOSTFILE=hostfile, MLX_RANK=rank, PYTHONPATH=ROOT)
+    proc = subprocess.run([sys.executable, "-c", "import adapter; adapter.init(backend='ring')"],
+                          env=env, capture_output=True, text=True, timeout=30)
+    assert proc.returncode != 0 and message in proc.stderr, proc.stderr
+
+
+def test_port_in_use_names_the_rank_and_address():
+    blocker = socket.socket()
+    blocker.bind(("127.0.0.1", 0))
+    blocker.listen(1)
+    port = blocker.getsockname()[1]
+    from adapter.backends.ring import RingBackend
+    from adapter.errors import PeerError
+    with pytest.raises(PeerError, match=f"rank 0: cannot listen on 127.0.0.1:{port}"):
+        RingBackend.from_addresses(0, [[f"127.0.0.1:{port}"], [f"127.0.0.1:{free_ports(1)[0]}"]])
+    blocker.close()
