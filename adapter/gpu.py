@@ -23,8 +23,13 @@ from typing import Any
 
 import numpy as np
 
-from .backends.elements import BFLOAT16
+from .backends.elements import BFLOAT16, DTYPE_CODES
+# Device facts live with the NCCL backend (a backend must not import this upper layer).
 from .backends.nccl_device import DeviceBuffer, cuda_visible_reason, device_count
+
+__all__ = ["is_cuda_array", "array_kind", "cuda_visible_reason", "device_count", "numpy_dtype_of",
+           "DeviceBuffer", "device_buffer", "empty_like", "PinnedPool", "pinned_pool", "stage_to_host",
+           "host_empty", "to_device"]
 
 # ---- recognising GPU arrays ----------------------------------------------------------------
 
@@ -53,30 +58,28 @@ def array_kind(x: Any) -> str:
     return _kind(x) if is_cuda_array(x) else "host"
 
 
-# ---- devices (shared with the NCCL backend, which must not import this upper layer) --------
-
-__all__ = ["is_cuda_array", "array_kind", "cuda_visible_reason", "device_count", "numpy_dtype_of",
-           "DeviceBuffer", "device_buffer", "empty_like", "PinnedPool", "pinned_pool", "stage_to_host",
-           "host_empty", "to_device"]
-
-
 # ---- dtypes --------------------------------------------------------------------------------
 
 
 def numpy_dtype_of(x: Any) -> np.dtype:
-    """The numpy dtype (ml_dtypes.bfloat16 for bfloat16) matching a cupy array or torch tensor."""
+    """The numpy dtype (ml_dtypes.bfloat16 for bfloat16) matching a cupy array or torch tensor;
+    TypeError for a dtype jacklring does not move (float8, quantised types, ...)."""
     if _kind(x) == "torch":
         name = str(x.dtype).replace("torch.", "")
-        if name == "bfloat16":
-            return BFLOAT16
-        try:
-            return np.dtype(name)
-        except TypeError:
-            raise TypeError(f"torch dtype {x.dtype} is not supported by jacklring") from None
-    return np.dtype(x.dtype)
+        dtype = BFLOAT16 if name == "bfloat16" else _named_dtype(name)
+    else:
+        dtype = np.dtype(x.dtype)
+    if dtype not in DTYPE_CODES:
+        raise TypeError(f"dtype {x.dtype} is not supported by jacklring "
+                        f"(supported: {', '.join(sorted(map(str, DTYPE_CODES)))})")
+    return dtype
 
 
-# ---- the NCCL path: device buffers ---------------------------------------------------------
+def _named_dtype(name: str) -> np.dtype | None:
+    try:
+        return np.dtype(name)
+    except TypeError:
+        return None
 
 
 def device_buffer(x: Any) -> DeviceBuffer:
@@ -127,8 +130,9 @@ class PinnedPool:
 
     MIN_BLOCK = 4096
 
-    def __init__(self, max_cached_bytes: int = 1 << 30) -> None:
+    def __init__(self, max_cached_bytes: int = 1 << 30, allocate=None) -> None:
         self.max_cached_bytes = max_cached_bytes
+        self._allocate = allocate or _allocate_pinned  # (nbytes, library) -> (address, owner)
         self._free: dict[int, list[tuple[int, Any]]] = {}
         self._cached = 0
         self._lock = threading.Lock()
@@ -149,7 +153,7 @@ class PinnedPool:
             if block is not None:
                 self._cached -= size
         if block is None:
-            block = _allocate_pinned(size, library)
+            block = self._allocate(size, library)
             self.allocations += 1
         ptr, _keepalive = block
         lease = (ctypes.c_uint8 * nbytes).from_address(ptr)
