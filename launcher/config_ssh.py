@@ -6,6 +6,7 @@ names go through Fabric's usual ssh_config handling (~/.ssh/config, or --ssh-con
 """
 from __future__ import annotations
 
+import logging
 import shlex
 import socket
 from concurrent.futures import ThreadPoolExecutor, wait
@@ -15,6 +16,10 @@ from typing import Callable
 from .discovery import ACCESS_PROBE, AccessInfo, ProbeError, parse_access
 from .hostfile import parse_ssh_target
 from .netplan import Command
+
+# paramiko's transport thread logs failed handshakes with a traceback; we report them ourselves
+# as one line, so keep its records away from Python's last-resort stderr handler.
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 DEFAULT_CONNECT_TIMEOUT = 10.0
 DEFAULT_COMMAND_TIMEOUT = 60.0
@@ -67,6 +72,9 @@ def describe_error(exc: BaseException, target: str, timeout: float) -> str:
         return f"connection refused ({where or text}): is sshd running there?"
     if name == "CommandTimedOut":
         return f"a command did not finish within {timeout:g} s"
+    if name == "SSHException" and ("banner" in text or "No existing session" in text):
+        # paramiko reports a silent peer either way, depending on which thread notices first
+        return f"ssh handshake did not complete within {timeout:g} s (is it sshd, and is it responding?)"
     if name == "SSHException":
         return f"ssh error: {text}"
     if isinstance(exc, ConnectionRefusedError):
@@ -93,8 +101,11 @@ class RemoteHosts:
         self.connections = []
         for target in self.targets:
             t = parse_ssh_target(target)
+            # paramiko waits 15 s for the banner and 30 s for auth by default: bound them too, so
+            # a host that accepts TCP and then stays silent fails within the connect deadline.
+            kwargs = dict(config.connect_kwargs, banner_timeout=connect_timeout, auth_timeout=connect_timeout)
             self.connections.append(Connection(t.host, user=t.user, port=t.port, config=config,
-                                               connect_timeout=connect_timeout))
+                                               connect_timeout=connect_timeout, connect_kwargs=kwargs))
 
     def __enter__(self) -> "RemoteHosts":
         return self

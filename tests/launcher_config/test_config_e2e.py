@@ -3,9 +3,11 @@ path, no auto-setup; the hostfile it writes then runs a ring job with `launcher`
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -130,3 +132,24 @@ def test_access_check_and_command_runner_over_real_ssh(ssh_servers, ssh_config):
                                 use_sudo=[False, False])
         assert outcomes[0].ok
         assert not outcomes[1].ok and outcomes[1].error == "link setup exited with 1: failed: sh -c 'exit 3'"
+
+
+def test_a_silent_host_fails_within_its_deadline(ssh_servers, tmp_path):  # noqa: F811
+    # Accepts TCP, never sends an ssh banner: the per-host deadline must end the wait.
+    silent = socket.socket()
+    silent.bind(("127.0.0.4", 0))
+    silent.listen(4)
+    try:
+        config = write_ssh_config(ssh_servers, tmp_path / "ssh_config")
+        with open(config, "a") as f:
+            f.write(f"\nHost 127.0.0.4\n    Port {silent.getsockname()[1]}\n    User root\n")
+        started = time.monotonic()
+        with RemoteHosts(["127.0.0.2", "127.0.0.4"], ssh_config=str(config), connect_timeout=2,
+                         command_timeout=5) as remote:
+            report = remote.check_access()
+        assert report[0].reachable
+        assert not report[1].reachable
+        assert report[1].error.startswith("ssh handshake did not complete within 2 s"), report[1].error
+        assert time.monotonic() - started < 20    # bounded by the deadlines, not paramiko's defaults
+    finally:
+        silent.close()

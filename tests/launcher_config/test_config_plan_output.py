@@ -225,3 +225,39 @@ def test_dot_quotes_odd_host_names():
     facts, topo = setup("tb_ring2")
     topo.hosts[0] = 'we"ird\\name'
     assert 'h0 [label="we\\"ird\\\\name"];' in to_dot(topo)
+
+
+# ---- the CLI's Thunderbolt flow on recorded hosts (everything after ssh) -----------------------
+
+def tb_args(**overrides):
+    values = dict(backend=None, verbose=False, dot=False, auto_setup=False, subnet="10.99.0.0/16")
+    values.update(overrides)
+    return Context(argparse.Namespace(**values))
+
+
+def access_report(facts, sudo=True, uid=501):
+    from launcher.config_ssh import HostAccess
+    from launcher.discovery import AccessInfo
+    return [HostAccess(f.ssh, AccessInfo("Darwin", uid, f.ethernet_address, sudo)) for f in facts]
+
+
+def test_cli_flow_prints_per_host_commands_and_a_jaccl_hostfile():
+    from launcher.config_cli import configure_thunderbolt
+    facts = host_facts("tb_mesh4")
+    hostfile, printed = configure_thunderbolt(tb_args(), None, access_report(facts), facts, ["K=V"])
+    assert hostfile.backend == "jaccl" and hostfile.envs == ["K=V"]
+    assert [line for line in printed.splitlines() if line.startswith("Setup for")] == [
+        f"Setup for m3-ultra-{i}" for i in range(1, 5)]
+    assert printed.count("sudo ifconfig en") == 12        # 6 cables, two ends each
+
+
+def test_cli_flow_ring_dot_and_sudo_refusal():
+    from launcher.config_cli import UsageError, configure_thunderbolt
+    facts = host_facts("tb_ring3_nordma")
+    hostfile, printed = configure_thunderbolt(tb_args(), None, access_report(facts, uid=0), facts, [])
+    assert hostfile.backend == "ring" and "sudo" not in printed   # root: commands without sudo
+    assert [len(h.ips) for h in hostfile.hosts] == [1, 1, 1]
+    none, dot = configure_thunderbolt(tb_args(dot=True), None, access_report(facts), facts, [])
+    assert none is None and dot.count(" -- ") == 3
+    with pytest.raises(UsageError, match=r"--auto-setup needs passwordless sudo .* on mbp-0, mbp-1, mbp-2"):
+        configure_thunderbolt(tb_args(auto_setup=True), None, access_report(facts, sudo=False), facts, [])
