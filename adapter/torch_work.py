@@ -1,0 +1,195 @@
+"""Asynchronous execution for the torch "jacklring" process group.
+
+- Collectives run in issue order on one communication thread per process group, so the
+  caller (DDP's autograd hooks) returns at once and backward overlaps communication.
+- Point-to-point operations run on one worker thread per (peer, direction): messages to a
+  peer stay in order, and an irecv posted before the matching isend cannot block the send.
+- Futures are completed on a separate completion thread, never on a communication thread:
+  a `.then` callback that issues (and even waits for) a new collective, as PowerSGD does,
+  runs while the communication thread is free to execute it.
+"""
+from __future__ import annotations
+
+import datetime
+import queue
+import threading
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+
+from .errors import CollectiveTimeout, DistributedError
+
+_STOP = object()
+
+
+class JacklringWork(dist.Work):
+    """The handle torch gets back from every operation of the jacklring process group."""
+
+    def __init__(self, what: str, result: list[torch.Tensor], source_rank: int = -1) -> None:
+        super().__init__()
+        self._what = what
+        self._result = result
+        self._source_rank = source_rank
+        self._done = threading.Event()
+        self._error: BaseException | None = None
+        self._future: torch.futures.Future = torch.futures.Future()
+
+    # ---- called by the executors ----------------------------------------------------------
+
+    def _finish(self, error: BaseException | None) -> None:
+        self._error = error
+        self._done.set()
+
+    def _complete_future(self) -> None:
+        if self._error is None:
+            self._future.set_result(self._result)
+        else:
+            self._future.set_exception(self._error)
+
+    # ---- torch's Work interface -----------------------------------------------------------
+
+    def wait(self, timeout: datetime.timedelta | float | None = None) -> bool:
+        seconds = _seconds(timeout)
+        if not self._done.wait(seconds):
+            raise CollectiveTimeout(f"{self._what} did not finish within {seconds:g} s (Work.wait timeout)")
+        if self._error is not None:
+            raise self._error
+        return True
+
+    def is_completed(self) -> bool:
+        return self._done.is_set()
+
+    def is_success(self) -> bool:
+        return self._done.is_set() and self._error is None
+
+    def exception(self) -> BaseException | None:
+        return self._error
+
+    def result(self) -> list[torch.Tensor]:
+        self.wait()
+        return self._result
+
+    def get_future(self) -> torch.futures.Future:
+        return self._future
+
+    def source_rank(self) -> int:
+        return self._source_rank
+
+    def synchronize(self) -> None:
+        """CPU work has no stream to synchronise with."""
+
+    def __repr__(self) -> str:
+        state = "pending" if not self._done.is_set() else ("ok" if self._error is None else "failed")
+        return f"<JacklringWork {self._what} {state}>"
+
+
+def _seconds(timeout: datetime.timedelta | float | None) -> float | None:
+    """torch passes timedelta(0) (kNoTimeout) for "wait forever"."""
+    if timeout is None:
+        return None
+    seconds = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else float(timeout)
+    return seconds if seconds > 0 else None
+
+
+class Completer:
+    """One thread that completes futures (runs user callbacks) in the order works finish."""
+
+    def __init__(self, name: str) -> None:
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._loop, name=f"{name}-complete", daemon=True)
+        self._thread.start()
+
+    def put(self, work: JacklringWork) -> None:
+        self._queue.put(work)
+
+    def _loop(self) -> None:
+        while True:
+            work = self._queue.get()
+            if work is _STOP:
+                return
+            try:
+                work._complete_future()
+            except BaseException:  # a failing user callback must not stop later completions
+                pass
+
+    def stop(self, timeout: float) -> None:
+        self._queue.put(_STOP)
+        if threading.current_thread() is not self._thread:
+            self._thread.join(timeout)
+
+
+class Executor:
+    """A FIFO of operations run on one daemon thread; each finishes its Work and hands it to
+    the completer. describe_error turns an exception into one that names rank and operation."""
+
+    def __init__(self, name: str, completer: Completer,
+                 describe_error: Callable[[str, BaseException], BaseException]) -> None:
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._completer = completer
+        self._describe_error = describe_error
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, work: JacklringWork, run: Callable[[], Any]) -> JacklringWork:
+        self._queue.put((work, run))
+        return work
+
+    def _loop(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is _STOP:
+                return
+            work, run = item
+            try:
+                run()
+                error = None
+            except BaseException as exc:  # surfaces in wait() / the future, never lost
+                error = self._describe_error(work._what, exc)
+            work._finish(error)
+            self._completer.put(work)
+
+    def stop(self, timeout: float) -> None:
+        self._queue.put(_STOP)
+        if threading.current_thread() is not self._thread:
+            self._thread.join(timeout)
+
+
+class PeerExecutors:
+    """Lazily created executors, one per (peer, "send" | "recv")."""
+
+    def __init__(self, prefix: str, completer: Completer,
+                 describe_error: Callable[[str, BaseException], BaseException]) -> None:
+        self._prefix = prefix
+        self._completer = completer
+        self._describe_error = describe_error
+        self._lock = threading.Lock()
+        self._executors: dict[tuple[int, str], Executor] = {}
+
+    def get(self, peer: int, direction: str) -> Executor:
+        with self._lock:
+            executor = self._executors.get((peer, direction))
+            if executor is None:
+                executor = Executor(f"{self._prefix}-{direction}-{peer}", self._completer, self._describe_error)
+                self._executors[(peer, direction)] = executor
+            return executor
+
+    def stop(self, timeout: float) -> None:
+        with self._lock:
+            executors = list(self._executors.values())
+            self._executors.clear()
+        for executor in executors:
+            executor.stop(timeout)
+
+
+def wrap_error(rank: int, group: str, what: str, exc: BaseException) -> BaseException:
+    """A DistributedError naming rank, group and operation, chained to the cause."""
+    if isinstance(exc, DistributedError) and f"rank {rank}" in str(exc) and what in str(exc):
+        return exc
+    cls = type(exc) if isinstance(exc, DistributedError) else DistributedError
+    try:
+        wrapped = cls(f"rank {rank}: jacklring {what} (group {group!r}) failed: {exc}")
+    except TypeError:
+        wrapped = DistributedError(f"rank {rank}: jacklring {what} (group {group!r}) failed: {exc}")
+    wrapped.__cause__ = exc
+    return wrapped
