@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# One-time set-up on a fresh Debian machine: the servers the tests start (sshd), a venv with
+# the CPU build of torch, and jacklring with every CPU extra. Safe to run again.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if ! [ -x /usr/sbin/sshd ] || ! command -v ip >/dev/null; then
+    if [ "$(id -u)" = 0 ]; then
+        export DEBIAN_FRONTEND=noninteractive
+        apt-get update -qq
+        apt-get install -y -qq openssh-server openssh-client iproute2 >/dev/null
+    else
+        echo "setup: openssh-server and iproute2 are missing; install them (sudo apt-get install openssh-server iproute2)" >&2
+    fi
+fi
+
+PY=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+.venv/bin/python -m pip install -q --upgrade pip 2>&1 | grep -v "is ignored" || true
+# The CPU build of torch: a plain "torch" requirement would pull a multi-GB CUDA build.
+if ! .venv/bin/python -c "import torch" 2>/dev/null; then
+    .venv/bin/python -m pip install -q "torch==2.13.0" 2>&1 | grep -v "is ignored" || true
+fi
+.venv/bin/python -m pip install -q -e ".[all]" 2>&1 | grep -v "is ignored" || true
+.venv/bin/python -c "import adapter, torch, mpi4py, fabric, sklearn" 
+echo "setup: ready (.venv)"
