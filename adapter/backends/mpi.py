@@ -37,7 +37,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..config import op_timeout
-from ..errors import BackendUnavailable, DistributedError, MismatchError
+from ..errors import BackendUnavailable, ConfigError, DistributedError, MismatchError
 from .base import Backend, ReduceOp
 from .elements import CODE_NAMES, dtype_code
 
@@ -55,6 +55,21 @@ NO_MPI4PY = "mpi4py is not installed: pip install jacklring[mpi]"
 
 # send/recv tags: base + the elements dtype code, so a receiver detects a dtype mismatch.
 _TAG_BASE = 1000
+
+
+def _max_count() -> int:
+    raw = os.environ.get("JACKLRING_MPI_MAX_COUNT", "")
+    try:
+        value = int(raw) if raw else 2**31 - 1
+    except ValueError:
+        raise ConfigError(f"JACKLRING_MPI_MAX_COUNT={raw!r} is not an integer") from None
+    if not 1 <= value <= 2**31 - 1:
+        raise ConfigError(f"JACKLRING_MPI_MAX_COUNT={raw!r} must be between 1 and 2**31-1")
+    return value
+
+
+# MPI-3 counts are C ints: larger buffers go as several calls of at most this many elements.
+MAX_COUNT = _max_count()
 
 
 def launched_by_mpirun(env: "os._Environ[str] | dict[str, str]" = os.environ) -> bool:
@@ -114,6 +129,7 @@ class MPIBackend(Backend):
     name = "mpi"
 
     def __init__(self, comm: Any, watchdog: Any, timeout: float) -> None:
+        """comm: an mpi4py intracommunicator this backend owns (frees on close)."""
         from mpi4py import MPI
 
         from . import mpi_types
@@ -126,6 +142,9 @@ class MPIBackend(Backend):
         self._rank = comm.Get_rank()
         self._size = comm.Get_size()
         self._closed = False
+        world_rank = MPI.COMM_WORLD.Get_rank()
+        # Errors name the rank in this communicator, and the world rank when they differ (split groups).
+        self._label = f"rank {self._rank}" + ("" if world_rank == self._rank else f" (world rank {world_rank})")
 
     def rank(self) -> int:
         return self._rank
@@ -137,56 +156,80 @@ class MPIBackend(Backend):
 
     def all_reduce(self, src: np.ndarray, dst: np.ndarray, op: ReduceOp) -> None:
         mpi_type, mpi_op, as_bytes = self._types.reduction(dst.dtype, op)
-        send = self._MPI.IN_PLACE if src is dst else [_wire(src, as_bytes), mpi_type]
         what = f"all_reduce({op.name}, {dst.dtype}, {dst.size} elements)"
-        self._run(what, self._comm.Allreduce, send, [_wire(dst, as_bytes), mpi_type], mpi_op)
+        in_place = src is dst
+        for lo, hi in _spans(dst.size, MAX_COUNT):
+            send = self._MPI.IN_PLACE if in_place else [_wire(src[lo:hi], as_bytes), mpi_type]
+            self._run(what, self._comm.Allreduce, send, [_wire(dst[lo:hi], as_bytes), mpi_type], mpi_op)
 
     def all_gather(self, src: np.ndarray, dst: np.ndarray) -> None:
         mpi_type, as_bytes = self._types.transfer_type(src.dtype)
         what = f"all_gather({src.dtype}, {src.size} elements per rank)"
-        self._run(what, self._comm.Allgather, [_wire(src, as_bytes), mpi_type], [_wire(dst, as_bytes), mpi_type])
+        if src.size <= MAX_COUNT:
+            self._run(what, self._comm.Allgather, [_wire(src, as_bytes), mpi_type], [_wire(dst, as_bytes), mpi_type])
+            return
+        # Blocks beyond MPI-3's int count: gather column pieces through a staging buffer.
+        blocks = dst.reshape(self._size, src.size)
+        for lo, hi in _spans(src.size, max(1, MAX_COUNT // self._size)):
+            staging = np.empty((self._size, hi - lo), src.dtype)
+            self._run(what, self._comm.Allgather, [_wire(src[lo:hi], as_bytes), mpi_type],
+                      [_wire(staging.reshape(-1), as_bytes), mpi_type])
+            blocks[:, lo:hi] = staging
 
     def reduce_scatter(self, src: np.ndarray, dst: np.ndarray, op: ReduceOp) -> None:
         mpi_type, mpi_op, as_bytes = self._types.reduction(dst.dtype, op)
         what = f"reduce_scatter({op.name}, {dst.dtype}, {dst.size} elements per rank)"
-        self._run(
-            what, self._comm.Reduce_scatter_block,
-            [_wire(src, as_bytes), mpi_type], [_wire(dst, as_bytes), mpi_type], mpi_op,
-        )
+        if dst.size <= MAX_COUNT:
+            self._run(what, self._comm.Reduce_scatter_block,
+                      [_wire(src, as_bytes), mpi_type], [_wire(dst, as_bytes), mpi_type], mpi_op)
+            return
+        blocks = src.reshape(self._size, dst.size)
+        for lo, hi in _spans(dst.size, max(1, MAX_COUNT // self._size)):
+            staging = np.ascontiguousarray(blocks[:, lo:hi]).reshape(-1)
+            self._run(what, self._comm.Reduce_scatter_block,
+                      [_wire(staging, as_bytes), mpi_type], [_wire(dst[lo:hi], as_bytes), mpi_type], mpi_op)
 
     def broadcast(self, buf: np.ndarray, root: int) -> None:
         mpi_type, as_bytes = self._types.transfer_type(buf.dtype)
         what = f"broadcast({buf.dtype}, {buf.size} elements, root {root})"
-        self._run(what, self._comm.Bcast, [_wire(buf, as_bytes), mpi_type], root)
+        for lo, hi in _spans(buf.size, MAX_COUNT):
+            self._run(what, self._comm.Bcast, [_wire(buf[lo:hi], as_bytes), mpi_type], root)
 
     def barrier(self) -> None:
         self._run("barrier", self._comm.Barrier)
 
     # -- point to point --------------------------------------------------------------------
+    # Messages are cut at MAX_COUNT bytes (not elements) so MPI can report their size in bytes.
 
     def send(self, buf: np.ndarray, dst: int) -> None:
         mpi_type, as_bytes = self._types.transfer_type(buf.dtype)
         tag = _TAG_BASE + dtype_code(buf.dtype)
         what = f"send({buf.dtype}, {buf.size} elements) to rank {dst}"
-        self._run(what, self._comm.Send, [_wire(buf, as_bytes), mpi_type], dst, tag)
+        for lo, hi in _spans(buf.size, max(1, MAX_COUNT // buf.itemsize)):
+            self._run(what, self._comm.Send, [_wire(buf[lo:hi], as_bytes), mpi_type], dst, tag)
 
     def recv(self, buf: np.ndarray, src: int) -> None:
+        what = f"recv({buf.dtype}, {buf.size} elements) from rank {src}"
+        for lo, hi in _spans(buf.size, max(1, MAX_COUNT // buf.itemsize)):
+            self._recv_piece(buf, lo, hi, src, what)
+
+    def _recv_piece(self, buf: np.ndarray, lo: int, hi: int, src: int, what: str) -> None:
         MPI = self._MPI
         mpi_type, as_bytes = self._types.transfer_type(buf.dtype)
-        what = f"recv({buf.dtype}, {buf.size} elements) from rank {src}"
+        piece = buf[lo:hi]
         status = MPI.Status()
         # Matched probe first: it reveals the sender's dtype (tag) and size before anything is written.
         message = self._run(what, self._comm.Mprobe, src, MPI.ANY_TAG, status)
         got_bytes = status.Get_count(MPI.BYTE)
-        expected_code = dtype_code(buf.dtype)
-        if status.Get_tag() == _TAG_BASE + expected_code and got_bytes == buf.nbytes:
-            self._run(what, message.Recv, [_wire(buf, as_bytes), mpi_type])
+        if status.Get_tag() == _TAG_BASE + dtype_code(buf.dtype) and got_bytes == piece.nbytes:
+            self._run(what, message.Recv, [_wire(piece, as_bytes), mpi_type])
             return
         # Drain the mismatched message so the next recv from this peer starts clean.
-        self._run(what, message.Recv, [bytearray(got_bytes), MPI.BYTE])
+        self._run(what, message.Recv, [bytearray(max(got_bytes, 0)), MPI.BYTE])
         sent = CODE_NAMES.get(status.Get_tag() - _TAG_BASE, f"MPI tag {status.Get_tag()}")
+        where = "" if (lo, hi) == (0, buf.size) else f" (piece {lo}:{hi})"
         raise MismatchError(
-            f"rank {self._rank}: recv from rank {src} expected {buf.size} x {buf.dtype} ({buf.nbytes} bytes) "
+            f"{self._label}: recv from rank {src} expected {buf.size} x {buf.dtype} ({buf.nbytes} bytes){where} "
             f"but rank {src} sent {got_bytes} bytes of {sent}"
         )
 
@@ -196,7 +239,7 @@ class MPIBackend(Backend):
         # MPI colors must be >= 0 (negative means MPI_UNDEFINED): fold every int onto the naturals.
         mpi_color = 2 * color if color >= 0 else -2 * color - 1
         if mpi_color > 2**31 - 1:
-            raise ValueError(f"rank {self._rank}: split color {color} is out of range for MPI (32-bit)")
+            raise ValueError(f"{self._label}: split color {color} is out of range for MPI (32-bit)")
         what = f"split(color {color}, key {key})"
         comm = self._run(what, self._comm.Split, mpi_color, key)
         return MPIBackend(comm, self._watchdog, self._timeout)
@@ -219,16 +262,23 @@ class MPIBackend(Backend):
     def _run(self, what: str, call: Callable[..., Any], *args: Any) -> Any:
         """call(*args) under the deadline watchdog, MPI errors turned into DistributedError."""
         if self._closed:
-            raise DistributedError(f"rank {self._rank}: {what} on a closed MPI communicator")
-        token = self._watchdog.start(self._timeout, self._rank, what)
+            raise DistributedError(f"{self._label}: {what} on a closed MPI communicator")
+        token = self._watchdog.start(self._timeout, self._label, what)
         try:
             return call(*args)
         except self._MPI.Exception as exc:
             raise DistributedError(
-                f"rank {self._rank} of {self._size}: MPI {what} failed: {exc.Get_error_string()}"
+                f"{self._label} of {self._size}: MPI {what} failed: {exc.Get_error_string()}"
             ) from None
         finally:
             self._watchdog.stop(token)
+
+
+def _spans(n: int, limit: int) -> list[tuple[int, int]]:
+    """[lo, hi) pieces of at most limit elements; one (possibly empty) piece in the common case."""
+    if n <= limit:
+        return [(0, n)]
+    return [(lo, min(lo + limit, n)) for lo in range(0, n, limit)]
 
 
 def _wire(arr: np.ndarray, as_bytes: bool) -> np.ndarray:

@@ -28,17 +28,17 @@ class Watchdog:
     def __init__(self, abort: Callable[[int], None]) -> None:
         self._abort = abort
         self._ids = itertools.count()
-        # token -> (deadline, timeout, rank, what); written by callers, read by the thread.
-        self._active: dict[int, tuple[float, float, int, str]] = {}
+        # token -> (deadline, timeout, who, what); written by callers, read by the thread.
+        self._active: dict[int, tuple[float, float, str, str]] = {}
         self._thread: threading.Thread | None = None
         self._start_lock = threading.Lock()
 
-    def start(self, timeout: float, rank: int, what: str) -> int:
+    def start(self, timeout: float, who: str, what: str) -> int:
         """Register a call that must finish within timeout seconds; returns the token for stop()."""
         if self._thread is None:
             self._start_thread()
         token = next(self._ids)
-        self._active[token] = (time.monotonic() + timeout, timeout, rank, what)
+        self._active[token] = (time.monotonic() + timeout, timeout, who, what)
         return token
 
     def stop(self, token: int) -> None:
@@ -55,14 +55,14 @@ class Watchdog:
         while True:
             time.sleep(_POLL_S)
             now = time.monotonic()
-            for deadline, timeout, rank, what in list(self._active.values()):
+            for deadline, timeout, who, what in list(self._active.values()):
                 if now > deadline:
-                    self._expire(timeout, rank, what)
+                    self._expire(timeout, who, what)
                     return
 
-    def _expire(self, timeout: float, rank: int, what: str) -> None:
+    def _expire(self, timeout: float, who: str, what: str) -> None:
         message = (
-            f"jacklring: CollectiveTimeout: rank {rank}: {what} did not finish within {timeout:g} s "
+            f"jacklring: CollectiveTimeout: {who}: {what} did not finish within {timeout:g} s "
             "(per-operation deadline: init(timeout=...) or JACKLRING_TIMEOUT). A blocked MPI call "
             f"cannot be cancelled, so the whole MPI job is aborted (MPI_Abort errorcode {ABORT_CODE}).\n"
         )
