@@ -192,6 +192,8 @@ def configure_thunderbolt(ctx: Context, remote: RemoteHosts, report: list[HostAc
     if not_mac:
         raise UsageError(f"--over thunderbolt discovers cables on macOS hosts only; {', '.join(not_mac)} "
                          "run another system (use --over ethernet)")
+    if len(facts) < 2:
+        raise UsageError("--over thunderbolt needs at least two hosts (cables run between hosts)")
     topo = from_thunderbolt(facts)
     for warning in topo.warnings:
         ctx.warn(warning)

@@ -261,3 +261,10 @@ def test_cli_flow_ring_dot_and_sudo_refusal():
     assert none is None and dot.count(" -- ") == 3
     with pytest.raises(UsageError, match=r"--auto-setup needs passwordless sudo .* on mbp-0, mbp-1, mbp-2"):
         configure_thunderbolt(tb_args(auto_setup=True), None, access_report(facts, sudo=False), facts, [])
+
+
+def test_cli_flow_needs_two_hosts_for_thunderbolt():
+    from launcher.config_cli import UsageError, configure_thunderbolt
+    facts = host_facts("tb_ring2")[:1]
+    with pytest.raises(UsageError, match="at least two hosts"):
+        configure_thunderbolt(tb_args(), None, access_report(facts), facts, [])
