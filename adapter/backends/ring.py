@@ -26,12 +26,13 @@ import socket
 import struct
 import threading
 import time
+import zlib
 
 import numpy as np
 
 from ..config import connect_timeout as default_connect_timeout
 from ..config import env_flag, env_float, env_rank, op_timeout
-from ..errors import ConfigError, DistributedError, MismatchError, PeerError
+from ..errors import ConfigError, DistributedError, IntegrityError, MismatchError, PeerError
 from . import tcp
 from .base import Backend, ReduceOp
 from .elements import CODE_NAMES, DTYPE_CODES, dtype_code, reduce_many
@@ -43,7 +44,7 @@ from .ring_algorithms import (
     reduce_scatter_all_gather,
     split_evenly,
 )
-from .stream_engine import Engine, Link
+from .stream_engine import CRC, Engine, Link
 
 log = logging.getLogger("jacklring.ring")
 
@@ -165,6 +166,7 @@ class RingBackend(Backend):
         self._connect_timeout = default_connect_timeout(connect_timeout)
         self._token = int.from_bytes(hashlib.sha256(json.dumps(addresses).encode()).digest()[:8], "little")
         self._seq = 0
+        self._verify = env_flag("JACKLRING_VERIFY")
         self._broken: BaseException | None = None
         self._pool: dict[tuple, np.ndarray] = {}
         self._small_view: memoryview | None = None
@@ -201,14 +203,14 @@ class RingBackend(Backend):
                 sock = tcp.connect(addr, hello, deadline, f"rank {nxt}")
             except PeerError as exc:
                 raise PeerError(f"rank {r}: {exc}") from None
-            right.append(Link(sock, nxt, self._who(nxt, c)))
+            right.append(Link(sock, nxt, self._who(nxt, c), self._verify))
         left: list[Link | None] = [None] * k
         for c in range(k):
             sock = self._accept(  # type: ignore[assignment]
                 self._listeners[c], deadline,
                 lambda h, c=c: h.purpose == PURPOSE_RING and h.sender == prv and h.receiver == r and h.channel == c,
                 f"rank {r}: rank {prv} (connection {c} of {k})")
-            left[c] = Link(sock, prv, self._who(prv, c))
+            left[c] = Link(sock, prv, self._who(prv, c), self._verify)
         self.right, self.left = right, left  # type: ignore[assignment]
         self.engine = Engine(right + left, r)  # type: ignore[operator]
         stall = os.environ.get("JACKLRING_STALL_REPORT")
@@ -315,11 +317,13 @@ class RingBackend(Backend):
         header = HEADER.pack(HEADER_MAGIC, OP_SEND, dtype_code(buf.dtype), 0, buf.nbytes, 0)
         sock = self._p2p_out_socket(dst, deadline)
         who = f"rank {self._rank}: send to {self._who(dst)}"
+        trailer = CRC.pack(zlib.crc32(bytes_of(buf))) if self._verify else b""
         if buf.nbytes <= SMALL_BYTES:
-            tcp.send_all(sock, header + bytes_of(buf).tobytes(), deadline, who)
+            tcp.send_all(sock, header + bytes_of(buf).tobytes() + trailer, deadline, who)
         else:
             tcp.send_all(sock, header, deadline, who)
             tcp.send_all(sock, bytes_of(buf), deadline, who)
+            tcp.send_all(sock, trailer, deadline, who)
 
     def recv(self, buf: np.ndarray, src: int) -> None:
         self._check_usable()
@@ -334,6 +338,12 @@ class RingBackend(Backend):
                                 f"{describe_header(mine).replace('send', 'a message', 1)} but rank {src} "
                                 f"sent {describe_header(bytes(raw))}")
         tcp.recv_exact(sock, bytes_of(buf), deadline, who)
+        if self._verify:
+            trailer = bytearray(CRC.size)
+            tcp.recv_exact(sock, memoryview(trailer), deadline, who)
+            if CRC.unpack(trailer)[0] != zlib.crc32(bytes_of(buf)):
+                raise IntegrityError(f"rank {self._rank}: checksum mismatch on a {buf.nbytes}-byte message "
+                                     f"from {self._who(src)}")
 
     def split(self, color: int, key: int) -> "RingBackend":
         """Form sub-rings: fresh listeners, addresses exchanged over this ring."""

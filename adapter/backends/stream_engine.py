@@ -12,14 +12,17 @@ import logging
 import os
 import select
 import socket
+import struct
 import time
+import zlib
 from collections import deque
 from typing import Callable, Iterable
 
-from ..errors import CollectiveTimeout, PeerError
+from ..errors import CollectiveTimeout, IntegrityError, PeerError
 
 log = logging.getLogger("jacklring.engine")
 
+CRC = struct.Struct("<I")
 Callback = Callable[[], None]
 Truncated = Callable[[int], None]
 
@@ -27,9 +30,9 @@ Truncated = Callable[[int], None]
 class Link:
     """One TCP connection to a peer, with queues of pending sends and receives."""
 
-    __slots__ = ("sock", "fd", "peer", "label", "sendq", "recvq", "recv_got", "bytes_in", "bytes_out")
+    __slots__ = ("sock", "fd", "peer", "label", "sendq", "recvq", "recv_got", "bytes_in", "bytes_out", "verify")
 
-    def __init__(self, sock: socket.socket, peer: int, label: str) -> None:
+    def __init__(self, sock: socket.socket, peer: int, label: str, verify: bool = False) -> None:
         sock.setblocking(False)
         self.sock = sock
         self.fd = sock.fileno()
@@ -40,18 +43,37 @@ class Link:
         self.recv_got = 0
         self.bytes_in = 0
         self.bytes_out = 0
+        # JACKLRING_VERIFY=1: every message is followed by its CRC-32, checked on receipt.
+        self.verify = verify
 
     def post_send(self, view: memoryview) -> None:
+        """Queue view for sending; it must not change until sent (its checksum is taken now)."""
         if len(view):
             self.sendq.append(view)
+            if self.verify:
+                self.sendq.append(memoryview(CRC.pack(zlib.crc32(view))))
 
     def post_recv(self, view: memoryview, on_done: Callback | None = None,
                   on_truncated: Truncated | None = None) -> None:
         """Fill view, then call on_done. If the peer hangs up part-way, on_truncated(bytes_received)
         may raise a more telling error (e.g. a mismatch visible in the header already received)."""
-        if len(view):
+        if not len(view):
+            if on_done is not None:
+                on_done()
+        elif self.verify:
+            trailer = bytearray(CRC.size)
+            self.recvq.append((view, None, on_truncated))
+            self.recvq.append((memoryview(trailer), lambda: self._check(view, trailer, on_done), None))
+        else:
             self.recvq.append((view, on_done, on_truncated))
-        elif on_done is not None:
+
+    def _check(self, view: memoryview, trailer: bytearray, on_done: Callback | None) -> None:
+        (expected,) = CRC.unpack(trailer)
+        actual = zlib.crc32(view)
+        if actual != expected:
+            raise IntegrityError(f"checksum mismatch on a {len(view)}-byte message from {self.label}: "
+                                 f"crc32 {actual:#010x}, sender's {expected:#010x}")
+        if on_done is not None:
             on_done()
 
     def pending(self) -> bool:
