@@ -259,6 +259,26 @@ class NcclBackend(Backend):
 
         self._run(f"recv from rank {src}", None, buf, body)
 
+    def sendrecv(self, send_buf, dst: int, recv_buf, src: int) -> None:
+        """Send send_buf to dst and receive recv_buf from src as one NCCL group, so two ranks
+        can exchange (or a pipeline can shift) without ordering their sends (beyond MLX).
+        dst and src may be this rank itself."""
+        for peer, what in ((dst, "send to"), (src, "recv from")):
+            if not 0 <= peer < self._size:
+                raise ValueError(f"rank {self._rank}: cannot {what} rank {peer} in a group of {self._size}")
+        if isinstance(send_buf, DeviceBuffer) != isinstance(recv_buf, DeviceBuffer):
+            raise TypeError(f"rank {self._rank}: sendrecv needs both buffers numpy or both DeviceBuffer")
+
+        def body(s: DeviceBuffer, r: DeviceBuffer, stream: int) -> None:
+            self._nccl.groupStart()
+            try:
+                self._comm.send(s.ptr, s.nbytes, NCCL_UINT8, dst, stream)
+                self._comm.recv(r.ptr, r.nbytes, NCCL_UINT8, src, stream)
+            finally:
+                self._nccl.groupEnd()
+
+        self._run(f"sendrecv(to rank {dst}, from rank {src})", send_buf, recv_buf, body)
+
     def split(self, color: int, key: int) -> "NcclBackend":
         """ncclCommSplit where the library has it (NCCL >= 2.18.1), else a new communicator
         whose unique id each group's first member creates and hands out over this one."""
