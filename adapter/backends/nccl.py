@@ -143,7 +143,7 @@ class NcclBackend(Backend):
         limit = default_connect_timeout(connect_timeout)
         started = time.monotonic()
         unique_id = nccl_bootstrap.exchange_id(rank, size, host, port, _make_unique_id, limit)
-        remaining = limit - (time.monotonic() - started)
+        remaining = max(1.0, limit - (time.monotonic() - started))
         return cls.from_unique_id(rank, size, unique_id, device, timeout, remaining)
 
     @classmethod
