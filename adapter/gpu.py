@@ -28,7 +28,7 @@ from .backends.elements import BFLOAT16, DTYPE_CODES
 from .backends.nccl_device import DeviceBuffer, cuda_visible_reason, device_count
 
 __all__ = ["is_cuda_array", "array_kind", "cuda_visible_reason", "device_count", "numpy_dtype_of",
-           "DeviceBuffer", "device_buffer", "empty_like", "PinnedPool", "pinned_pool", "stage_to_host",
+           "DeviceBuffer", "device_buffer", "empty_like", "copy_of", "PinnedPool", "pinned_pool", "stage_to_host",
            "host_empty", "to_device"]
 
 # ---- recognising GPU arrays ----------------------------------------------------------------
@@ -115,6 +115,19 @@ def empty_like(x: Any, shape: tuple[int, ...]) -> Any:
 
         with x.device:
             return cupy.empty(shape, dtype=x.dtype)
+    raise TypeError(f"{type(x).__name__} is not a cupy array or CUDA tensor")
+
+
+def copy_of(x: Any) -> Any:
+    """A contiguous copy of a cupy array or CUDA tensor on its device (broadcast's root buffer)."""
+    kind = array_kind(x)
+    if kind == "torch":
+        import torch
+
+        return x.detach().clone(memory_format=torch.contiguous_format)
+    if kind == "cupy":
+        with x.device:
+            return x.copy(order="C")
     raise TypeError(f"{type(x).__name__} is not a cupy array or CUDA tensor")
 
 

@@ -5,6 +5,7 @@ The device path itself is tested by tests/gpu (scripts/gpu_check.sh)."""
 from __future__ import annotations
 
 import gc
+import importlib.util
 import os
 import socket
 import subprocess
@@ -176,6 +177,24 @@ def test_id_exchange_through_a_torch_store():
     for t in threads:
         t.join(10)
     assert got == {r: bytes(range(128)) for r in range(3)}
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.skipif(importlib.util.find_spec("cupy") is not None, reason="cupy is installed here")
+def test_torch_group_without_cupy_falls_back_on_every_rank():
+    torch_distributed = pytest.importorskip("torch.distributed")
+    store = torch_distributed.HashStore()
+    got = {}
+
+    def rank(r):
+        got[r] = nccl.for_torch_group(store, "pg0", r, 2, device=0)
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in (1, 0)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert got == {0: None, 1: None}
 
 
 def test_unique_id_forms_round_trip():

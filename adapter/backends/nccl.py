@@ -485,12 +485,20 @@ def device_identity(device: int) -> str:
 
 def for_torch_group(store, prefix: str, rank: int, size: int, device: int,
                     timeout: float | None = None) -> NcclBackend | None:
-    """The NCCL communicator a torch process group uses for its CUDA tensors, or None when two
-    ranks share one GPU (NCCL forbids it; the group then stages CUDA tensors through pinned host
-    memory over its CPU backend). Collective: every rank of the group calls it with the same
-    prefix, on its first CUDA collective. The store is the group's torch.distributed.Store."""
-    store.set(f"{prefix}/device/{rank}", device_identity(device))
+    """The NCCL communicator a torch process group uses for its CUDA tensors, or None (on every
+    rank alike) when two ranks share one GPU (NCCL forbids it) or some rank lacks cupy / NCCL;
+    the group then stages CUDA tensors through pinned host memory over its CPU backend.
+    Collective: every rank of the group calls it with the same prefix, on its first CUDA
+    collective. The store is the group's torch.distributed.Store."""
+    try:
+        identity = device_identity(device)
+    except DistributedError as exc:  # no cupy / libnccl on this rank: every rank must hear it
+        log.info("rank %d: NCCL unavailable for CUDA tensors: %s", rank, exc)
+        identity = ""
+    store.set(f"{prefix}/device/{rank}", identity)
     identities = [bytes(store.get(f"{prefix}/device/{r}")).decode() for r in range(size)]
+    if "" in identities:
+        return None  # some rank cannot run NCCL: all stage through host memory alike
     pairs = shared_devices(identities)
     if pairs:
         a, b = pairs[0]
