@@ -1,17 +1,22 @@
 """average_gradients: the mean of a tree of gradients over a group, in few large messages.
 
 Thousands of small all_sums each pay the network latency; one all_sum of their
-concatenation pays it once. The leaves are packed, per (location, dtype), into flat
-buffers of about `all_reduce_size` bytes, each buffer is summed over the group with one
-collective, and the results are handed back as views into those buffers (no unpacking
-copy) where the caller's type allows.
+concatenation pays it once. The leaves are packed, per (library, device, dtype), into flat
+buffers of about `all_reduce_size` bytes; each buffer is summed over the group with one
+collective, in place, and the results are handed back as views into it (no unpacking copy)
+unless the caller asked for the averages in place (a Module's .grad) or in another dtype.
 
-The 1/size scale is applied while packing (as torch DDP's default hook does), so the
-packing pass does the division for free and the sum cannot overflow a float16 range that
-the average fits in.
+The 1/size scale is applied while packing, as torch DDP's default hook does: the packing
+pass does the division for free, and a float16 sum cannot overflow where the average fits.
+Packing uses the leaves' own library (torch.cat, numpy.concatenate) so that thousands of
+small leaves cost a few bulk calls rather than a Python loop of small ones.
 """
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
+import math
+import threading
 import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -24,6 +29,9 @@ from .backends.elements import BFLOAT16
 from .group import Group, default_group
 
 DEFAULT_ALL_REDUCE_SIZE = 32 * 1024**2
+# A leaf this large is scaled straight into the buffer (one pass); smaller ones are
+# concatenated in one call and scaled together (two passes over little memory, few calls).
+FUSED_SCALE_ELEMENTS = 1 << 16
 
 # Averaging is only meaningful for floating-point values.
 AVERAGEABLE = frozenset(
@@ -44,34 +52,31 @@ def average_gradients(
     torch.nn.Module whose parameters' .grad are averaged in place (parameters without a
     gradient are skipped) and which is returned. Every rank passes the same structure.
     all_reduce_size: bytes per message; leaves are packed, per dtype and device, until a
-    buffer reaches this size. A leaf at least this large travels alone, without a packing
-    copy. <= 0 sends one message per leaf.
+    buffer reaches this size. A leaf at least this large travels alone. <= 0 sends one
+    message per leaf.
     communication_type: a floating dtype (numpy, torch or a name such as "bfloat16") the
-    values are cast to for the transfer and back from, to halve the bytes on the wire.
+    values are cast to for the transfer and back from, to cut the bytes on the wire.
     In a group of size 1 the input is returned untouched.
     """
     g = default_group(group)
-    size = g.size()
-    if size == 1:
+    if g.size() == 1:
         return gradients
     wire = None if communication_type is None else numpy_dtype(communication_type)
     if wire is not None and wire not in AVERAGEABLE:
         raise TypeError(f"communication_type must be a floating dtype, not {wire}")
 
     if _is_torch_module(gradients):
-        named = [(name, p.grad) for name, p in gradients.named_parameters() if p.grad is not None]
-        leaves = [_Leaf.of(grad, name, wire) for name, grad in named]
+        leaves = [_Leaf.of(p.grad, name, wire) for name, p in gradients.named_parameters() if p.grad is not None]
         _average(leaves, g, all_reduce_size, in_place=True)
         return gradients
 
     found: list[tuple[str, Any]] = []
     rebuild = _flatten(gradients, "", found)
     leaves = [_Leaf.of(x, path, wire) for path, x in found]
-    results = _average(leaves, g, all_reduce_size, in_place=False)
-    return rebuild(iter(results))
+    return rebuild(iter(_average(leaves, g, all_reduce_size, in_place=False)))
 
 
-# ---- the tree --------------------------------------------------------------------------
+# ---- the tree ----------------------------------------------------------------------------------
 
 def _is_torch_module(x: Any) -> bool:
     torch = sys.modules.get("torch")
@@ -79,13 +84,12 @@ def _is_torch_module(x: Any) -> bool:
 
 
 def _is_array(x: Any) -> bool:
+    if isinstance(x, (np.ndarray, np.generic)):
+        return True
     module = type(x).__module__
     if module.startswith("torch"):
-        torch = sys.modules.get("torch")
-        return torch is not None and isinstance(x, torch.Tensor)
-    if module.startswith("cupy"):
-        return hasattr(x, "__cuda_array_interface__")
-    return isinstance(x, (np.ndarray, np.generic))
+        return isinstance(x, sys.modules["torch"].Tensor)
+    return module.startswith("cupy") and hasattr(x, "__cuda_array_interface__")
 
 
 def _flatten(tree: Any, path: str, found: list[tuple[str, Any]]) -> Callable:
@@ -93,7 +97,7 @@ def _flatten(tree: Any, path: str, found: list[tuple[str, Any]]) -> Callable:
     return a function that rebuilds the tree from an iterator over replacement leaves."""
     if _is_array(tree):
         found.append((path or "<root>", tree))
-        return lambda leaves: next(leaves)
+        return next
     if tree is None:
         return lambda leaves: None
     if isinstance(tree, dict):
@@ -113,14 +117,24 @@ def _flatten(tree: Any, path: str, found: list[tuple[str, Any]]) -> Callable:
     )
 
 
-# ---- leaves and buckets ------------------------------------------------------------------
+# ---- leaves and buckets ------------------------------------------------------------------------
 
-@dataclass
+_TORCH_DTYPES: dict[Any, np.dtype] = {}
+
+
+def _torch_numpy_dtype(dtype: Any) -> np.dtype:
+    found = _TORCH_DTYPES.get(dtype)
+    if found is None:
+        found = _TORCH_DTYPES[dtype] = numpy_dtype(dtype)
+    return found
+
+
+@dataclass(slots=True)
 class _Leaf:
     path: str
     source: Any
-    kind: str  # "numpy", "scalar", "torch", "cupy"
-    location: tuple  # ("host",) or the device the leaf lives on
+    lib: str  # "torch", "numpy" or "cupy": the library that packs and unpacks it
+    location: tuple  # leaves sharing (location, wire dtype) share buffers
     dtype: np.dtype
     wire: np.dtype
     shape: tuple
@@ -128,32 +142,24 @@ class _Leaf:
 
     @classmethod
     def of(cls, x: Any, path: str, wire: np.dtype | None) -> "_Leaf":
-        module = type(x).__module__
-        if module.startswith("torch"):
-            kind = "torch"
-            location = ("host",) if x.device.type == "cpu" else ("torch", str(x.device))
-            dtype = numpy_dtype(x.dtype)
-        elif module.startswith("cupy"):
-            kind, location, dtype = "cupy", ("cupy", x.device.id), np.dtype(x.dtype)
+        if isinstance(x, (np.ndarray, np.generic)):
+            lib, location, dtype = "numpy", ("numpy",), x.dtype
+        elif type(x).__module__.startswith("torch"):
+            lib, location, dtype = "torch", ("torch", x.device), _torch_numpy_dtype(x.dtype)
         else:
-            kind = "scalar" if isinstance(x, np.generic) else "numpy"
-            location, dtype = ("host",), np.dtype(x.dtype)
+            lib, location, dtype = "cupy", ("cupy", x.device.id), np.dtype(x.dtype)
         if dtype not in AVERAGEABLE:
             raise TypeError(f"average_gradients: {path} has dtype {dtype}; only floating-point arrays can be averaged")
         shape = tuple(x.shape)
-        return cls(path, x, kind, location, dtype, wire or dtype, shape, int(np.prod(shape, dtype=np.int64)))
-
-    @property
-    def wire_bytes(self) -> int:
-        return self.size * self.wire.itemsize
+        return cls(path, x, lib, location, dtype, wire or dtype, shape, math.prod(shape))
 
 
-@dataclass
+@dataclass(slots=True)
 class _Bucket:
     location: tuple
     wire: np.dtype
-    leaves: list[tuple[int, _Leaf]] = field(default_factory=list)  # (index in the tree, leaf)
-    nbytes: int = 0
+    indices: list[int] = field(default_factory=list)  # positions of its leaves in the tree
+    elements: int = 0
 
 
 def _plan(leaves: list[_Leaf], all_reduce_size: int) -> list[_Bucket]:
@@ -163,118 +169,167 @@ def _plan(leaves: list[_Leaf], all_reduce_size: int) -> list[_Bucket]:
     for index, leaf in enumerate(leaves):
         if leaf.size == 0:
             continue
-        key = (leaf.location, leaf.wire)
-        if all_reduce_size <= 0 or leaf.wire_bytes >= all_reduce_size:
-            buckets.append(_Bucket(leaf.location, leaf.wire, [(index, leaf)], leaf.wire_bytes))
+        nbytes = leaf.size * leaf.wire.itemsize
+        if all_reduce_size <= 0 or nbytes >= all_reduce_size:
+            buckets.append(_Bucket(leaf.location, leaf.wire, [index], leaf.size))
             continue
+        key = (leaf.location, leaf.wire)
         bucket = open_buckets.get(key)
         if bucket is None:
             bucket = open_buckets[key] = _Bucket(leaf.location, leaf.wire)
             buckets.append(bucket)
-        bucket.leaves.append((index, leaf))
-        bucket.nbytes += leaf.wire_bytes
-        if bucket.nbytes >= all_reduce_size:
+        bucket.indices.append(index)
+        bucket.elements += leaf.size
+        if bucket.elements * leaf.wire.itemsize >= all_reduce_size:
             del open_buckets[key]
     return buckets
 
 
-# ---- averaging ---------------------------------------------------------------------------
+# ---- averaging ---------------------------------------------------------------------------------
 
 def _average(leaves: list[_Leaf], group: Group, all_reduce_size: int, in_place: bool) -> list[Any]:
-    results: list[Any] = [None] * len(leaves)
-    for index, leaf in enumerate(leaves):
-        if leaf.size == 0:
-            results[index] = leaf.source
+    # Empty leaves send nothing and come back as they are.
+    results: list[Any] = [leaf.source if leaf.size == 0 else None for leaf in leaves]
     scale = 1.0 / group.size()
-    for bucket in _plan(leaves, all_reduce_size):
-        if bucket.location == ("host",):
-            _average_on_host(bucket, group, scale, in_place, results)
+    plan = _plan(leaves, all_reduce_size)
+    # With several buckets, the collectives run on a helper thread, in order, so that the
+    # next bucket is packed (and the previous one unpacked) while one is on the wire.
+    overlap = len(plan) > 1
+    staged = []
+    for bucket in plan:
+        members = [leaves[i] for i in bucket.indices]
+        stage = _stage_torch if members[0].lib == "torch" else _stage_array
+        step = stage(members, bucket, scale, in_place)
+        if overlap:
+            done = _communication_thread().submit(group.backend.all_reduce, step.host, step.host, ReduceOp.SUM)
         else:
-            _average_on_device(bucket, group, scale, in_place, results)
+            group.backend.all_reduce(step.host, step.host, ReduceOp.SUM)
+            done = None
+        staged.append((bucket, step, done))
+    error = None
+    for bucket, step, done in staged:
+        try:
+            if done is not None:
+                done.result()
+        except BaseException as exc:  # wait for every collective before raising the first error
+            error = error or exc
+            continue
+        if error is None:
+            for index, value in zip(bucket.indices, step.finish()):
+                results[index] = value
+    if error is not None:
+        raise error
     return results
 
 
-def _writable_host_view(leaf: _Leaf) -> np.ndarray | None:
-    """The leaf's own memory as a 1-D numpy array, when it has one (CPU and contiguous)."""
-    if leaf.kind == "numpy" and leaf.source.flags.c_contiguous and leaf.source.flags.writeable:
-        return leaf.source.reshape(-1)
-    if leaf.kind == "torch" and leaf.source.is_contiguous():
-        return as_numpy(leaf.source)[0].reshape(-1)
-    return None
+_executor: concurrent.futures.ThreadPoolExecutor | None = None
+_executor_lock = threading.Lock()
 
 
-def _average_on_host(bucket: _Bucket, group: Group, scale: float, in_place: bool, results: list) -> None:
-    if in_place and len(bucket.leaves) == 1:
-        index, leaf = bucket.leaves[0]
-        own = _writable_host_view(leaf)
-        if own is not None and leaf.wire == leaf.dtype:
-            # A large gradient averaged where it lies: no packing copy, no unpacking copy.
-            np.multiply(own, scale, out=own)
-            group.backend.all_reduce(own, own, ReduceOp.SUM)
-            results[index] = leaf.source
-            return
-    buf = np.empty(bucket.nbytes // bucket.wire.itemsize, bucket.wire)
-    offsets = []
-    offset = 0
-    for _, leaf in bucket.leaves:
-        values = as_numpy(leaf.source)[0].reshape(-1)
-        np.multiply(values, scale, out=buf[offset:offset + leaf.size], casting="unsafe")
-        offsets.append(offset)
-        offset += leaf.size
-    group.backend.all_reduce(buf, buf, ReduceOp.SUM)
-    for (index, leaf), start in zip(bucket.leaves, offsets):
-        part = buf[start:start + leaf.size]
-        results[index] = _write_back(leaf, part) if in_place else _host_result(leaf, part)
+def _communication_thread() -> concurrent.futures.ThreadPoolExecutor:
+    """One worker thread, so collectives run strictly in submission order on every rank."""
+    global _executor
+    with _executor_lock:
+        if _executor is None:
+            _executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="jacklring-average")
+        return _executor
 
 
-def _host_result(leaf: _Leaf, part: np.ndarray) -> Any:
-    """A new array of the leaf's kind, dtype and shape: a view of part when the types agree."""
-    values = part if leaf.wire == leaf.dtype else part.astype(leaf.dtype)
-    values = values.reshape(leaf.shape)
-    if leaf.kind == "torch":
-        return numpy_to_torch(values)
-    if leaf.kind == "scalar":
-        return values[()]
-    return values
+@dataclass(slots=True)
+class _Staged:
+    host: np.ndarray  # the packed bucket in host memory, summed over the group in place
+    finish: Callable[[], list]  # the bucket's averaged leaves, once host holds the sum
 
 
-def _write_back(leaf: _Leaf, part: np.ndarray) -> Any:
-    """Store the averaged values into the leaf's own memory (the Module case)."""
-    own = _writable_host_view(leaf)
-    if own is not None:
-        np.copyto(own, part, casting="unsafe")
+def _stage_torch(members: list[_Leaf], bucket: _Bucket, scale: float, in_place: bool) -> _Staged:
+    import torch
+
+    device = bucket.location[1]
+    first = members[0].source
+    if in_place and len(members) == 1 and device.type == "cpu" and first.is_contiguous() and members[0].wire == members[0].dtype:
+        # A large gradient averaged where it lies: no packing copy, no unpacking copy.
+        with torch.no_grad():
+            first.mul_(scale)
+        return _Staged(as_numpy(first)[0].reshape(-1), lambda: [first])
+
+    wire = numpy_to_torch(np.empty(0, bucket.wire)).dtype
+    buf = torch.empty(bucket.elements, dtype=wire, device=device)
+    with torch.no_grad():  # gradients may require grad themselves (create_graph=True)
+        _pack(members, buf, scale,
+              concat=lambda parts, out: torch.cat(parts, out=out),
+              scaled=lambda flat, out: torch.mul(flat, scale, out=out),
+              flatten=lambda x: x if x.dim() == 1 else x.reshape(-1))
+    host = as_numpy(buf)[0]  # the buffer itself on the CPU; one device-to-host copy otherwise
+
+    @torch.no_grad()
+    def finish() -> list:
+        summed = buf if device.type == "cpu" else numpy_to_torch(host, device)
+        out = []
+        for leaf, part in zip(members, summed.split_with_sizes([leaf.size for leaf in members])):
+            if len(leaf.shape) != 1:
+                part = part.view(leaf.shape)
+            if leaf.wire != leaf.dtype:
+                part = part.to(leaf.source.dtype)
+            if in_place:
+                leaf.source.copy_(part)
+                part = leaf.source
+            out.append(part)
+        return out
+
+    return _Staged(host, finish)
+
+
+def _stage_array(members: list[_Leaf], bucket: _Bucket, scale: float, in_place: bool) -> _Staged:
+    """numpy leaves, and cupy leaves packed on their GPU and staged through host memory."""
+    if members[0].lib == "cupy":
+        import cupy as xp
+
+        on_device: Any = xp.cuda.Device(bucket.location[1])
     else:
-        leaf.source.copy_(numpy_to_torch(part.astype(leaf.dtype)).reshape(leaf.shape))
-    return leaf.source
+        xp, on_device = np, contextlib.nullcontext()
+    with on_device:
+        buf = xp.empty(bucket.elements, bucket.wire)
+        _pack(members, buf, scale,
+              concat=lambda parts, out: xp.concatenate(parts, out=out, casting="unsafe"),
+              scaled=lambda flat, out: xp.multiply(flat, scale, out=out, casting="unsafe"),
+              flatten=lambda x: xp.asarray(x).reshape(-1))
+    host = buf if xp is np else xp.asnumpy(buf)
+
+    def finish() -> list:
+        with on_device:
+            summed = host if xp is np else xp.asarray(host)
+        out, offset = [], 0
+        for leaf in members:
+            part = summed[offset:offset + leaf.size].reshape(leaf.shape)
+            offset += leaf.size
+            if leaf.wire != leaf.dtype:
+                part = part.astype(leaf.dtype)
+            out.append(part[()] if isinstance(leaf.source, np.generic) else part)
+        return out
+
+    return _Staged(host, finish)
 
 
-def _average_on_device(bucket: _Bucket, group: Group, scale: float, in_place: bool, results: list) -> None:
-    """GPU leaves: pack on the device, one copy to the host and one back per bucket (the
-    backends reduce in host memory), then split on the device."""
-    if bucket.location[0] == "torch":
-        import torch
+def _pack(members: list[_Leaf], buf: Any, scale: float, concat: Callable, scaled: Callable, flatten: Callable) -> None:
+    """buf = concatenation of the members times scale, cast to buf's dtype: large members in
+    one fused pass each, runs of small ones with one concatenate and one scale per run."""
+    run: list[Any] = []
+    run_start = offset = 0
 
-        lib_cat, device = torch.cat, bucket.leaves[0][1].source.device
-        wire = numpy_to_torch(np.empty(0, bucket.wire)).dtype
-        packed = lib_cat([(leaf.source.detach().reshape(-1) * scale).to(wire) for _, leaf in bucket.leaves])
-        host, _ = as_numpy(packed)
-        group.backend.all_reduce(host, host, ReduceOp.SUM)
-        summed = numpy_to_torch(host, device)
-        cast = lambda part, leaf: part.to(leaf.source.dtype)  # noqa: E731
-    else:
-        import cupy
+    def flush(end: int) -> None:
+        if run:
+            window = buf[run_start:end]
+            concat(run, window)
+            window *= scale
+            run.clear()
 
-        packed = cupy.concatenate([(leaf.source.reshape(-1) * scale).astype(bucket.wire) for _, leaf in bucket.leaves])
-        host = cupy.asnumpy(packed)
-        group.backend.all_reduce(host, host, ReduceOp.SUM)
-        with cupy.cuda.Device(bucket.location[1]):
-            summed = cupy.asarray(host)
-        cast = lambda part, leaf: part.astype(leaf.dtype)  # noqa: E731
-    offset = 0
-    for index, leaf in bucket.leaves:
-        part = cast(summed[offset:offset + leaf.size], leaf).reshape(leaf.shape)
+    for leaf in members:
+        flat = flatten(leaf.source)
+        if leaf.size >= FUSED_SCALE_ELEMENTS:
+            flush(offset)
+            scaled(flat, buf[offset:offset + leaf.size])
+            run_start = offset + leaf.size
+        else:
+            run.append(flat)
         offset += leaf.size
-        if in_place:
-            leaf.source.copy_(part)
-            part = leaf.source
-        results[index] = part
+    flush(offset)
