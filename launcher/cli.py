@@ -190,7 +190,7 @@ def launch(args) -> int:
             procs.append(RemoteRank(
                 plan.rank, plan.rank, connections[plan.host.ssh], python, argv, plan.env,
                 plan.files, cwd=args.cwd or os.getcwd(), cwd_required=bool(args.cwd),
-                grace=GRACE))
+                grace=GRACE, host_label=plan.host.ssh))
     try:
         return Supervisor(procs, output).run()
     finally:

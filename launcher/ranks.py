@@ -153,8 +153,9 @@ class RemoteRank(RankProcess):
 
     def __init__(self, index: int, rank: int, connection, agent_python: str,
                  argv: list[str], env: dict[str, str], files: dict[str, str],
-                 cwd: Optional[str], cwd_required: bool, grace: float) -> None:
-        super().__init__(index, rank, connection.original_host)
+                 cwd: Optional[str], cwd_required: bool, grace: float,
+                 host_label: Optional[str] = None) -> None:
+        super().__init__(index, rank, host_label or connection.original_host)
         self.connection = connection
         self.agent_python = agent_python
         self.spec = {"argv": argv, "env": env, "files": files, "cwd": cwd,

@@ -15,8 +15,8 @@ work without setup on Linux).
 Several servers can share one client key (start_sshd(ip, client_key=first.key_path)), and
 write_ssh_config(servers, path) writes one ssh_config (a `Host <alias>` block per server, the
 alias defaulting to its ip) that Fabric and OpenSSH's `ssh -F` both honour. Put that file
-at $HOME/.ssh/config of a temporary HOME and Fabric picks it up as it would on a real
-client.
+at $HOME/.ssh/config of a temporary HOME (make_client_home does that) and Fabric picks it
+up as it would on a real client. Fixtures (pytest): ssh_servers, ssh_client_home.
 
 sshd runs as the current user (root in CI: PermitRootLogin prohibit-password); it needs
 an absolute path (/usr/sbin/sshd) and its privilege separation dir /run/sshd, created here.
@@ -139,6 +139,20 @@ def write_ssh_config(servers: Iterable[SshServer], path: Path,
     return Path(path)
 
 
+def make_client_home(servers: Iterable[SshServer], home: Path,
+                     aliases: Optional[Iterable[str]] = None) -> Path:
+    """A HOME whose ~/.ssh/config reaches every server by its ip (and by alias if given),
+    the way a user's own config would. Run a client with HOME=<this> to use it."""
+    servers = list(servers)
+    ssh_dir = Path(home) / ".ssh"
+    ssh_dir.mkdir(parents=True, exist_ok=True)
+    blocks = [ssh_config_block(s) for s in servers]
+    if aliases is not None:
+        blocks += [ssh_config_block(s, a) for s, a in zip(servers, aliases)]
+    (ssh_dir / "config").write_text("\n".join(blocks))
+    return Path(home)
+
+
 def start_sshd(host_ip: str = "127.0.0.2", client_key: Optional[Path] = None,
                workdir: Optional[Path] = None, port: Optional[int] = None) -> SshServer:
     """Start sshd on host_ip (a free port unless given); returns once it answers."""
@@ -239,5 +253,11 @@ try:  # the pytest fixtures, only when pytest is importable
         finally:
             second.stop()
             first.stop()
+
+    @pytest.fixture(scope="session")
+    def ssh_client_home(ssh_servers, tmp_path_factory):
+        """A HOME with ~/.ssh/config for both servers: by ip, and as node-a / node-b."""
+        return make_client_home(ssh_servers, tmp_path_factory.mktemp("ssh-home"),
+                                aliases=["node-a", "node-b"])
 except ImportError:  # pragma: no cover
     pass

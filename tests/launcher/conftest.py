@@ -13,7 +13,7 @@ TESTS = Path(__file__).resolve().parents[1]
 if str(TESTS) not in sys.path:
     sys.path.insert(0, str(TESTS))  # for sshd.py
 
-from sshd import ssh_servers  # noqa: E402,F401  (the fixture)
+from sshd import ssh_client_home, ssh_servers  # noqa: E402,F401  (fixtures)
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 LAUNCHER = [sys.executable, "-m", "launcher.cli"]

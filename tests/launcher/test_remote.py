@@ -1,0 +1,121 @@
+"""Remote ranks through Fabric to real sshd's on 127.0.0.2 and 127.0.0.3."""
+import json
+import os
+import signal
+import time
+
+import pytest
+
+from conftest import (SCRIPTS, assert_all_dead, base_env, launch, rank_envs, start_launcher,
+                      wait_for_pids)
+from sshd import write_ssh_config
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture
+def env(ssh_client_home, tmp_path):
+    """The launcher's environment: a HOME whose ~/.ssh/config holds the client key."""
+    return base_env(HOME=str(ssh_client_home))
+
+
+def remote_hostfile(tmp_path, servers, backend="ring", extra=()):
+    """rank 0 on 127.0.0.2, rank 1 on 127.0.0.3 (user@host:port targets)."""
+    path = tmp_path / "hosts.json"
+    hosts = [{"ssh": s.target, "ips": [s.host]} for s in servers] + list(extra)
+    path.write_text(json.dumps({"backend": backend, "hosts": hosts}))
+    return path
+
+
+def test_remote_ranks_get_env_files_and_cwd(tmp_path, ssh_servers, env):
+    hostfile = remote_hostfile(tmp_path, ssh_servers)
+    r = launch("--hostfile", hostfile, "--cwd", str(SCRIPTS), "--env", "GREETING=hi",
+               "--starting-port", 40400, "envdump.py", env=env)
+    assert r.returncode == 0, r.stderr
+    envs = rank_envs(r.stdout)
+    assert sorted(envs) == [0, 1]
+    for rank, rec in envs.items():
+        renv = rec["env"]
+        assert renv["MLX_RANK"] == str(rank) and renv["GREETING"] == "hi"
+        assert rec["cwd"] == str(SCRIPTS)
+        assert rec["files"]["MLX_HOSTFILE"] == [["127.0.0.2:40400"], ["127.0.0.3:40401"]]
+        assert renv["SSH_CONNECTION"].split()[2] == ssh_servers[rank].host  # really over ssh
+        assert renv["MASTER_ADDR"] == "127.0.0.2"
+        assert not os.path.exists(renv["MLX_HOSTFILE"]), "remote temp file must be removed"
+
+
+def test_ssh_config_alias_from_home_and_from_option(tmp_path, ssh_servers, ssh_client_home):
+    hostfile = tmp_path / "hosts.json"
+    hostfile.write_text(json.dumps([{"ssh": "node-a", "ips": ["127.0.0.2"]},
+                                    {"ssh": "node-b", "ips": ["127.0.0.3"]}]))
+    r = launch("--hostfile", hostfile, "envdump.py", env=base_env(HOME=str(ssh_client_home)))
+    assert r.returncode == 0, r.stderr
+    assert sorted(rank_envs(r.stdout)) == [0, 1]
+    config = tmp_path / "ssh_config"
+    write_ssh_config(ssh_servers, config, aliases=["node-a", "node-b"])
+    r = launch("--hostfile", hostfile, "--ssh-config", config, "envdump.py")
+    assert r.returncode == 0, r.stderr
+    assert sorted(rank_envs(r.stdout)) == [0, 1]
+
+
+def test_stdin_output_and_stderr_from_remote_ranks(tmp_path, ssh_servers, env):
+    hostfile = remote_hostfile(tmp_path, ssh_servers)
+    r = launch("--hostfile", hostfile, "--cwd", str(SCRIPTS), "echo_stdin.py", input="ping\n",
+               env=env)
+    assert r.returncode == 0, r.stderr
+    for rank in (0, 1):
+        assert [l for l in r.stdout.splitlines() if l.startswith(f"[{rank}]")] == [
+            f"[{rank}] got ping", f"[{rank}] eof"]
+    r = launch("--hostfile", hostfile, "--cwd", str(SCRIPTS), "streams.py", env=env)
+    assert sorted(r.stderr.splitlines()) == ["[0] err 0", "[1] err 1"]
+
+
+def test_remote_rank_failure_stops_local_and_remote_ranks(tmp_path, ssh_servers, env):
+    hostfile = remote_hostfile(tmp_path, ssh_servers, extra=[
+        {"ssh": "127.0.0.1", "ips": ["127.0.0.1"]}])
+    r = launch("--hostfile", hostfile, "--cwd", str(SCRIPTS), "--env", f"PID_DIR={tmp_path}",
+               "behave.py", "--fail-rank", 1,
+               "--code", 5, "--delay", 1.5, "--child", "--sleep", 120, env=env)
+    assert r.returncode == 5, r.stderr
+    assert [l for l in r.stderr.splitlines() if l.startswith("launcher:")] == [
+        f"launcher: rank 1 (host {ssh_servers[1].target}) exited with code 5; "
+        "stopped the other 2 ranks"]
+    assert_all_dead(wait_for_pids(tmp_path, 3))
+
+
+@pytest.mark.parametrize("how", ["sigterm", "sigkill"])
+def test_remote_ranks_die_with_the_launcher(tmp_path, ssh_servers, how, env):
+    """SIGTERM: the launcher stops them; SIGKILL: the agent sees its ssh session end."""
+    hostfile = remote_hostfile(tmp_path, ssh_servers)
+    proc = start_launcher("--hostfile", hostfile, "--cwd", str(SCRIPTS),
+                          "--env", f"PID_DIR={tmp_path}", "behave.py",
+                          "--child", "--sleep", 120, env=env)
+    try:
+        pids = wait_for_pids(tmp_path, 2)
+        proc.send_signal(signal.SIGTERM if how == "sigterm" else signal.SIGKILL)
+        proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    if how == "sigterm":
+        assert proc.returncode == 143
+    assert_all_dead(pids, timeout=10)
+
+
+def test_missing_remote_cwd_is_an_error(tmp_path, ssh_servers, env):
+    hostfile = remote_hostfile(tmp_path, ssh_servers)
+    r = launch("--hostfile", hostfile, "--cwd", "/nonexistent/dir", "envdump.py", env=env)
+    assert r.returncode == 2
+    assert "/nonexistent/dir does not exist" in r.stderr
+
+
+def test_unreachable_host_is_one_line_and_exit_255(tmp_path, ssh_servers, env):
+    server = ssh_servers[0]
+    hostfile = tmp_path / "hosts.json"
+    hostfile.write_text(json.dumps([
+        {"ssh": server.target, "ips": ["127.0.0.2"]},
+        {"ssh": f"{server.user}@127.0.0.4:1", "ips": ["127.0.0.4"]}]))
+    r = launch("--hostfile", hostfile, "envdump.py", env=env)
+    assert r.returncode == 255
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("launcher: cannot ssh to ") and "127.0.0.4:1" in lines[0]
