@@ -1,8 +1,9 @@
 """numpy / torch / cupy buffers <-> 1-D numpy views, without copies where the input allows.
 
-The backends only see numpy arrays. A contiguous numpy array or CPU tensor is viewed in
-place; a non-contiguous one is made contiguous once; GPU buffers are staged through host
-memory here (the NCCL backend takes them directly, see adapter.ops).
+The host backends only see numpy arrays. A contiguous numpy array or CPU tensor is viewed
+in place; a non-contiguous one is made contiguous once; cupy arrays and CUDA tensors are
+staged through pinned host memory (adapter.gpu). The NCCL backend takes device buffers
+directly instead (see adapter.ops).
 """
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from . import gpu
 from .backends.elements import BFLOAT16, DTYPE_CODES
 
 Restore = Callable[[np.ndarray], Any]
@@ -59,15 +61,13 @@ def numpy_to_torch(arr: np.ndarray, device: Any = None) -> Any:
 def as_numpy(x: Any) -> tuple[np.ndarray, Restore]:
     """A C-contiguous numpy view of x, and a function turning a numpy result back into x's type."""
     kind = _kind(x)
-    if kind == "torch":
+    if kind != "numpy" and gpu.is_cuda_array(x):
+        # GPU buffers for host backends: one copy into pinned memory, one copy back.
+        arr = gpu.stage_to_host(x)
+        restore: Restore = lambda out, like=x: gpu.to_device(out, like)  # noqa: E731
+    elif kind == "torch":
         arr = _torch_to_numpy(x)
-        device = x.device
-        restore: Restore = lambda out: numpy_to_torch(out, device)  # noqa: E731
-    elif kind == "cupy":
-        import cupy
-
-        arr = cupy.asnumpy(x)
-        restore = cupy.asarray
+        restore = numpy_to_torch
     else:
         arr = np.ascontiguousarray(x)
         restore = _identity

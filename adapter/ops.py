@@ -9,16 +9,27 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from . import gpu
 from .arrays import as_numpy, flat, numpy_dtype, result_like
 from .backends.base import ReduceOp
 from .backends.elements import check_reducible
 from .group import Group, default_group
 
 
+def _on_device(g: Group, x: Any) -> bool:
+    """A GPU buffer headed for a backend that reads device memory itself (NCCL): no staging."""
+    return getattr(g.backend, "takes_device_buffers", False) and gpu.is_cuda_array(x)
+
+
 def _all_reduce(x: Any, op: ReduceOp, group: Group | None) -> Any:
     g = default_group(group)
     if g.size() == 1:
         return x
+    if _on_device(g, x):
+        check_reducible(gpu.numpy_dtype_of(x), op)
+        out = gpu.empty_like(x, tuple(x.shape))
+        g.backend.all_reduce(gpu.device_buffer(x), gpu.device_buffer(out), op)
+        return out
     arr, restore = as_numpy(x)
     check_reducible(arr.dtype, op)
     out = np.empty(arr.shape, arr.dtype)
@@ -51,6 +62,11 @@ def all_gather(x: Any, *, group: Group | None = None) -> Any:
     g = default_group(group)
     if g.size() == 1:
         return x
+    if _on_device(g, x):
+        x = x.reshape(1) if x.ndim == 0 else x
+        out = gpu.empty_like(x, (g.size() * x.shape[0],) + tuple(x.shape[1:]))
+        g.backend.all_gather(gpu.device_buffer(x), gpu.device_buffer(out))
+        return out
     arr, restore = as_numpy(x)
     if arr.ndim == 0:
         arr = arr.reshape(1)
@@ -68,12 +84,18 @@ def _reduce_scatter(x: Any, op: ReduceOp, group: Group | None) -> Any:
     g = default_group(group)
     if g.size() == 1:
         return x
-    arr, restore = as_numpy(x)
     n = g.size()
-    if arr.ndim == 0 or arr.shape[0] % n != 0:
+    shape = tuple(x.shape)
+    if len(shape) == 0 or shape[0] % n != 0:
         raise ValueError(
-            f"sum_scatter: the first dimension of shape {tuple(arr.shape)} must be divisible by the group size {n}"
+            f"sum_scatter: the first dimension of shape {shape} must be divisible by the group size {n}"
         )
+    if _on_device(g, x):
+        check_reducible(gpu.numpy_dtype_of(x), op)
+        out = gpu.empty_like(x, (shape[0] // n,) + shape[1:])
+        g.backend.reduce_scatter(gpu.device_buffer(x), gpu.device_buffer(out), op)
+        return out
+    arr, restore = as_numpy(x)
     check_reducible(arr.dtype, op)
     out = np.empty((arr.shape[0] // n,) + arr.shape[1:], arr.dtype)
     g.backend.reduce_scatter(flat(arr), flat(out), op)
@@ -91,6 +113,10 @@ def broadcast(x: Any, root: int = 0, *, group: Group | None = None) -> Any:
     _check_peer(g, root, "broadcast root")
     if g.size() == 1:
         return x
+    if _on_device(g, x):
+        buf = gpu.copy_of(x) if g.rank() == root else gpu.empty_like(x, tuple(x.shape))
+        g.backend.broadcast(gpu.device_buffer(buf), root)
+        return buf
     arr, restore = as_numpy(x)
     out = np.array(arr, copy=True, order="C") if g.rank() == root else np.empty(arr.shape, arr.dtype)
     g.backend.broadcast(flat(out), root)
@@ -108,6 +134,9 @@ def send(x: Any, dst: int, *, group: Group | None = None) -> Any:
     """Send x to rank dst; returns x."""
     g = default_group(group)
     _check_peer(g, dst, "send destination")
+    if _on_device(g, x):
+        g.backend.send(gpu.device_buffer(x), dst)
+        return x
     arr, _ = as_numpy(x)
     g.backend.send(flat(arr), dst)
     return x
@@ -126,6 +155,10 @@ def recv_like(x: Any, src: int, *, group: Group | None = None) -> Any:
     """Receive an array shaped and typed like x from rank src, of x's kind."""
     g = default_group(group)
     _check_peer(g, src, "recv source")
+    if _on_device(g, x):
+        out = gpu.empty_like(x, tuple(x.shape))
+        g.backend.recv(gpu.device_buffer(out), src)
+        return out
     arr, restore = as_numpy(x)
     out = np.empty(arr.shape, arr.dtype)
     g.backend.recv(flat(out), src)
