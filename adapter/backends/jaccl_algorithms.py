@@ -11,6 +11,8 @@ result is identical on every rank too.
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from ..errors import DistributedError
@@ -34,9 +36,16 @@ def block_bounds(count: int, parts: int) -> list[int]:
 
 
 def _request(kind: str, arr: np.ndarray | None = None, op: ReduceOp | None = None, extra: int = 0) -> Request:
+    if arr is None:
+        return _cached_request(kind, None, 0, op, extra)
+    return _cached_request(kind, arr.dtype, arr.nbytes, op, extra)
+
+
+@functools.lru_cache(maxsize=512)
+def _cached_request(kind: str, dtype, nbytes: int, op: ReduceOp | None, extra: int) -> Request:
+    """Requests repeat (the same op on the same sizes every step): build each once."""
     return Request(KIND_CODES[kind], REDUCE_CODES[op.value] if op else 0,
-                   dtype_code(arr.dtype) if arr is not None else 0,
-                   arr.nbytes if arr is not None else 0, extra)
+                   dtype_code(dtype) if dtype is not None else 0, nbytes, extra)
 
 
 def _into(target: memoryview, base_of: dict[int, int]):
@@ -76,8 +85,12 @@ class Algorithms:
 
 
 class MeshAlgorithms(Algorithms):
+    def __init__(self, link: Link, size: int) -> None:
+        super().__init__(link, size)
+        self._peer_list = [p for p in range(size) if p != self.rank]
+
     def _peers(self) -> list[int]:
-        return [p for p in range(self.size) if p != self.rank]
+        return self._peer_list
 
     def all_reduce(self, src: np.ndarray, dst: np.ndarray, op: ReduceOp) -> None:
         request = _request("all_reduce", src, op)

@@ -84,8 +84,11 @@ class Link:
         calling deliver(peer, offset, chunk) for every received chunk in order. `expect` is the
         request the senders should have made (default: the same as ours)."""
         self.check_usable()
+        payload = self.payload
+        single = all(len(v) <= payload for v in sends.values()) and all(n <= payload for n in recvs.values())
         try:
-            _Transfer(self, request, expect or request, phase, sends, recvs, deliver, deadline).run()
+            kind = _OneFrame if single else _Transfer
+            kind(self, request, expect or request, phase, sends, recvs, deliver, deadline).run()
         except BaseException as exc:
             self.broken = f"{type(exc).__name__}: {exc}"
             raise
@@ -185,8 +188,9 @@ class _Transfer:
             raise MismatchError(f"rank {rank}: a {nbytes}-byte message from rank {peer} has no JACCL header "
                                 f"(while running {self.request.describe()})")
         kind, reduce, dtype, phase, seq, index, extra, total = HEADER.unpack_from(buf, 0)
-        theirs = Request(kind, reduce, dtype, total, extra)
-        if theirs != self.expect or phase != self.phase:
+        e = self.expect
+        if (kind, reduce, dtype, total, extra, phase) != (e.kind, e.reduce, e.dtype, e.nbytes, e.extra, self.phase):
+            theirs = Request(kind, reduce, dtype, total, extra)
             steps = "" if phase == self.phase else f" (at step {self.phase}; rank {peer} at step {phase})"
             raise MismatchError(
                 f"mismatched operations on rank {rank} and rank {peer}: rank {rank} called "
@@ -199,3 +203,50 @@ class _Transfer:
                 f"rank {rank}: out-of-step message from rank {peer} during {self.request.describe()}: got "
                 f"message #{seq} frame {index} with {nbytes - HEADER.size} bytes, expected message "
                 f"#{expected_seq} frame {frame} with {want} bytes")
+
+
+class _OneFrame(_Transfer):
+    """The latency path: every message fits one frame, so there is no pipeline to manage."""
+
+    def __init__(self, link: Link, request: Request, expect: Request, phase: int,
+                 sends: dict[int, memoryview], recvs: dict[int, int],
+                 deliver: Callable[[int, int, memoryview], None], deadline: float) -> None:
+        self.link = link
+        self.t = link.t
+        self.request = request
+        self.expect = expect
+        self.phase = phase
+        self.sends = sends
+        self.recvs = recvs
+        self.deliver = deliver
+        self.deadline = deadline
+        self.seq_in = link.received
+
+    def run(self) -> None:
+        t, link, r, phase = self.t, self.link, self.request, self.phase
+        for p in self.recvs:
+            t.post_recv(p, 0)
+        for p, data in self.sends.items():
+            buf = t.send_buffer(p, 0)
+            HEADER.pack_into(buf, 0, r.kind, r.reduce, r.dtype, phase, link.sent[p] & 0xFFFFFFFF, 0, r.extra,
+                             r.nbytes)
+            n = len(data)
+            if n:
+                buf[HEADER.size:HEADER.size + n] = data
+            t.post_send(p, 0, HEADER.size + n)
+        sends_left, recvs_left = len(self.sends), len(self.recvs)
+        while sends_left or recvs_left:
+            for c in t.poll(self.deadline):
+                if c.kind == SEND:
+                    sends_left -= 1
+                    continue
+                buf = t.recv_buffer(c.peer, 0)
+                self._check(c.peer, 0, buf, c.nbytes)
+                want = self.recvs[c.peer]
+                if want:
+                    self.deliver(c.peer, 0, buf[HEADER.size:HEADER.size + want])
+                recvs_left -= 1
+        for p in self.sends:
+            link.sent[p] += 1
+        for p in self.recvs:
+            link.received[p] += 1

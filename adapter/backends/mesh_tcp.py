@@ -8,6 +8,7 @@ never deadlock on full kernel buffers. Each message is an 8-byte length and the 
 from __future__ import annotations
 
 import json
+import os
 import select
 import socket
 import struct
@@ -15,7 +16,7 @@ import time
 from collections import deque
 from typing import Callable
 
-from ..errors import CollectiveTimeout, PeerError
+from ..errors import CollectiveTimeout, ConfigError, PeerError
 from . import tcp
 from .jaccl_transport import RECV, SEND, BufferPool, Completion, Transport
 
@@ -23,10 +24,23 @@ PURPOSE_MESH = 0x4A4D  # "JM"
 FRAME_BYTES = 1 << 20
 SLOTS = 2
 _LEN = struct.Struct("<Q")
+_INBUF_BYTES = 64 << 10
 _READ = select.POLLIN | select.POLLPRI
 _ERR = select.POLLERR | select.POLLHUP | select.POLLNVAL
 
 Exchange = Callable[[bytes], list[bytes]]
+
+
+def _spin_seconds() -> float:
+    """JACKLRING_SPIN_US (default 50): how long poll() busy-waits before sleeping (0: never)."""
+    raw = os.environ.get("JACKLRING_SPIN_US", "50")
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"JACKLRING_SPIN_US={raw!r} is not a number of microseconds") from None
+    if value < 0:
+        raise ConfigError(f"JACKLRING_SPIN_US={raw!r} must not be negative")
+    return value * 1e-6
 
 
 class _Peer:
@@ -37,9 +51,13 @@ class _Peer:
         self.sock = sock
         self.sends: deque[list] = deque()      # [slot, memoryview still to send, total]
         self.recvs: deque[int] = deque()       # slots waiting for the next message
-        self.head = bytearray(_LEN.size)       # length prefix being read
-        self.head_got = 0
-        self.body_len = -1                     # -1: reading the prefix
+        # Bytes read ahead of the message being parsed: one recv_into usually brings a whole
+        # small message (or several), instead of one call for the length and one for the body.
+        self.inbuf = bytearray(_INBUF_BYTES)
+        self.inview = memoryview(self.inbuf)
+        self.in_start = 0
+        self.in_end = 0
+        self.body_len = -1                     # >= 0: reading a large body straight into its slot
         self.body_got = 0
         self.mask = 0
 
@@ -63,6 +81,7 @@ class TcpMeshTransport(Transport):
         self._poller = select.poll()
         self._done: list[Completion] = []
         self._closed = False
+        self.spin_s = _spin_seconds()
 
     def _who(self, peer: int) -> str:
         return f"rank {peer} (JACCL TCP mesh, from rank {self.rank})"
@@ -88,19 +107,26 @@ class TcpMeshTransport(Transport):
         self._pool.get(peer, RECV, slot)
         state = self._peers[peer]
         state.recvs.append(slot)
+        # A message may already sit in the read-ahead buffer: the socket will not signal it again.
+        while state.recvs and state.body_len < 0 and self._parse(state):
+            pass
         self._update_interest(state)
 
     def poll(self, deadline: float) -> list[Completion]:
+        spin_until = time.monotonic() + self.spin_s
         while not self._done:
-            remaining = deadline - time.monotonic()
+            now = time.monotonic()
+            remaining = deadline - now
             if remaining <= 0:
                 raise CollectiveTimeout(f"rank {self.rank}: timed out waiting for {self._pending_text()}")
-            events = self._poller.poll(min(remaining, 1.0) * 1000.0)
-            for fd, mask in events:
+            # Busy-poll briefly before sleeping: a sleeping receiver must be woken by the sender,
+            # and on a busy machine that wake-up costs more than a small message's whole trip.
+            timeout_ms = 0 if now < spin_until else min(remaining, 1.0) * 1000.0
+            for fd, mask in self._poller.poll(timeout_ms):
                 state = self._by_fd[fd]
-                if mask & select.POLLOUT and state.sends:
+                if state.sends:
                     self._progress_send(state)
-                if mask & (_READ | _ERR) and state.recvs:
+                if state.recvs:
                     self._progress_recv(state)
                 elif mask & _ERR:
                     self._progress_send(state)  # surfaces the socket error naming the peer
@@ -133,35 +159,60 @@ class TcpMeshTransport(Transport):
             self._done.append(Completion(SEND, state.rank, item[0], item[2]))
 
     def _progress_recv(self, state: _Peer) -> None:
-        while state.recvs:
-            slot = state.recvs[0]
-            try:
-                if state.body_len < 0:
-                    n = state.sock.recv_into(memoryview(state.head)[state.head_got:])
-                    self._check_open(state, n)
-                    state.head_got += n
-                    if state.head_got < _LEN.size:
-                        return
-                    state.body_len = _LEN.unpack(state.head)[0]
-                    state.head_got = 0
-                    if state.body_len > self.frame_bytes:
-                        raise PeerError(f"{self._who(state.rank)} sent a {state.body_len}-byte message, larger "
-                                        f"than the {self.frame_bytes}-byte slot (different jacklring versions?)")
-                if state.body_got < state.body_len:
-                    view = self.recv_buffer(state.rank, slot)[state.body_got:state.body_len]
-                    n = state.sock.recv_into(view)
+        """Complete as many posted receives as the bytes available allow, without blocking."""
+        recv_into = state.sock.recv_into
+        try:
+            while state.recvs:
+                if state.body_len >= 0:   # a large body goes straight into its slot
+                    view = self.recv_buffer(state.rank, state.recvs[0])[state.body_got:state.body_len]
+                    n = recv_into(view)
                     self._check_open(state, n)
                     state.body_got += n
-                    if state.body_got < state.body_len:
-                        return
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError as exc:
-                raise PeerError(f"receiving from {self._who(state.rank)} failed: {exc.strerror or exc}") from None
-            state.recvs.popleft()
-            self._done.append(Completion(RECV, state.rank, slot, state.body_len))
-            state.body_len = -1
-            state.body_got = 0
+                    if state.body_got == state.body_len:
+                        self._finish_recv(state, state.body_len)
+                        state.body_len = -1
+                    continue
+                if self._parse(state):
+                    continue
+                if state.in_start:  # keep the unparsed tail at the front
+                    tail = state.in_end - state.in_start
+                    state.inbuf[:tail] = state.inview[state.in_start:state.in_end]
+                    state.in_start, state.in_end = 0, tail
+                n = recv_into(state.inview[state.in_end:])
+                self._check_open(state, n)
+                state.in_end += n
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:
+            raise PeerError(f"receiving from {self._who(state.rank)} failed: {exc.strerror or exc}") from None
+
+    def _parse(self, state: _Peer) -> bool:
+        """Take one message (or the start of a large one) out of the read-ahead buffer."""
+        have = state.in_end - state.in_start
+        if have < _LEN.size:
+            return False
+        (length,) = _LEN.unpack_from(state.inbuf, state.in_start)
+        if length > self.frame_bytes:
+            raise PeerError(f"{self._who(state.rank)} sent a {length}-byte message, larger than the "
+                            f"{self.frame_bytes}-byte slot (different jacklring versions?)")
+        body = state.in_start + _LEN.size
+        if have - _LEN.size >= length:
+            self.recv_buffer(state.rank, state.recvs[0])[:length] = state.inview[body:body + length]
+            state.in_start = body + length
+            if state.in_start == state.in_end:
+                state.in_start = state.in_end = 0
+            self._finish_recv(state, length)
+            return True
+        if length <= len(state.inbuf) - _LEN.size:
+            return False  # a small message still arriving: read more into the buffer
+        got = state.in_end - body
+        self.recv_buffer(state.rank, state.recvs[0])[:got] = state.inview[body:state.in_end]
+        state.in_start = state.in_end = 0
+        state.body_len, state.body_got = length, got
+        return True
+
+    def _finish_recv(self, state: _Peer, nbytes: int) -> None:
+        self._done.append(Completion(RECV, state.rank, state.recvs.popleft(), nbytes))
 
     def _check_open(self, state: _Peer, n: int) -> None:
         if n == 0:

@@ -102,6 +102,11 @@ def run_ops(b, report: dict) -> None:
             b.broadcast(buf, root)
             check_equal(f"broadcast root {root}", buf, make(root, 400 + root, count, np.float32), True)
 
+    # back to back: a fast rank's next message often arrives together with the current one
+    for i in range(200):
+        x = np.array([r + i], np.int64)
+        b.all_reduce(x, x, ReduceOp.SUM)
+        assert x[0] == sum(q + i for q in range(n)), (i, x)
     b.barrier()
     report["ops"] = "ok"
 
@@ -120,6 +125,16 @@ def run_p2p(b, report: dict) -> None:
                 got = np.empty(count, np.int32)
                 b.recv(got, src)
                 check_equal(f"recv {src}->{dst}", got, make(src, 500 + dst, count, np.int32), True)
+    # a burst of small messages queued before the receiver reads any of them
+    if r == 0:
+        for i in range(50):
+            b.send(np.full(i + 1, i, np.int16), n - 1)
+    elif r == n - 1:
+        time.sleep(0.2)
+        for i in range(50):
+            got = np.empty(i + 1, np.int16)
+            b.recv(got, 0)
+            assert (got == i).all(), (i, got)
     report["p2p"] = "ok"
 
 

@@ -1,0 +1,121 @@
+"""All-sum latency of JACCL over the TCP mesh versus the ring backend, N local ranks.
+
+    .venv/bin/python benchmarks/jaccl_latency.py [--ranks 4] [--rounds 15] [--iters 40]
+
+Spawns the ranks itself on 127.0.0.1. Each rank opens both backends; every round times each
+(size, backend) pair in turn (interleaved, so load from other processes hits both alike) and the
+table shows medians over rounds of the per-call time seen by rank 0.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+SIZES = [4, 64, 1024, 4096, 65536, 1 << 20]
+
+
+def free_ports(count: int) -> list[int]:
+    socks = [socket.socket() for _ in range(count)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def open_backends(timeout: float) -> dict:
+    from adapter.backends import jaccl
+    backends = {"jaccl-tcp": jaccl.create(timeout)}
+    try:
+        from adapter.backends import ring
+    except ImportError:
+        return backends
+    backends["ring"] = ring.create(timeout)
+    return backends
+
+
+def rank_main(args) -> None:
+    import numpy as np
+    from adapter.backends.base import ReduceOp
+
+    backends = open_backends(60.0)
+    times: dict[tuple[str, int], list[float]] = {}
+    for _ in range(args.rounds):
+        for nbytes in SIZES:
+            src = np.ones(max(1, nbytes // 4), np.float32)
+            dst = np.empty_like(src)
+            iters = args.iters if nbytes <= 65536 else max(3, args.iters // 8)
+            for name, b in backends.items():
+                b.barrier()
+                start = time.perf_counter()
+                for _ in range(iters):
+                    b.all_reduce(src, dst, ReduceOp.SUM)
+                times.setdefault((name, nbytes), []).append((time.perf_counter() - start) / iters)
+    if backends["jaccl-tcp"].rank() == 0:
+        names = list(backends)
+        print(f"float32 all_sum, {args.ranks} local ranks, median of {args.rounds} interleaved rounds (rank 0)")
+        print("| bytes | " + " | ".join(names) + " |")
+        print("|---|" + "---|" * len(names))
+        for nbytes in SIZES:
+            cells = []
+            for name in names:
+                med = statistics.median(times[(name, nbytes)])
+                cells.append(f"{med * 1e6:.1f} us" if nbytes <= 65536 else f"{med * 1e3:.2f} ms")
+            print(f"| {nbytes} | " + " | ".join(cells) + " |")
+        sys.stdout.flush()
+    for b in backends.values():
+        b.barrier()
+        b.close()
+
+
+def launch(args) -> int:
+    n = args.ranks
+    with tempfile.TemporaryDirectory() as tmp:
+        devices = Path(tmp) / "devices.json"
+        devices.write_text(json.dumps([[None if i == j else f"rdma_en{j}" for j in range(n)] for i in range(n)]))
+        ports = free_ports(n + 1)
+        hostfile = Path(tmp) / "hosts.json"
+        hostfile.write_text(json.dumps([[f"127.0.0.1:{p}"] for p in ports[1:]]))
+        procs = []
+        for rank in range(n):
+            env = dict(os.environ, MLX_RANK=str(rank), MLX_JACCL_COORDINATOR=f"127.0.0.1:{ports[0]}",
+                       MLX_IBV_DEVICES=str(devices), MLX_HOSTFILE=str(hostfile), PYTHONPATH=str(REPO),
+                       JACKLRING_JACCL_TRANSPORT="tcp")
+            procs.append(subprocess.Popen([sys.executable, __file__, "--rank-process", "--ranks", str(n),
+                                           "--rounds", str(args.rounds), "--iters", str(args.iters)], env=env))
+        try:
+            codes = [p.wait(timeout=args.timeout) for p in procs]
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+        return max(codes)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ranks", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--iters", type=int, default=40)
+    parser.add_argument("--timeout", type=float, default=600)
+    parser.add_argument("--rank-process", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.rank_process:
+        rank_main(args)
+    else:
+        sys.exit(launch(args))
+
+
+if __name__ == "__main__":
+    main()
