@@ -23,6 +23,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from . import gpu
 from .arrays import as_numpy, numpy_dtype, numpy_to_torch
 from .backends.base import ReduceOp
 from .backends.elements import BFLOAT16
@@ -192,18 +193,20 @@ def _average(leaves: list[_Leaf], group: Group, all_reduce_size: int, in_place: 
     results: list[Any] = [leaf.source if leaf.size == 0 else None for leaf in leaves]
     scale = 1.0 / group.size()
     plan = _plan(leaves, all_reduce_size)
-    # With several buckets, the collectives run on a helper thread, in order, so that the
+    # A backend that reads GPU memory itself (NCCL) gets device buckets as they are.
+    direct = getattr(group.backend, "takes_device_buffers", False)
+    # With several buckets, host collectives run on a helper thread, in order, so that the
     # next bucket is packed (and the previous one unpacked) while one is on the wire.
-    overlap = len(plan) > 1
+    overlap = len(plan) > 1 and not direct
     staged = []
     for bucket in plan:
         members = [leaves[i] for i in bucket.indices]
         stage = _stage_torch if members[0].lib == "torch" else _stage_array
-        step = stage(members, bucket, scale, in_place)
+        step = stage(members, bucket, scale, in_place, direct)
         if overlap:
-            done = _communication_thread().submit(group.backend.all_reduce, step.host, step.host, ReduceOp.SUM)
+            done = _communication_thread().submit(group.backend.all_reduce, step.wire, step.wire, ReduceOp.SUM)
         else:
-            group.backend.all_reduce(step.host, step.host, ReduceOp.SUM)
+            group.backend.all_reduce(step.wire, step.wire, ReduceOp.SUM)
             done = None
         staged.append((bucket, step, done))
     error = None
@@ -237,11 +240,11 @@ def _communication_thread() -> concurrent.futures.ThreadPoolExecutor:
 
 @dataclass(slots=True)
 class _Staged:
-    host: np.ndarray  # the packed bucket in host memory, summed over the group in place
-    finish: Callable[[], list]  # the bucket's averaged leaves, once host holds the sum
+    wire: Any  # what the backend sums in place: the packed bucket in host memory, or a DeviceBuffer
+    finish: Callable[[], list]  # the bucket's averaged leaves, once wire holds the sum
 
 
-def _stage_torch(members: list[_Leaf], bucket: _Bucket, scale: float, in_place: bool) -> _Staged:
+def _stage_torch(members: list[_Leaf], bucket: _Bucket, scale: float, in_place: bool, direct: bool) -> _Staged:
     import torch
 
     device = bucket.location[1]
@@ -252,18 +255,20 @@ def _stage_torch(members: list[_Leaf], bucket: _Bucket, scale: float, in_place: 
             first.mul_(scale)
         return _Staged(as_numpy(first)[0].reshape(-1), lambda: [first])
 
-    wire = numpy_to_torch(np.empty(0, bucket.wire)).dtype
-    buf = torch.empty(bucket.elements, dtype=wire, device=device)
+    wire_dtype = numpy_to_torch(np.empty(0, bucket.wire)).dtype
+    buf = torch.empty(bucket.elements, dtype=wire_dtype, device=device)
     with torch.no_grad():  # gradients may require grad themselves (create_graph=True)
         _pack(members, buf, scale,
               concat=lambda parts, out: torch.cat(parts, out=out),
               scaled=lambda flat, out: torch.mul(flat, scale, out=out),
               flatten=lambda x: x if x.dim() == 1 else x.reshape(-1))
-    host = as_numpy(buf)[0]  # the buffer itself on the CPU; one device-to-host copy otherwise
+    on_host = device.type == "cpu" or not direct
+    # On the CPU the buffer itself; a GPU buffer is staged (one copy each way) unless direct.
+    wire = as_numpy(buf)[0] if on_host else gpu.device_buffer(buf)
 
     @torch.no_grad()
     def finish() -> list:
-        summed = buf if device.type == "cpu" else numpy_to_torch(host, device)
+        summed = buf if device.type == "cpu" or direct else numpy_to_torch(wire, device)
         out = []
         for leaf, part in zip(members, summed.split_with_sizes([leaf.size for leaf in members])):
             if len(leaf.shape) != 1:
@@ -276,10 +281,10 @@ def _stage_torch(members: list[_Leaf], bucket: _Bucket, scale: float, in_place: 
             out.append(part)
         return out
 
-    return _Staged(host, finish)
+    return _Staged(wire, finish)
 
 
-def _stage_array(members: list[_Leaf], bucket: _Bucket, scale: float, in_place: bool) -> _Staged:
+def _stage_array(members: list[_Leaf], bucket: _Bucket, scale: float, in_place: bool, direct: bool) -> _Staged:
     """numpy leaves, and cupy leaves packed on their GPU and staged through host memory."""
     if members[0].lib == "cupy":
         import cupy as xp
@@ -293,11 +298,14 @@ def _stage_array(members: list[_Leaf], bucket: _Bucket, scale: float, in_place: 
               concat=lambda parts, out: xp.concatenate(parts, out=out, casting="unsafe"),
               scaled=lambda flat, out: xp.multiply(flat, scale, out=out, casting="unsafe"),
               flatten=lambda x: xp.asarray(x).reshape(-1))
-    host = buf if xp is np else xp.asnumpy(buf)
+    if xp is np:
+        wire = buf
+    else:
+        wire = gpu.device_buffer(buf) if direct else xp.asnumpy(buf)
 
     def finish() -> list:
         with on_device:
-            summed = host if xp is np else xp.asarray(host)
+            summed = buf if xp is np or direct else xp.asarray(wire)
         out, offset = [], 0
         for leaf in members:
             part = summed[offset:offset + leaf.size].reshape(leaf.shape)
@@ -307,7 +315,7 @@ def _stage_array(members: list[_Leaf], bucket: _Bucket, scale: float, in_place: 
             out.append(part[()] if isinstance(leaf.source, np.generic) else part)
         return out
 
-    return _Staged(host, finish)
+    return _Staged(wire, finish)
 
 
 def _pack(members: list[_Leaf], buf: Any, scale: float, concat: Callable, scaled: Callable, flatten: Callable) -> None:
