@@ -246,3 +246,19 @@ def test_ring_backend_end_to_end():
     assert r.returncode == 0, r.stdout + r.stderr
     assert sorted(l.split("] ")[1] for l in r.stdout.splitlines() if "sum ok" in l) == [
         "sum ok 0 3 6.0", "sum ok 1 3 6.0", "sum ok 2 3 6.0"]
+
+
+@pytest.mark.timeout(90)
+def test_jaccl_backend_end_to_end_over_tcp_mesh(tmp_path):
+    """jaccl's algorithms over its TCP mesh transport (no RDMA device here), from a hostfile."""
+    n = 3
+    hostfile = tmp_path / "jaccl.json"
+    hostfile.write_text(json.dumps({"backend": "jaccl", "hosts": [
+        {"ssh": "127.0.0.1", "ips": ["127.0.0.1"],
+         "rdma": [None if i == j else f"dev{min(i, j)}{max(i, j)}" for j in range(n)]}
+        for i in range(n)]}))
+    r = launch("--hostfile", hostfile, "--env", "E2E_BACKEND=jaccl",
+               "--env", "JACKLRING_JACCL_TRANSPORT=tcp", "ring_sum.py", timeout=80)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert sorted(l.split("] ")[1] for l in r.stdout.splitlines() if "sum ok" in l) == [
+        "sum ok 0 3 6.0", "sum ok 1 3 6.0", "sum ok 2 3 6.0"]
