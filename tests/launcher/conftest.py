@@ -7,7 +7,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
 
 TESTS = Path(__file__).resolve().parents[1]
 if str(TESTS) not in sys.path:

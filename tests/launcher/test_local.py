@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from conftest import (SCRIPTS, alive, assert_all_dead, base_env, launch, rank_envs,
+from conftest import (SCRIPTS, assert_all_dead, base_env, launch, rank_envs,
                       start_launcher, wait_for_pids)
 
 pytestmark = pytest.mark.timeout(60)
