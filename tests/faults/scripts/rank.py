@@ -1,0 +1,69 @@
+"""One rank of a fault test: form the FAULT_BACKEND group, then run the body in FAULT_BODY.
+
+The body sees r, n, np, os, sys, time, say(), the collectives all_sum / all_max / all_gather /
+barrier / send / recv (numpy in, numpy out, whatever the backend) and ERRORS, the exception
+types a communication failure may raise. say("TAG", ...) prints "TAG <rank> <monotonic> ...".
+"""
+import datetime
+import os
+import sys
+import time
+
+import numpy as np
+
+BACKEND = os.environ["FAULT_BACKEND"]
+
+
+def say(tag, *fields):
+    print(tag, r, f"{time.monotonic():.4f}", *fields, flush=True)
+
+
+if BACKEND == "torch":
+    import torch
+    import torch.distributed as dist
+
+    import adapter.torch_backend
+
+    adapter.torch_backend.register_backend()
+    op_timeout = float(os.environ.get("JACKLRING_TIMEOUT", "30"))
+    dist.init_process_group("jacklring", init_method="env://",
+                            timeout=datetime.timedelta(seconds=op_timeout))
+    r, n = dist.get_rank(), dist.get_world_size()
+    ERRORS = (Exception,)  # torch may re-wrap; the tests check the type name it prints
+
+    def all_sum(x):
+        t = torch.from_numpy(np.ascontiguousarray(x).copy())
+        dist.all_reduce(t)
+        return t.numpy()
+
+    def all_max(x):
+        t = torch.from_numpy(np.ascontiguousarray(x).copy())
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return t.numpy()
+
+    def all_gather(x):
+        t = torch.from_numpy(np.ascontiguousarray(x).copy())
+        out = [torch.empty_like(t) for _ in range(n)]
+        dist.all_gather(out, t)
+        return torch.cat(out).numpy()
+
+    def barrier():
+        dist.barrier()
+
+    def send(x, dst):
+        dist.send(torch.from_numpy(np.ascontiguousarray(x)), dst)
+
+    def recv(shape, dtype, src):
+        t = torch.from_numpy(np.empty(shape, dtype))
+        dist.recv(t, src)
+        return t.numpy()
+else:
+    import adapter
+
+    group = adapter.init(strict=True, backend=BACKEND)
+    r, n = group.rank(), group.size()
+    ERRORS = (adapter.DistributedError,)
+    all_sum, all_max, all_gather = adapter.all_sum, adapter.all_max, adapter.all_gather
+    barrier, send, recv = adapter.barrier, adapter.send, adapter.recv
+
+exec(compile(os.environ["FAULT_BODY"], "<fault body>", "exec"))
