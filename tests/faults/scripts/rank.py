@@ -12,10 +12,19 @@ import time
 import numpy as np
 
 BACKEND = os.environ["FAULT_BACKEND"]
+r = int(os.environ.get("MLX_RANK", os.environ.get("RANK", "-1")))  # until the group says
 
 
 def say(tag, *fields):
     print(tag, r, f"{time.monotonic():.4f}", *fields, flush=True)
+
+
+def one_line(exc):
+    return f"{type(exc).__name__} {exc}".replace("\n", " ")
+
+
+say("START")
+from adapter.errors import DistributedError  # noqa: E402  (init's failures are all of this type)
 
 
 if BACKEND == "torch":
@@ -26,8 +35,12 @@ if BACKEND == "torch":
 
     adapter.torch_backend.register_backend()
     op_timeout = float(os.environ.get("JACKLRING_TIMEOUT", "30"))
-    dist.init_process_group("jacklring", init_method="env://",
-                            timeout=datetime.timedelta(seconds=op_timeout))
+    try:
+        dist.init_process_group("jacklring", init_method="env://",
+                                timeout=datetime.timedelta(seconds=op_timeout))
+    except Exception as exc:
+        say("INITERR", one_line(exc))
+        sys.exit(4)
     r, n = dist.get_rank(), dist.get_world_size()
     ERRORS = (Exception,)  # torch may re-wrap; the tests check the type name it prints
 
@@ -60,7 +73,11 @@ if BACKEND == "torch":
 else:
     import adapter
 
-    group = adapter.init(strict=True, backend=BACKEND)
+    try:
+        group = adapter.init(strict=True, backend=BACKEND)
+    except DistributedError as exc:
+        say("INITERR", one_line(exc))
+        sys.exit(4)
     r, n = group.rank(), group.size()
     ERRORS = (adapter.DistributedError,)
     all_sum, all_max, all_gather = adapter.all_sum, adapter.all_max, adapter.all_gather

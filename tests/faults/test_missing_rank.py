@@ -1,0 +1,72 @@
+"""A rank that never starts: init fails on the others within JACKLRING_CONNECT_TIMEOUT, naming
+the missing rank and the address involved."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from cluster import finish_all, rank_envs, reports, start, stop_all
+
+CONNECT_TIMEOUT_S = 2.0
+SLACK_S = 2.0  # scheduling on a loaded 2-core machine
+
+
+def init_failures(backend: str, n: int, present: list[int], tmp_path) -> dict[int, tuple[float, str]]:
+    """Start only `present` ranks; returns {rank: (seconds from start to the init error, message)}."""
+    envs = rank_envs(backend, n, tmp_path)
+    procs = start(backend, n, "say('FORMED')", tmp_path, envs=envs, ranks=present,
+                  env={"JACKLRING_CONNECT_TIMEOUT": str(CONNECT_TIMEOUT_S)})
+    try:
+        out = {}
+        for p in procs:
+            started = float(p.wait_line("START", 30)[1])
+            fields = p.wait_line("INITERR", CONNECT_TIMEOUT_S + 20)
+            out[p.rank] = (float(fields[1]) - started, " ".join(fields[2:]))
+        codes = finish_all(procs, 10)
+    finally:
+        stop_all(procs)
+    assert all(c == 4 for c in codes), reports(procs)
+    for rank, (elapsed, message) in out.items():
+        assert elapsed < CONNECT_TIMEOUT_S + SLACK_S, f"rank {rank} failed after {elapsed:.1f} s: {message}"
+        assert "Traceback" not in "".join(p.stderr for p in procs)
+    print(f"{backend}: {out}")
+    return out
+
+
+@pytest.mark.timeout(60)
+def test_ring_missing_rank_is_named_with_its_address(tmp_path):
+    out = init_failures("ring", 3, [0, 1], tmp_path)
+    addresses = json.loads((tmp_path / "ring-hosts.json").read_text())
+    # rank 1 dials the missing rank 2: its address is in the message
+    assert "PeerError" in out[1][1] and "rank 2" in out[1][1] and addresses[2][0] in out[1][1], out[1]
+    # rank 0 waits for rank 2 to dial in: the message names rank 2 and where rank 0 listened
+    assert "rank 2" in out[0][1] and addresses[0][0] in out[0][1], out[0]
+
+
+@pytest.mark.timeout(60)
+def test_jaccl_coordinator_names_the_missing_rank(tmp_path):
+    out = init_failures("jaccl", 3, [0, 1], tmp_path)
+    text0 = out[0][1]
+    assert "PeerError" in text0 and "[2]" in text0 and "side channel" in text0 and "127.0.0.1:" in text0, text0
+    # rank 1 reached the coordinator and fails within the same deadline (timing checked above)
+    assert "rank 0" in out[1][1] and "side channel" in out[1][1], out[1]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.xfail(strict=True, reason="jaccl: a rank that reached the coordinator only reports 'timed out "
+                   "waiting for 4 more bytes from rank 0 (JACCL side channel)'; it is not told which rank is "
+                   "missing (the coordinator knows)")
+def test_jaccl_waiting_ranks_learn_which_rank_is_missing(tmp_path):
+    out = init_failures("jaccl", 3, [0, 1], tmp_path)
+    assert "rank 2" in out[1][1] or "[2]" in out[1][1], out[1]
+
+
+@pytest.mark.timeout(60)
+def test_jaccl_missing_coordinator_is_named_with_its_address(tmp_path):
+    envs = rank_envs("jaccl", 2, tmp_path)
+    address = envs[0]["MLX_JACCL_COORDINATOR"]
+    out = init_failures("jaccl", 2, [1], tmp_path)
+    del envs
+    assert "coordinator" in out[1][1] and "rank 0" in out[1][1] and "127.0.0.1:" in out[1][1], out[1]
+    assert address.split(":")[0] in out[1][1]
