@@ -47,7 +47,7 @@ class JacklringProcessGroup(dist.ProcessGroup):
     """One torch process group; `comm` is the adapter Backend of exactly its ranks."""
 
     def __init__(self, store: Any, rank: int, size: int, comm: Backend, timeout_s: float,
-                 group_id: str = "") -> None:
+                 group_id: str = "", rendezvous: str = "store") -> None:
         # Only the (rank, size) constructor builds the Python-overridable (trampoline) instance.
         super().__init__(rank, size)
         self._store = store
@@ -60,6 +60,7 @@ class JacklringProcessGroup(dist.ProcessGroup):
         self._aux: Backend | None = None  # private communicator for p2p-based collectives
         self._timeout_s = timeout_s
         self._group_id = group_id
+        self.rendezvous = rendezvous  # how the communicator was formed: "environment", "store", "single rank"
         tag = f"jacklring-r{rank}-{group_id or 'pg'}"
         self._completer = Completer(tag)
         self._collectives = Executor(f"{tag}-comm", self._completer, self._error)
@@ -85,7 +86,8 @@ class JacklringProcessGroup(dist.ProcessGroup):
 
     def description(self) -> str:
         return (f"jacklring process group {self._group_id or '(default)'}: rank {self._rank} of {self._size} "
-                f"over the {self._comm.name} backend, per-op deadline {self._timeout_s:g} s")
+                f"over the {self._comm.name} backend "
+                f"(from the {self.rendezvous}), per-op deadline {self._timeout_s:g} s")
 
     def __repr__(self) -> str:
         return f"<JacklringProcessGroup rank {self._rank} of {self._size} over {self._comm.name}>"

@@ -59,17 +59,19 @@ def backend_choice(pg_options: object) -> str:
     return choice
 
 
-def create_backend(store, rank: int, size: int, timeout_s: float, choice: str, is_default: bool) -> Backend:
-    """The communicator for one torch process group of `size` ranks."""
+def create_backend(store, rank: int, size: int, timeout_s: float, choice: str,
+                   is_default: bool) -> tuple[Backend, str]:
+    """The communicator for one torch process group of `size` ranks, and where it came from
+    ("single rank", "environment" or "store")."""
     if size == 1:
-        return SingletonBackend()
+        return SingletonBackend(), "single rank"
     if is_default:
         from_env = _from_environment(rank, size, timeout_s, choice)
         if from_env is not None:
-            return from_env
+            return from_env, "environment"
     elif choice not in ("auto", "ring", "any"):
         log.info("jacklring: subgroup of %d ranks uses a store ring (%s serves the default group only)", size, choice)
-    return store_ring(store, rank, size, timeout_s)
+    return store_ring(store, rank, size, timeout_s), "store"
 
 
 def _environment_backend(choice: str) -> str | None:

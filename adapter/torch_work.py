@@ -10,6 +10,7 @@
 """
 from __future__ import annotations
 
+import collections
 import datetime
 import queue
 import threading
@@ -93,30 +94,57 @@ def _seconds(timeout: datetime.timedelta | float | None) -> float | None:
 
 
 class Completer:
-    """One thread that completes futures (runs user callbacks) in the order works finish."""
+    """Completes futures (runs user callbacks) off the communication threads.
+
+    Completions run in finishing order on one thread while callbacks return promptly. A
+    callback that blocks (PowerSGD's waits on the future of a collective it just issued)
+    would starve every later completion, including the one it waits for; so when no worker
+    is idle another is started (at most MAX_WORKERS) to keep completions flowing."""
+
+    MAX_WORKERS = 32
 
     def __init__(self, name: str) -> None:
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._loop, name=f"{name}-complete", daemon=True)
-        self._thread.start()
+        self._name = name
+        self._cond = threading.Condition()
+        self._pending: collections.deque = collections.deque()
+        self._idle = 0
+        self._workers: list[threading.Thread] = []
+        self._stopped = False
 
     def put(self, work: JacklringWork) -> None:
-        self._queue.put(work)
+        with self._cond:
+            self._pending.append(work)
+            if self._idle > 0:
+                self._cond.notify()
+            elif len(self._workers) < self.MAX_WORKERS and not self._stopped:
+                worker = threading.Thread(target=self._loop, name=f"{self._name}-complete{len(self._workers)}",
+                                          daemon=True)
+                self._workers.append(worker)
+                worker.start()
 
     def _loop(self) -> None:
         while True:
-            work = self._queue.get()
-            if work is _STOP:
-                return
+            with self._cond:
+                while not self._pending and not self._stopped:
+                    self._idle += 1
+                    self._cond.wait()
+                    self._idle -= 1
+                if not self._pending:
+                    return
+                work = self._pending.popleft()
             try:
                 work._complete_future()
             except BaseException:  # a failing user callback must not stop later completions
                 pass
 
     def stop(self, timeout: float) -> None:
-        self._queue.put(_STOP)
-        if threading.current_thread() is not self._thread:
-            self._thread.join(timeout)
+        with self._cond:
+            self._stopped = True
+            self._cond.notify_all()
+            workers = list(self._workers)
+        for worker in workers:
+            if worker is not threading.current_thread():
+                worker.join(timeout)
 
 
 class Executor:
