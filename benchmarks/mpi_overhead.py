@@ -44,7 +44,7 @@ def relaunch_under_mpirun() -> int:
 
 
 def rounds_for(nbytes: int) -> int:
-    return 2000 if nbytes < MIB else max(12, 256 * MIB // nbytes)
+    return 2000 if nbytes < MIB else max(16, 512 * MIB // nbytes)
 
 
 def label(nbytes: int) -> str:

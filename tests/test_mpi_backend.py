@@ -87,6 +87,7 @@ def test_deadline_aborts_the_job_naming_rank_and_op() -> None:
     output = result.stdout + result.stderr
     assert result.returncode != 0, output
     assert "CollectiveTimeout: rank 0: all_reduce(SUM, float32, 4 elements) did not finish within 1 s" in output, output
+    assert "errorcode 124" in output, output
     assert "returned although" not in output, output
     assert elapsed < 60, f"the job took {elapsed:.0f} s to stop; rank 1 sleeps 120 s"
 
@@ -102,6 +103,20 @@ def test_dead_peer_stops_the_job() -> None:
     assert result.returncode != 0, output
     assert "returned although" not in output, output
     assert elapsed < 45, f"the job took {elapsed:.0f} s to stop after rank 1 died"
+
+
+@needs_mpirun
+@pytest.mark.timeout(LAUNCH_TIMEOUT_S + 30)
+def test_rank_that_never_initializes_stops_the_job() -> None:
+    """MPI_Init waits for every rank while holding the GIL; JACKLRING_CONNECT_TIMEOUT still bounds it."""
+    start = time.monotonic()
+    result = run_mpi(2, "stall.py", "noinit", "60", env=mpirun_env(JACKLRING_CONNECT_TIMEOUT="2"))
+    elapsed = time.monotonic() - start
+    output = result.stdout + result.stderr
+    assert result.returncode != 0, output
+    assert "_initialize_mpi_waiting_for_every_rank_until_connect_timeout" in output, output
+    assert "returned although" not in output, output
+    assert elapsed < 60, f"the job took {elapsed:.0f} s to stop; rank 1 sleeps 120 s"
 
 
 @pytest.fixture

@@ -29,6 +29,11 @@ What happens when things go wrong, honestly:
   the blocking call from 1 to 4 MiB on Open MPI 5 (2 ranks, shared memory; it was faster
   from 16 MiB up), and after such a timeout the communicator would still hold the
   unfinished collective, so the job could not continue anyway.
+- A rank that never initializes: MPI_Init (run by create()) waits for every rank of the job
+  and holds the GIL, so faulthandler's C-level timer bounds it instead: past
+  JACKLRING_CONNECT_TIMEOUT (default 120 s) it dumps the stack, whose innermost jacklring
+  frame is _initialize_mpi_waiting_for_every_rank_until_connect_timeout, and exits 1;
+  mpirun then stops the job. Duplicating COMM_WORLD is bounded by the watchdog likewise.
 - Two ranks issuing different collectives at the same step is undefined in MPI (it may hang
   until the deadline or deliver wrong data). send/recv check the peer's dtype (carried in the
   MPI tag) and byte count and raise MismatchError naming the peer; the mismatched message is
@@ -40,6 +45,7 @@ What happens when things go wrong, honestly:
 from __future__ import annotations
 
 import atexit
+import faulthandler
 import importlib.util
 import os
 import sys
@@ -47,7 +53,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..config import op_timeout
+from ..config import connect_timeout, op_timeout
 from ..errors import BackendUnavailable, ConfigError, DistributedError, MismatchError
 from .base import Backend, ReduceOp
 from .elements import CODE_NAMES, dtype_code
@@ -99,20 +105,38 @@ def probe() -> str | None:
 
 
 def create(timeout: float | None = None) -> "MPIBackend":
-    """Initialize MPI (threads: MULTIPLE requested) and wrap a duplicate of COMM_WORLD."""
+    """Initialize MPI (threads: MULTIPLE requested) and wrap a duplicate of COMM_WORLD.
+
+    Duplicating COMM_WORLD is the first collective: a rank that never gets there stops the
+    job after JACKLRING_CONNECT_TIMEOUT (default 120 s), like every later op after its deadline.
+    """
     reason = probe()
     if reason is not None:
         raise BackendUnavailable(f"mpi: {reason}")
     MPI = _import_mpi()
-
     world = MPI.COMM_WORLD
-    watchdog = Watchdog(abort=world.Abort)
-    deadline = op_timeout(timeout)
+    watchdog = _process_watchdog(world)
+    who = f"rank {world.Get_rank()}"
+    what = ("forming the MPI group (duplicating COMM_WORLD of {} ranks)", world.Get_size())
+    token = watchdog.start(connect_timeout(), who, what)
     try:
         comm = world.Dup()
     except MPI.Exception as exc:
-        raise DistributedError(f"mpi: rank {world.Get_rank()}: duplicating COMM_WORLD failed: {exc}") from None
-    return MPIBackend(comm, watchdog, deadline)
+        raise DistributedError(f"mpi: {who}: duplicating COMM_WORLD failed: {exc.Get_error_string()}") from None
+    finally:
+        watchdog.stop(token)
+    return MPIBackend(comm, watchdog, op_timeout(timeout))
+
+
+_watchdog: Watchdog | None = None
+
+
+def _process_watchdog(world: Any) -> Watchdog:
+    """One watchdog thread per process, shared by the world group and every split of it."""
+    global _watchdog
+    if _watchdog is None:
+        _watchdog = Watchdog(abort=world.Abort)
+    return _watchdog
 
 
 def _import_mpi() -> Any:
@@ -124,13 +148,25 @@ def _import_mpi() -> Any:
         # The watchdog calls MPI_Abort from its own thread, and the torch integration may call
         # collectives from a worker thread: ask for full thread support.
         mpi4py.rc.thread_level = "multiple"
+    # MPI_Init waits for every rank of the job and holds the GIL meanwhile, so no Python thread
+    # can enforce a deadline on it; faulthandler's C thread can: past JACKLRING_CONNECT_TIMEOUT it
+    # prints this stack (naming the function below) and exits 1, and mpirun stops the job.
+    # (This replaces, for the duration, any faulthandler.dump_traceback_later the program armed.)
+    faulthandler.dump_traceback_later(connect_timeout(), exit=True, file=2)
     try:
-        from mpi4py import MPI
+        return _initialize_mpi_waiting_for_every_rank_until_connect_timeout()
+    finally:
+        faulthandler.cancel_dump_traceback_later()
+
+
+def _initialize_mpi_waiting_for_every_rank_until_connect_timeout() -> Any:
+    try:
+        from mpi4py import MPI  # initializes MPI unless the program set mpi4py.rc.initialize = False
     except ImportError as exc:  # mpi4py present but its libmpi is not
         raise BackendUnavailable(f"mpi: mpi4py cannot load the MPI library: {exc}") from None
     if MPI.Is_finalized():
         raise BackendUnavailable("mpi: MPI was already finalized in this process")
-    if not MPI.Is_initialized():  # the user imported mpi4py with rc.initialize = False
+    if not MPI.Is_initialized():
         MPI.Init_thread(MPI.THREAD_MULTIPLE)
         atexit.register(lambda: MPI.Is_finalized() or MPI.Finalize())
     return MPI

@@ -71,7 +71,8 @@ class Watchdog:
     def _expire(self, timeout: float, who: str, what: tuple) -> None:
         message = (
             f"jacklring: CollectiveTimeout: {who}: {describe(what)} did not finish within {timeout:g} s "
-            "(per-operation deadline: init(timeout=...) or JACKLRING_TIMEOUT). A blocked MPI call "
+            "(deadlines: init(timeout=...) or JACKLRING_TIMEOUT per operation, JACKLRING_CONNECT_TIMEOUT "
+            "for forming the group). A blocked MPI call "
             f"cannot be cancelled, so the whole MPI job is aborted (MPI_Abort errorcode {ABORT_CODE}).\n"
         )
         # os.write, not print: the main thread may hold sys.stderr's lock while it is blocked.
