@@ -1,6 +1,7 @@
 """The torch.distributed backend "jacklring": registration and the creator torch calls.
 
-    import adapter.torch_backend                    # or: import adapter (registers when torch is installed)
+    import torch
+    import adapter.torch_backend        # registers (so does `import torch` when jacklring is pip-installed)
     torch.distributed.init_process_group("jacklring")
 
 This module imports nothing from torch at import time: torch's plugin loader calls
@@ -67,3 +68,6 @@ def _create_process_group(common: Any, pg_options: Any) -> Any:
 
 
 __all__ = ["register_backend", "autoload", "BACKEND_NAME", "JacklringOptions"]
+
+# Importing this module registers the backend when torch.distributed is already loaded.
+autoload()
