@@ -32,3 +32,8 @@ __all__ = [
     "DistributedError", "ConfigError", "BackendUnavailable", "PeerError", "MismatchError",
     "CollectiveTimeout", "IntegrityError",
 ]
+
+from .torch_backend import autoload as _register_torch_backend
+
+# Registers "jacklring" with torch.distributed when torch is already imported; never imports torch.
+_register_torch_backend()
