@@ -87,7 +87,8 @@ def _max_count() -> int:
 
 
 # MPI-3 counts are C ints: larger buffers go as several calls of at most this many elements.
-MAX_COUNT = _max_count()
+# create() reads JACKLRING_MPI_MAX_COUNT, so a bad value fails init(), not `import adapter`.
+MAX_COUNT = 2**31 - 1
 
 
 def launched_by_mpirun(env: "os._Environ[str] | dict[str, str]" = os.environ) -> bool:
@@ -110,9 +111,12 @@ def create(timeout: float | None = None) -> "MPIBackend":
     Duplicating COMM_WORLD is the first collective: a rank that never gets there stops the
     job after JACKLRING_CONNECT_TIMEOUT (default 120 s), like every later op after its deadline.
     """
+    global MAX_COUNT
     reason = probe()
     if reason is not None:
         raise BackendUnavailable(f"mpi: {reason}")
+    deadline = op_timeout(timeout)  # reject bad settings before MPI starts
+    MAX_COUNT = _max_count()
     MPI = _import_mpi()
     world = MPI.COMM_WORLD
     watchdog = _process_watchdog(world)
@@ -125,7 +129,7 @@ def create(timeout: float | None = None) -> "MPIBackend":
         raise DistributedError(f"mpi: {who}: duplicating COMM_WORLD failed: {exc.Get_error_string()}") from None
     finally:
         watchdog.stop(token)
-    return MPIBackend(comm, watchdog, op_timeout(timeout))
+    return MPIBackend(comm, watchdog, deadline)
 
 
 _watchdog: Watchdog | None = None
