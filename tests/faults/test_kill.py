@@ -61,7 +61,7 @@ def kill_mid_all_sum(backend: str, n: int, tmp_path, count: int, ready_timeout: 
     assert not slow, f"ranks raised only after {slow} s\n{reports(procs)}"
     # the killed rank's neighbours name it (a rank further away may only see a neighbour give up)
     assert any("rank 1" in m for m in messages), messages
-    print(f"{backend} n={n}: detection after kill -9 (s): {detection}")
+    print(f"{backend} n={n}: detection after kill -9 (s): {detection}; messages: {messages}")
     return detection
 
 
