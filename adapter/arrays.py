@@ -69,7 +69,9 @@ def as_numpy(x: Any) -> tuple[np.ndarray, Restore]:
         arr = _torch_to_numpy(x)
         restore = numpy_to_torch
     else:
-        arr = np.ascontiguousarray(x)
+        arr = np.asarray(x)
+        if not arr.flags.c_contiguous:  # (ascontiguousarray would also turn a 0-d array into 1-d)
+            arr = np.ascontiguousarray(arr)
         restore = _identity
     if arr.dtype not in DTYPE_CODES:
         raise TypeError(f"dtype {arr.dtype} is not supported (supported: {', '.join(sorted(map(str, DTYPE_CODES)))})")

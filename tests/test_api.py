@@ -157,3 +157,10 @@ def test_half_precision_sums_accumulate_in_float32():
     reduce_many(out, parts, ReduceOp.SUM)
     exact = 64 * float(np.float32(parts[0][0]))
     assert abs(float(out[0]) - exact) <= abs(exact) * 2 ** -7  # one bfloat16 rounding
+
+
+def test_scalar_inputs_keep_their_shape():
+    view, _ = as_numpy(np.float64(2.5))
+    assert view.shape == () and view.dtype == np.float64
+    view, _ = as_numpy([[1, 2], [3, 4]])
+    assert view.shape == (2, 2)
