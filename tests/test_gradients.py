@@ -18,6 +18,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from adapter.gradients import average_gradients
+
 REPO = Path(__file__).resolve().parent.parent
 LAUNCH_TIMEOUT_S = 60
 CHECKS: dict = {}
@@ -118,8 +120,6 @@ def torch_dtype(name: str):
 @check
 def nested_torch_every_float_dtype(ctx):
     import torch
-    import adapter
-    from adapter.gradients import average_gradients
 
     r, n = ctx["rank"], ctx["size"]
     names = ["float32", "float16", "bfloat16", "float64"]
@@ -140,8 +140,6 @@ def nested_torch_every_float_dtype(ctx):
 
 @check
 def numpy_containers_and_input_untouched(ctx):
-    import adapter
-    from adapter.gradients import average_gradients
     from adapter.backends.elements import BFLOAT16
 
     r, n = ctx["rank"], ctx["size"]
@@ -174,8 +172,6 @@ def numpy_containers_and_input_untouched(ctx):
 @check
 def mixed_torch_and_numpy_in_one_tree(ctx):
     import torch
-    import adapter
-    from adapter.gradients import average_gradients
 
     r, n = ctx["rank"], ctx["size"]
     tree = [torch.from_numpy(values(r, (9,), np.float32, 1)), values(r, (9,), np.float32, 2),
@@ -191,7 +187,6 @@ def mixed_torch_and_numpy_in_one_tree(ctx):
 def equals_per_tensor_averaging(ctx):
     """Packed averaging agrees with one all_sum per tensor divided by the group size."""
     import adapter
-    from adapter.gradients import average_gradients
 
     r, n = ctx["rank"], ctx["size"]
     tree = [values(r, (s,), np.float32, s) for s in (1, 7, 300, 5000, 20000, 3)]
@@ -203,8 +198,6 @@ def equals_per_tensor_averaging(ctx):
 
 @check
 def large_leaf_travels_alone(ctx):
-    import adapter
-    from adapter.gradients import average_gradients
 
     r, n = ctx["rank"], ctx["size"]
     big = values(r, (300, 100), np.float32, 1)
@@ -218,9 +211,8 @@ def large_leaf_travels_alone(ctx):
 def module_grads_in_place(ctx):
     import torch
     import adapter
-    from adapter.gradients import average_gradients
 
-    r, n = ctx["rank"], ctx["size"]
+    r = ctx["rank"]
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(6, 300), torch.nn.Tanh(), torch.nn.Linear(300, 4), torch.nn.Linear(4, 2))
     model[3].weight.requires_grad_(False)  # a parameter without a gradient is skipped
@@ -245,8 +237,6 @@ def module_grads_in_place(ctx):
 @check
 def communication_type_casts_for_the_wire(ctx):
     import torch
-    import adapter
-    from adapter.gradients import average_gradients
 
     r, n = ctx["rank"], ctx["size"]
     tree = {"a": torch.from_numpy(values(r, (40,), np.float32, 1)), "b": values(r, (3, 3), np.float64, 2)}
@@ -273,7 +263,6 @@ def packs_into_few_messages(ctx):
     """One all_reduce per (dtype, ~all_reduce_size bytes), counted on the real backend."""
     import torch
     import adapter
-    from adapter.gradients import average_gradients
 
     group = adapter.init()
     sizes = []
@@ -302,8 +291,6 @@ def packs_into_few_messages(ctx):
 
 @check
 def errors_name_the_leaf(ctx):
-    import adapter
-    from adapter.gradients import average_gradients
 
     for bad, words in (({"steps": np.arange(3)}, ["steps", "int64"]), ({"x": "text"}, ["x", "str"])):
         try:
@@ -316,7 +303,6 @@ def errors_name_the_leaf(ctx):
 
 def worker(out_dir: str) -> None:
     import adapter
-    from adapter.gradients import average_gradients
 
     group = adapter.init(strict=True)
     ctx = {"rank": group.rank(), "size": group.size()}
@@ -343,7 +329,6 @@ def test_check(outcomes, name: str) -> None:
 def test_group_of_one_returns_input_untouched() -> None:
     import torch
     import adapter
-    from adapter.gradients import average_gradients
     from adapter.backends.singleton import SingletonBackend
 
     alone = adapter.Group(SingletonBackend())
