@@ -176,8 +176,11 @@ def mixed_torch_and_numpy_in_one_tree(ctx):
     r, n = ctx["rank"], ctx["size"]
     tree = [torch.from_numpy(values(r, (9,), np.float32, 1)), values(r, (9,), np.float32, 2),
             torch.from_numpy(values(r, (2, 2), np.float64, 3)).to(torch.bfloat16)]
+    tree.append(values(r, (4,), np.float64, 4) + 1j * values(r, (4,), np.float64, 5))
     out = average_gradients(tree)
     assert isinstance(out[0], torch.Tensor) and isinstance(out[1], np.ndarray) and out[2].dtype == torch.bfloat16
+    want = expected(n, (4,), np.float64, 4) + 1j * expected(n, (4,), np.float64, 5)
+    np.testing.assert_allclose(out[3], want, rtol=1e-12, err_msg="complex128 leaf")
     assert_close(out[0], expected(n, (9,), np.float32, 1), "float32", "torch leaf")
     assert_close(out[1], expected(n, (9,), np.float32, 2), "float32", "numpy leaf")
     assert_close(out[2], expected(n, (2, 2), np.float64, 3), "bfloat16", "bf16 leaf")
