@@ -238,6 +238,37 @@ def _communication_thread() -> concurrent.futures.ThreadPoolExecutor:
         return _executor
 
 
+class _HostPool:
+    """Host buffers reused from call to call. Fresh memory costs a page fault per 4 KiB on
+    first touch, which for gradient-sized buffers costs as much as packing itself. A buffer is
+    reused once nothing outside the pool refers to it: every view handed out (numpy views and
+    torch tensors made from it hold a reference) has been dropped."""
+
+    PER_SIZE = 2  # buffers kept per (dtype, size): enough for results still held for one step
+    SIZES = 64  # distinct (dtype, size) kept; the oldest go first
+
+    def __init__(self) -> None:
+        self._buffers: dict[tuple, list[np.ndarray]] = {}
+        self._lock = threading.Lock()
+
+    def take(self, dtype: np.dtype, count: int) -> np.ndarray:
+        key = (dtype, count)
+        with self._lock:
+            kept = self._buffers.setdefault(key, [])
+            for buf in kept:
+                if sys.getrefcount(buf) <= 3:  # the list, this loop's name and the call's argument
+                    return buf
+            buf = np.empty(count, dtype)
+            if len(kept) < self.PER_SIZE:
+                kept.append(buf)
+            while len(self._buffers) > self.SIZES:
+                del self._buffers[next(iter(self._buffers))]
+            return buf
+
+
+_POOL = _HostPool()
+
+
 @dataclass(slots=True)
 class _Staged:
     wire: Any  # what the backend sums in place: the packed bucket in host memory, or a DeviceBuffer
@@ -255,8 +286,11 @@ def _stage_torch(members: list[_Leaf], bucket: _Bucket, scale: float, in_place: 
             first.mul_(scale)
         return _Staged(as_numpy(first)[0].reshape(-1), lambda: [first])
 
-    wire_dtype = numpy_to_torch(np.empty(0, bucket.wire)).dtype
-    buf = torch.empty(bucket.elements, dtype=wire_dtype, device=device)
+    if device.type == "cpu":
+        buf = numpy_to_torch(_POOL.take(bucket.wire, bucket.elements))
+    else:
+        wire_dtype = numpy_to_torch(np.empty(0, bucket.wire)).dtype
+        buf = torch.empty(bucket.elements, dtype=wire_dtype, device=device)
     with torch.no_grad():  # gradients may require grad themselves (create_graph=True)
         _pack(members, buf, scale,
               concat=lambda parts, out: torch.cat(parts, out=out),
@@ -293,7 +327,7 @@ def _stage_array(members: list[_Leaf], bucket: _Bucket, scale: float, in_place: 
     else:
         xp, on_device = np, contextlib.nullcontext()
     with on_device:
-        buf = xp.empty(bucket.elements, bucket.wire)
+        buf = _POOL.take(bucket.wire, bucket.elements) if xp is np else xp.empty(bucket.elements, bucket.wire)
         _pack(members, buf, scale,
               concat=lambda parts, out: xp.concatenate(parts, out=out, casting="unsafe"),
               scaled=lambda flat, out: xp.multiply(flat, scale, out=out, casting="unsafe"),

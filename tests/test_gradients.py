@@ -200,6 +200,24 @@ def equals_per_tensor_averaging(ctx):
 
 
 @check
+def reused_buffers_never_overwrite_held_results(ctx):
+    """Buffers are recycled between calls only once the caller has dropped every result."""
+    import torch
+
+    r, n = ctx["rank"], ctx["size"]
+    first = [torch.from_numpy(values(r, (50,), np.float32, 1)), values(r, (50,), np.float32, 2)]
+    second = [torch.from_numpy(values(r, (50,), np.float32, 3)), values(r, (50,), np.float32, 4)]
+    held = average_gradients(first)
+    for _ in range(3):
+        average_gradients(second)  # results dropped at once: these may share one buffer
+    kept_view = average_gradients(second)[0][10:20]  # a slice alone keeps its buffer busy
+    average_gradients(first)
+    assert_close(held[0], expected(n, (50,), np.float32, 1), "float32", "held torch result")
+    assert_close(held[1], expected(n, (50,), np.float32, 2), "float32", "held numpy result")
+    assert_close(kept_view, expected(n, (50,), np.float32, 3)[10:20], "float32", "held slice of a result")
+
+
+@check
 def large_leaf_travels_alone(ctx):
 
     r, n = ctx["rank"], ctx["size"]
