@@ -1,12 +1,21 @@
 """Settings read from the environment, parsed in one place so every backend reports bad values alike."""
 from __future__ import annotations
 
+import math
 import os
 
 from .errors import ConfigError
 
 DEFAULT_TIMEOUT_S = 300.0
 DEFAULT_CONNECT_TIMEOUT_S = 120.0
+# Sockets and poll() overflow past a few weeks; a longer deadline is a typo, not a plan.
+MAX_SECONDS = 1e6
+
+
+def check_seconds(value: float, what: str) -> float:
+    if not (math.isfinite(value) and 0 < value <= MAX_SECONDS):
+        raise ConfigError(f"{what} must be a number of seconds in (0, {MAX_SECONDS:.0f}]")
+    return value
 
 
 def env_float(name: str, default: float) -> float:
@@ -17,9 +26,7 @@ def env_float(name: str, default: float) -> float:
         value = float(raw)
     except ValueError:
         raise ConfigError(f"{name}={raw!r} is not a number of seconds") from None
-    if not value > 0:
-        raise ConfigError(f"{name}={raw!r} must be a positive number of seconds")
-    return value
+    return check_seconds(value, f"{name}={raw!r}")
 
 
 def env_flag(name: str) -> bool:
@@ -44,14 +51,12 @@ def env_rank(world_size: int | None = None) -> int:
 def op_timeout(explicit: float | None = None) -> float:
     """Per-operation deadline: the init() argument, else JACKLRING_TIMEOUT, else 300 s."""
     if explicit is not None:
-        if not explicit > 0:
-            raise ConfigError(f"timeout={explicit!r} must be positive")
-        return float(explicit)
+        return check_seconds(float(explicit), f"timeout={explicit!r}")
     return env_float("JACKLRING_TIMEOUT", DEFAULT_TIMEOUT_S)
 
 
 def connect_timeout(explicit: float | None = None) -> float:
     """Deadline for forming the group: JACKLRING_CONNECT_TIMEOUT, else 120 s."""
     if explicit is not None:
-        return float(explicit)
+        return check_seconds(float(explicit), f"connect_timeout={explicit!r}")
     return env_float("JACKLRING_CONNECT_TIMEOUT", DEFAULT_CONNECT_TIMEOUT_S)

@@ -117,12 +117,16 @@ def load_hostfile(path: Union[str, Path]) -> Hostfile:
         text = path.read_text()
     except OSError as e:
         raise HostfileError(f"{path}: cannot read hostfile ({e.strerror})") from None
+    except UnicodeDecodeError as e:
+        raise HostfileError(f"{path}: not a text file ({e.reason} at byte {e.start})") from None
     try:
         obj = json.loads(text)
     except json.JSONDecodeError as e:
         raise HostfileError(
             f"{path}: malformed JSON at line {e.lineno} column {e.colno}: {e.msg}"
         ) from None
+    except RecursionError:
+        raise HostfileError(f"{path}: malformed JSON: nested too deeply") from None
     return parse_hostfile(obj, source=str(path))
 
 

@@ -39,8 +39,8 @@ def parse_devices(text: str, source: str) -> DeviceMatrix:
     """Parse the JSON text of a device matrix; `source` names it in errors."""
     try:
         raw = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{source}: not valid JSON ({exc})") from None
+    except (json.JSONDecodeError, RecursionError) as exc:
+        raise ConfigError(f"{source}: not valid JSON ({exc or 'nested too deeply'})") from None
     if not isinstance(raw, list) or not raw:
         raise ConfigError(f"{source}: expected a non-empty JSON list of rows (an N x N matrix)")
     size = len(raw)
@@ -141,6 +141,8 @@ def load() -> JacclConfig:
             text = fh.read()
     except OSError as exc:
         raise ConfigError(f"{source}: cannot read the device file ({exc.strerror or exc})") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{source}: not a text file ({exc.reason} at byte {exc.start})") from None
     matrix = parse_devices(text, source)
     try:
         rank = env_rank(len(matrix))

@@ -50,6 +50,7 @@ log = logging.getLogger("jacklring.ring")
 
 PURPOSE_RING = 1
 PURPOSE_P2P = 2
+PURPOSE_PING = 3  # "are you alive?" from a rank waiting on recv(); closed without a word
 
 HEADER = struct.Struct("<HBBIQq")  # magic, op, dtype code, sequence, byte count, extra (reduce op / root)
 HEADER_MAGIC = 0x4A4B
@@ -98,7 +99,7 @@ def load_ring_hostfile(path: str) -> list[list[str]]:
             data = json.load(f)
     except OSError as exc:
         raise ConfigError(f"MLX_HOSTFILE {path!r} cannot be read: {exc.strerror or exc}") from None
-    except json.JSONDecodeError as exc:
+    except (ValueError, RecursionError) as exc:  # bad JSON, undecodable bytes, absurd nesting
         raise ConfigError(f"MLX_HOSTFILE {path!r} is not valid JSON: {exc}") from None
     return validate_addresses(data, f"MLX_HOSTFILE {path!r}")
 
@@ -235,6 +236,9 @@ class RingBackend(Backend):
                 continue
             hello = tcp.read_hello(sock, min(tcp.HELLO_TIMEOUT_S, max(0.1, remaining)))
             if hello is not None and hello.token == self._token and hello.receiver == self._rank:
+                if hello.purpose == PURPOSE_PING:
+                    sock.close()
+                    continue
                 if wanted is not None and wanted(hello):
                     tcp.tune(sock)
                     sock.settimeout(None)
@@ -561,15 +565,45 @@ class RingBackend(Backend):
                 self._p2p_out[dst] = sock
         return sock
 
+    def _check_alive(self, peer: int) -> None:
+        """Raise PeerError if peer is gone: its ring link (for a neighbour) reads end-of-file, or
+        its listening address refuses connections. Used while waiting for a message from it."""
+        gone = f"rank {self._rank}: recv: rank {peer} ({self._addresses[peer][0]}) exited before sending"
+        for link in self.right + self.left:
+            if link.peer != peer:
+                continue
+            try:
+                if link.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b"":
+                    raise PeerError(gone + " (its ring connection closed)")
+            except (BlockingIOError, InterruptedError):
+                pass
+            except OSError as exc:
+                if not isinstance(exc, PeerError):
+                    raise PeerError(f"{gone} ({exc.strerror or exc})") from None
+                raise
+        host, port = tcp.parse_address(self._addresses[peer][0])
+        try:
+            with socket.create_connection((host, port), timeout=1.0) as probe:
+                probe.sendall(tcp.Hello(PURPOSE_PING, self._rank, peer, 0, self._token).pack())
+        except ConnectionRefusedError:
+            raise PeerError(gone + " (nothing listens on its address any more)") from None
+        except OSError:
+            pass  # unreachable or slow is not proof of death; the deadline still applies
+
     def _p2p_in_socket(self, src: int, deadline: float) -> socket.socket:
+        next_liveness_check = time.monotonic() + 0.2
         while True:
             with self._p2p_lock:
                 sock = self._p2p_in.get(src)
             if sock is not None:
                 return sock
-            if time.monotonic() >= deadline:
+            now = time.monotonic()
+            if now >= deadline:
                 raise PeerError(f"rank {self._rank}: recv: rank {src} ({self._addresses[src][0]}) "
                                 f"never connected to send a message before the deadline")
+            if now >= next_liveness_check:
+                self._check_alive(src)
+                next_liveness_check = now + 1.0
             # Accept in short slices so several threads waiting on different peers take turns.
             with self._accept_lock:
                 with self._p2p_lock:

@@ -176,10 +176,9 @@ class Engine:
         for fd in [fd for fd in registered if fd not in wanted]:
             poll.unregister(fd)
             del registered[fd]
-        poll.poll(max(1, int(seconds * 1000) + 1))
+        poll.poll(max(1, int(min(seconds, 60.0) * 1000) + 1))  # the caller re-checks the deadline
 
-    @staticmethod
-    def _push(link: Link, what: str) -> bool:
+    def _push(self, link: Link, what: str) -> bool:
         sock_send = link.sock.send
         queue = link.sendq
         progressed = False
@@ -190,7 +189,8 @@ class Engine:
             except BlockingIOError:
                 return progressed
             except OSError as exc:
-                raise PeerError(f"{what}: sending to {link.label} failed: {exc.strerror or exc}") from None
+                raise PeerError(f"rank {self.rank}: {what}: sending to {link.label} failed: "
+                                f"{exc.strerror or exc}") from None
             progressed = True
             link.bytes_out += sent
             if sent < len(view):

@@ -22,7 +22,7 @@ HELLO = struct.Struct("<4sHHiiiQ")  # magic, version, purpose, sender rank, rece
 MAGIC = b"JKLR"
 VERSION = 1
 SOCKET_BUFFER_BYTES = 4 << 20
-HELLO_TIMEOUT_S = 5.0
+HELLO_TIMEOUT_S = 1.0  # real peers send it at once; a silent connection must not eat the deadline
 
 
 @dataclass(frozen=True)

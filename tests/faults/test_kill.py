@@ -158,8 +158,5 @@ def test_jaccl_recv_from_a_killed_rank_raises_quickly(tmp_path):
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.xfail(strict=True, reason="ring: recv() from a rank that dies before its first send waits for a "
-                   "point-to-point connection until JACKLRING_TIMEOUT instead of noticing the ring links "
-                   "closed (see docs/faults.md, 'not covered')")
 def test_ring_recv_from_a_rank_killed_before_sending_raises_quickly(tmp_path):
     recv_from_killed_rank("ring", tmp_path)

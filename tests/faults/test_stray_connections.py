@@ -121,9 +121,6 @@ def test_jaccl_coordinator_rejects_strays(tmp_path):
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.xfail(strict=True, reason="handshakes are read one connection at a time with a 5 s wait "
-                   "(tcp.HELLO_TIMEOUT_S): one idle connection on the port at connect time uses up a "
-                   "3 s JACKLRING_CONNECT_TIMEOUT although both ranks are there")
 def test_ring_one_idle_connection_does_not_use_up_the_connect_deadline(tmp_path):
     envs = rank_envs("ring", 2, tmp_path)
     address = json.loads((tmp_path / "ring-hosts.json").read_text())[0][0]
