@@ -77,7 +77,13 @@ class Runner:
             self.fn = lambda src, dst: comm.Allreduce(src, dst, op=MPI.SUM)
         elif name == "mlx":
             import mlx.core as mx
-            world = mx.distributed.init(strict=True, backend="ring")
+            # MLX's ring listens on its own ports: point it at a second hostfile while it starts.
+            ours = os.environ["MLX_HOSTFILE"]
+            os.environ["MLX_HOSTFILE"] = os.environ["BENCH_MLX_HOSTFILE"]
+            try:
+                world = mx.distributed.init(strict=True, backend="ring")
+            finally:
+                os.environ["MLX_HOSTFILE"] = ours
             def mlx(src, dst):
                 dst[...] = np.array(mx.distributed.all_sum(mx.array(src), group=world))
             self.fn = mlx
@@ -153,8 +159,11 @@ def launch(args: argparse.Namespace, argv: list[str]) -> int:
     hostfile = os.path.join(tmp, "ring.json")
     with open(hostfile, "w") as f:
         json.dump([[f"127.0.0.1:{free_port()}" for _ in range(args.connections)] for _ in range(n)], f)
+    mlx_hostfile = os.path.join(tmp, "mlx-ring.json")
+    with open(mlx_hostfile, "w") as f:
+        json.dump([[f"127.0.0.1:{free_port()}"] for _ in range(n)], f)
     env = dict(os.environ, MLX_HOSTFILE=hostfile, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
-               WORLD_SIZE=str(n))
+               WORLD_SIZE=str(n), BENCH_MLX_HOSTFILE=mlx_hostfile)
     if "jaccl" in args.backends:
         devices = os.path.join(tmp, "devices.json")
         with open(devices, "w") as f:
