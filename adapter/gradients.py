@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
-import math
+import itertools
 import threading
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 
@@ -65,16 +65,19 @@ def average_gradients(
     wire = None if communication_type is None else numpy_dtype(communication_type)
     if wire is not None and wire not in AVERAGEABLE:
         raise TypeError(f"communication_type must be a floating dtype, not {wire}")
+    types = _array_types()
 
     if _is_torch_module(gradients):
-        leaves = [_Leaf.of(p.grad, name, wire) for name, p in gradients.named_parameters() if p.grad is not None]
-        _average(leaves, g, all_reduce_size, in_place=True)
+        named = [(name, p.grad) for name, p in gradients.named_parameters() if p.grad is not None]
+        leaves = [grad for _, grad in named]
+        plan = _plan(leaves, types, all_reduce_size, wire, lambda i: named[i][0])
+        _average(leaves, plan, g, in_place=True)
         return gradients
 
-    found: list[tuple[str, Any]] = []
-    rebuild = _flatten(gradients, "", found)
-    leaves = [_Leaf.of(x, path, wire) for path, x in found]
-    return rebuild(iter(_average(leaves, g, all_reduce_size, in_place=False)))
+    leaves: list[Any] = []
+    rebuild = _flatten(gradients, types, leaves, ())
+    plan = _plan(leaves, types, all_reduce_size, wire, lambda i: _leaf_paths(gradients, types)[i])
+    return rebuild(iter(_average(leaves, plan, g, in_place=False)))
 
 
 # ---- the tree ----------------------------------------------------------------------------------
@@ -84,41 +87,73 @@ def _is_torch_module(x: Any) -> bool:
     return torch is not None and isinstance(x, torch.nn.Module)
 
 
-def _is_array(x: Any) -> bool:
-    if isinstance(x, (np.ndarray, np.generic)):
-        return True
-    module = type(x).__module__
-    if module.startswith("torch"):
-        return isinstance(x, sys.modules["torch"].Tensor)
-    return module.startswith("cupy") and hasattr(x, "__cuda_array_interface__")
+def _array_types() -> tuple[type, ...]:
+    """The leaf types: numpy's, and torch's and cupy's when the program has imported them."""
+    types: list[type] = [np.ndarray, np.generic]
+    for module, name in (("torch", "Tensor"), ("cupy", "ndarray")):
+        if module in sys.modules:
+            types.append(getattr(sys.modules[module], name))
+    return tuple(types)
 
 
-def _flatten(tree: Any, path: str, found: list[tuple[str, Any]]) -> Callable:
-    """Collect the array leaves of tree into found (depth first, in container order) and
-    return a function that rebuilds the tree from an iterator over replacement leaves."""
-    if _is_array(tree):
-        found.append((path or "<root>", tree))
+def _none(leaves: Iterator) -> None:
+    return None
+
+
+def _flatten(tree: Any, types: tuple, leaves: list, path: tuple) -> Callable[[Iterator], Any]:
+    """Collect the array leaves of tree (depth first, in container order) and return a function
+    that rebuilds the tree from an iterator over replacement leaves. A container of arrays
+    only, the usual case, costs one step however many arrays it holds."""
+    if isinstance(tree, types):
+        leaves.append(tree)
         return next
     if tree is None:
-        return lambda leaves: None
+        return _none
     if isinstance(tree, dict):
-        keys = list(tree)
-        parts = [_flatten(tree[k], f"{path}.{k}" if path else str(k), found) for k in keys]
-        kind = type(tree)
-        return lambda leaves: kind(zip(keys, [p(leaves) for p in parts]))
+        kind, keys = type(tree), list(tree)
+        parts = _flatten_children(tree.values(), keys, types, leaves, path)
+        return lambda it: kind(zip(keys, [p(it) for p in parts]))
     if isinstance(tree, (list, tuple)):
-        parts = [_flatten(v, f"{path}[{i}]", found) for i, v in enumerate(tree)]
-        kind = type(tree)
-        if isinstance(tree, tuple) and hasattr(tree, "_fields"):  # namedtuple
-            return lambda leaves: kind(*[p(leaves) for p in parts])
-        return lambda leaves: kind([p(leaves) for p in parts])
-    raise TypeError(
-        f"average_gradients: {path or 'the input'} is a {type(tree).__name__}; expected arrays "
-        "(torch, numpy, cupy) in dicts, lists and tuples, or a torch.nn.Module"
-    )
+        kind, count = type(tree), len(tree)
+        spread = isinstance(tree, tuple) and hasattr(tree, "_fields")  # a namedtuple takes fields
+        if all(isinstance(v, types) for v in tree):
+            leaves.extend(tree)
+            if spread:
+                return lambda it: kind(*itertools.islice(it, count))
+            return lambda it: kind(itertools.islice(it, count))
+        parts = _flatten_children(tree, range(count), types, leaves, path)
+        if spread:
+            return lambda it: kind(*[p(it) for p in parts])
+        return lambda it: kind([p(it) for p in parts])
+    where = _path_text(path) or "the input"
+    raise TypeError(f"average_gradients: {where} is a {type(tree).__name__}; expected arrays "
+                    "(torch, numpy, cupy) in dicts, lists and tuples, or a torch.nn.Module")
 
 
-# ---- leaves and buckets ------------------------------------------------------------------------
+def _flatten_children(children: Iterable, keys: Iterable, types: tuple, leaves: list, path: tuple) -> list[Callable]:
+    parts = []
+    for key, child in zip(keys, children):
+        if isinstance(child, types):
+            leaves.append(child)
+            parts.append(next)
+        else:
+            parts.append(_flatten(child, types, leaves, path + (key,)))
+    return parts
+
+
+def _path_text(path: tuple) -> str:
+    return "".join(f"[{k}]" if isinstance(k, int) else f".{k}" for k in path).lstrip(".")
+
+
+def _leaf_paths(tree: Any, types: tuple, path: tuple = ()) -> list[str]:
+    """The leaves' paths, in _flatten's order (computed only to name a leaf in an error)."""
+    if isinstance(tree, types):
+        return [_path_text(path) or "<root>"]
+    items = tree.items() if isinstance(tree, dict) else enumerate(tree) if isinstance(tree, (list, tuple)) else ()
+    return [p for key, child in items for p in _leaf_paths(child, types, path + (key,))]
+
+
+# ---- buckets -----------------------------------------------------------------------------------
 
 _TORCH_DTYPES: dict[Any, np.dtype] = {}
 
@@ -131,68 +166,69 @@ def _torch_numpy_dtype(dtype: Any) -> np.dtype:
 
 
 @dataclass(slots=True)
-class _Leaf:
-    path: str
-    source: Any
-    lib: str  # "torch", "numpy" or "cupy": the library that packs and unpacks it
-    location: tuple  # leaves sharing (location, wire dtype) share buffers
-    dtype: np.dtype
-    wire: np.dtype
-    shape: tuple
-    size: int
-
-    @classmethod
-    def of(cls, x: Any, path: str, wire: np.dtype | None) -> "_Leaf":
-        if isinstance(x, (np.ndarray, np.generic)):
-            lib, location, dtype = "numpy", ("numpy",), x.dtype
-        elif type(x).__module__.startswith("torch"):
-            lib, location, dtype = "torch", ("torch", x.device), _torch_numpy_dtype(x.dtype)
-        else:
-            lib, location, dtype = "cupy", ("cupy", x.device.id), np.dtype(x.dtype)
-        if dtype not in AVERAGEABLE:
-            raise TypeError(f"average_gradients: {path} has dtype {dtype}; only floating-point arrays can be averaged")
-        shape = tuple(x.shape)
-        return cls(path, x, lib, location, dtype, wire or dtype, shape, math.prod(shape))
-
-
-@dataclass(slots=True)
 class _Bucket:
-    location: tuple
+    lib: str  # "torch", "numpy" or "cupy": the library that packs and unpacks it
+    location: Any  # a torch device, a cupy device id, or None (numpy)
     wire: np.dtype
-    indices: list[int] = field(default_factory=list)  # positions of its leaves in the tree
+    indices: list[int] = field(default_factory=list)  # positions of its leaves among all leaves
+    sizes: list[int] = field(default_factory=list)
     elements: int = 0
 
 
-def _plan(leaves: list[_Leaf], all_reduce_size: int) -> list[_Bucket]:
-    """Buckets in a deterministic order (every rank computes the same plan from the same tree)."""
+def _plan(leaves: list, types: tuple, all_reduce_size: int, wire: np.dtype | None,
+          path_of: Callable[[int], str]) -> list[_Bucket]:
+    """Buckets in a deterministic order (every rank computes the same plan from the same tree).
+    Leaves share a bucket when they share library, device and wire dtype."""
     buckets: list[_Bucket] = []
     open_buckets: dict[tuple, _Bucket] = {}
-    for index, leaf in enumerate(leaves):
-        if leaf.size == 0:
+    kinds: dict[tuple, tuple] = {}  # (type, device, dtype) -> (lib, location, wire dtype), checked once
+    for index, x in enumerate(leaves):
+        cls = type(x)
+        if isinstance(x, (np.ndarray, np.generic)):
+            key, count = (np.ndarray, None, x.dtype), x.size
+        elif cls.__module__.startswith("torch"):
+            key, count = (cls, x.device, x.dtype), x.numel()
+        else:
+            key, count = (cls, x.device.id, x.dtype), x.size
+        kind = kinds.get(key)
+        if kind is None:
+            kind = kinds[key] = _kind_of(key, wire, lambda: path_of(index))
+        if count == 0:
             continue
-        nbytes = leaf.size * leaf.wire.itemsize
+        nbytes = count * kind[2].itemsize
         if all_reduce_size <= 0 or nbytes >= all_reduce_size:
-            buckets.append(_Bucket(leaf.location, leaf.wire, [index], leaf.size))
+            buckets.append(_Bucket(kind[0], kind[1], kind[2], [index], [count], count))
             continue
-        key = (leaf.location, leaf.wire)
-        bucket = open_buckets.get(key)
+        bucket = open_buckets.get(kind)
         if bucket is None:
-            bucket = open_buckets[key] = _Bucket(leaf.location, leaf.wire)
+            bucket = open_buckets[kind] = _Bucket(*kind)
             buckets.append(bucket)
         bucket.indices.append(index)
-        bucket.elements += leaf.size
-        if bucket.elements * leaf.wire.itemsize >= all_reduce_size:
-            del open_buckets[key]
+        bucket.sizes.append(count)
+        bucket.elements += count
+        if bucket.elements * kind[2].itemsize >= all_reduce_size:
+            del open_buckets[kind]
     return buckets
+
+
+def _kind_of(key: tuple, wire: np.dtype | None, path: Callable[[], str]) -> tuple:
+    cls, location, dtype = key
+    if cls.__module__.startswith("torch"):
+        lib, dtype = "torch", _torch_numpy_dtype(dtype)
+    elif cls.__module__.startswith("cupy"):
+        lib, dtype = "cupy", np.dtype(dtype)
+    else:
+        lib = "numpy"
+    if dtype not in AVERAGEABLE:
+        raise TypeError(f"average_gradients: {path()} has dtype {dtype}; only floating-point arrays can be averaged")
+    return lib, location, wire or dtype
 
 
 # ---- averaging ---------------------------------------------------------------------------------
 
-def _average(leaves: list[_Leaf], group: Group, all_reduce_size: int, in_place: bool) -> list[Any]:
-    # Empty leaves send nothing and come back as they are.
-    results: list[Any] = [leaf.source if leaf.size == 0 else None for leaf in leaves]
+def _average(leaves: list, plan: list[_Bucket], group: Group, in_place: bool) -> list[Any]:
+    results: list[Any] = list(leaves)  # empty leaves send nothing and come back as they are
     scale = 1.0 / group.size()
-    plan = _plan(leaves, all_reduce_size)
     # A backend that reads GPU memory itself (NCCL) gets device buckets as they are.
     direct = getattr(group.backend, "takes_device_buffers", False)
     # With several buckets, host collectives run on a helper thread, in order, so that the
@@ -201,7 +237,7 @@ def _average(leaves: list[_Leaf], group: Group, all_reduce_size: int, in_place: 
     staged = []
     for bucket in plan:
         members = [leaves[i] for i in bucket.indices]
-        stage = _stage_torch if members[0].lib == "torch" else _stage_array
+        stage = _stage_torch if bucket.lib == "torch" else _stage_array
         step = stage(members, bucket, scale, in_place, direct)
         if overlap:
             done = _communication_thread().submit(group.backend.all_reduce, step.wire, step.wire, ReduceOp.SUM)
@@ -275,12 +311,13 @@ class _Staged:
     finish: Callable[[], list]  # the bucket's averaged leaves, once wire holds the sum
 
 
-def _stage_torch(members: list[_Leaf], bucket: _Bucket, scale: float, in_place: bool, direct: bool) -> _Staged:
+def _stage_torch(members: list, bucket: _Bucket, scale: float, in_place: bool, direct: bool) -> _Staged:
     import torch
 
-    device = bucket.location[1]
-    first = members[0].source
-    if in_place and len(members) == 1 and device.type == "cpu" and first.is_contiguous() and members[0].wire == members[0].dtype:
+    device = bucket.location
+    first = members[0]
+    if (in_place and len(members) == 1 and device.type == "cpu" and first.is_contiguous()
+            and _torch_numpy_dtype(first.dtype) == bucket.wire):
         # A large gradient averaged where it lies: no packing copy, no unpacking copy.
         with torch.no_grad():
             first.mul_(scale)
@@ -289,10 +326,9 @@ def _stage_torch(members: list[_Leaf], bucket: _Bucket, scale: float, in_place: 
     if device.type == "cpu":
         buf = numpy_to_torch(_POOL.take(bucket.wire, bucket.elements))
     else:
-        wire_dtype = numpy_to_torch(np.empty(0, bucket.wire)).dtype
-        buf = torch.empty(bucket.elements, dtype=wire_dtype, device=device)
+        buf = torch.empty(bucket.elements, dtype=numpy_to_torch(np.empty(0, bucket.wire)).dtype, device=device)
     with torch.no_grad():  # gradients may require grad themselves (create_graph=True)
-        _pack(members, buf, scale,
+        _pack(members, bucket.sizes, buf, scale,
               concat=lambda parts, out: torch.cat(parts, out=out),
               scaled=lambda flat, out: torch.mul(flat, scale, out=out),
               flatten=lambda x: x if x.dim() == 1 else x.reshape(-1))
@@ -304,31 +340,31 @@ def _stage_torch(members: list[_Leaf], bucket: _Bucket, scale: float, in_place: 
     def finish() -> list:
         summed = buf if device.type == "cpu" or direct else numpy_to_torch(wire, device)
         out = []
-        for leaf, part in zip(members, summed.split_with_sizes([leaf.size for leaf in members])):
-            if len(leaf.shape) != 1:
-                part = part.view(leaf.shape)
-            if leaf.wire != leaf.dtype:
-                part = part.to(leaf.source.dtype)
+        for x, part in zip(members, summed.split_with_sizes(bucket.sizes)):
+            if x.dim() != 1:
+                part = part.view(x.shape)
+            if part.dtype != x.dtype:
+                part = part.to(x.dtype)
             if in_place:
-                leaf.source.copy_(part)
-                part = leaf.source
+                x.copy_(part)
+                part = x
             out.append(part)
         return out
 
     return _Staged(wire, finish)
 
 
-def _stage_array(members: list[_Leaf], bucket: _Bucket, scale: float, in_place: bool, direct: bool) -> _Staged:
+def _stage_array(members: list, bucket: _Bucket, scale: float, in_place: bool, direct: bool) -> _Staged:
     """numpy leaves, and cupy leaves packed on their GPU and staged through host memory."""
-    if members[0].lib == "cupy":
+    if bucket.lib == "cupy":
         import cupy as xp
 
-        on_device: Any = xp.cuda.Device(bucket.location[1])
+        on_device: Any = xp.cuda.Device(bucket.location)
     else:
         xp, on_device = np, contextlib.nullcontext()
     with on_device:
         buf = _POOL.take(bucket.wire, bucket.elements) if xp is np else xp.empty(bucket.elements, bucket.wire)
-        _pack(members, buf, scale,
+        _pack(members, bucket.sizes, buf, scale,
               concat=lambda parts, out: xp.concatenate(parts, out=out, casting="unsafe"),
               scaled=lambda flat, out: xp.multiply(flat, scale, out=out, casting="unsafe"),
               flatten=lambda x: xp.asarray(x).reshape(-1))
@@ -341,18 +377,19 @@ def _stage_array(members: list[_Leaf], bucket: _Bucket, scale: float, in_place: 
         with on_device:
             summed = buf if xp is np or direct else xp.asarray(wire)
         out, offset = [], 0
-        for leaf in members:
-            part = summed[offset:offset + leaf.size].reshape(leaf.shape)
-            offset += leaf.size
-            if leaf.wire != leaf.dtype:
-                part = part.astype(leaf.dtype)
-            out.append(part[()] if isinstance(leaf.source, np.generic) else part)
+        for x, size in zip(members, bucket.sizes):
+            part = summed[offset:offset + size].reshape(x.shape)
+            offset += size
+            if part.dtype != x.dtype:
+                part = part.astype(x.dtype)
+            out.append(part[()] if isinstance(x, np.generic) else part)
         return out
 
     return _Staged(wire, finish)
 
 
-def _pack(members: list[_Leaf], buf: Any, scale: float, concat: Callable, scaled: Callable, flatten: Callable) -> None:
+def _pack(members: list, sizes: list[int], buf: Any, scale: float, concat: Callable, scaled: Callable,
+          flatten: Callable) -> None:
     """buf = concatenation of the members times scale, cast to buf's dtype: large members in
     one fused pass each, runs of small ones with one concatenate and one scale per run."""
     run: list[Any] = []
@@ -365,13 +402,12 @@ def _pack(members: list[_Leaf], buf: Any, scale: float, concat: Callable, scaled
             window *= scale
             run.clear()
 
-    for leaf in members:
-        flat = flatten(leaf.source)
-        if leaf.size >= FUSED_SCALE_ELEMENTS:
+    for x, size in zip(members, sizes):
+        if size >= FUSED_SCALE_ELEMENTS:
             flush(offset)
-            scaled(flat, buf[offset:offset + leaf.size])
-            run_start = offset + leaf.size
+            scaled(flatten(x), buf[offset:offset + size])
+            run_start = offset + size
         else:
-            run.append(flat)
-        offset += leaf.size
+            run.append(flatten(x))
+        offset += size
     flush(offset)
