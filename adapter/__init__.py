@@ -9,6 +9,7 @@ from .errors import (
     MismatchError,
     PeerError,
 )
+from .gradients import average_gradients
 from .group import Group, init, is_available
 from .ops import (
     all_gather,
@@ -30,8 +31,20 @@ __all__ = [
     "all_sum", "all_max", "all_min", "all_reduce", "all_gather", "sum_scatter", "reduce_scatter",
     "broadcast", "barrier", "send", "recv", "recv_like",
     "DistributedError", "ConfigError", "BackendUnavailable", "PeerError", "MismatchError",
-    "CollectiveTimeout", "IntegrityError",
+    "CollectiveTimeout", "IntegrityError", "average_gradients",
+    "AllToShardedLinear", "ShardedToAllLinear", "shard_linear", "shard_inplace",
 ]
+
+_PARALLEL = ("AllToShardedLinear", "ShardedToAllLinear", "shard_linear", "shard_inplace")
+
+
+def __getattr__(name: str):
+    """The tensor-parallel layers need torch: load them on first use so `import adapter` needs numpy only."""
+    if name in _PARALLEL:
+        from . import parallel
+
+        return getattr(parallel, name)
+    raise AttributeError(f"module 'adapter' has no attribute {name!r}")
 
 from .torch_backend import autoload as _register_torch_backend
 
