@@ -98,6 +98,12 @@ def worker(args: argparse.Namespace) -> None:
     os.environ.setdefault("RANK", str(rank))
     os.environ.setdefault("WORLD_SIZE", str(size))
     runners = [Runner(name, rank, size) for name in args.backends]
+    # Warm up every library (lazy connections, allocator, CPU clocks) before the first timing:
+    # otherwise the first size pays for it and a 4-byte op looks five times slower than it is.
+    warm = np.zeros(1024, np.float32)
+    for r in runners:
+        for _ in range(200):
+            r.fn(warm, np.empty_like(warm))
     results = {}
     for nbytes in args.sizes:
         count = max(1, nbytes // 4)
@@ -203,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=600)
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    args.sizes = [parse_size(s) for s in args.sizes.split(",") if s]
+    args.sizes = list(dict.fromkeys(parse_size(s) for s in args.sizes.split(",") if s))
     args.backends = [b for b in args.backend.split(",") + args.compare.split(",") if b]
     for b in args.backends:
         if b not in OURS + OTHERS:
