@@ -7,6 +7,9 @@ prefer the ring (`launcher --backend jaccl-ring`).
 Transport: RDMA through pyverbs when every rank has its devices, else the TCP mesh, chosen
 together by all ranks over the side channel with one log line. JACKLRING_JACCL_TRANSPORT=tcp
 forces TCP; =rdma requires RDMA (and fails, naming the rank and reason, without it).
+
+JACKLRING_VERIFY=1 adds a CRC-32 to every frame, checked on receipt; JACKLRING_STALL_REPORT
+(seconds, default 30, 0 turns it off) logs once when an operation waits that long.
 """
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ import logging
 import os
 import time
 import zlib
+from typing import NamedTuple
 
 import numpy as np
 
@@ -33,6 +37,8 @@ log = logging.getLogger("jacklring.jaccl")
 
 TRANSPORT_ENV = "JACKLRING_JACCL_TRANSPORT"
 TRANSPORTS = ("auto", "tcp", "rdma")
+STALL_ENV = "JACKLRING_STALL_REPORT"
+DEFAULT_STALL_REPORT_S = 30.0
 
 
 def probe() -> str | None:
@@ -47,11 +53,23 @@ def transport_choice() -> str:
     return choice
 
 
+def stall_report_seconds() -> float | None:
+    """JACKLRING_STALL_REPORT in seconds (default 30); None when it is 0 (no report)."""
+    raw = os.environ.get(STALL_ENV, "").strip()
+    try:
+        if raw and float(raw) == 0:
+            return None
+    except ValueError:
+        pass  # env_float names the variable and the bad value
+    return config.env_float(STALL_ENV, DEFAULT_STALL_REPORT_S)
+
+
 def create(timeout: float | None = None) -> "JacclBackend":
     """Validate the environment, then form the group through the side channel."""
     cfg = jaccl_config.load()
     choice = transport_choice()
     op_timeout = config.op_timeout(timeout)
+    checks = Checks(config.env_flag("JACKLRING_VERIFY"), stall_report_seconds())
     deadline = time.monotonic() + config.connect_timeout()
     token = zlib.crc32(json.dumps([tcp.format_address(cfg.coordinator), cfg.devices]).encode())
     side = SideChannel(cfg.rank, cfg.size, cfg.coordinator, token, deadline)
@@ -67,7 +85,12 @@ def create(timeout: float | None = None) -> "JacclBackend":
             raise
     finally:
         side.close()
-    return JacclBackend(transport, cfg.devices, cfg.mode, kind, host, token, op_timeout)
+    return JacclBackend(transport, cfg.devices, cfg.mode, kind, host, token, op_timeout, checks)
+
+
+class Checks(NamedTuple):
+    verify: bool                    # JACKLRING_VERIFY
+    stall_report_s: float | None    # JACKLRING_STALL_REPORT
 
 
 def _agree_on_transport(cfg: jaccl_config.JacclConfig, choice: str, side: SideChannel) -> str:
@@ -100,7 +123,7 @@ class JacclBackend(Backend):
     name = "jaccl"
 
     def __init__(self, transport: Transport, devices: DeviceMatrix, mode: str, transport_kind: str,
-                 host: str, token: int, timeout: float) -> None:
+                 host: str, token: int, timeout: float, checks: Checks = Checks(False, None)) -> None:
         self._transport = transport
         self._devices = devices
         self.mode = mode
@@ -109,7 +132,8 @@ class JacclBackend(Backend):
         self._token = token
         self._timeout = timeout
         self._splits = 0
-        self._link = Link(transport, timeout)
+        self._checks = checks
+        self._link = Link(transport, timeout, checks.verify, checks.stall_report_s)
         algorithms = MeshAlgorithms if mode == MESH else RingAlgorithms
         self._algorithms: MeshAlgorithms | RingAlgorithms = algorithms(self._link, transport.size)
 
@@ -119,25 +143,34 @@ class JacclBackend(Backend):
     def size(self) -> int:
         return self._transport.size
 
+    # Each operation is numbered (the "seq" in timeouts and stall reports).
+
     def all_reduce(self, src: np.ndarray, dst: np.ndarray, op: ReduceOp) -> None:
+        self._link.op_seq += 1
         self._algorithms.all_reduce(src, dst, op)
 
     def all_gather(self, src: np.ndarray, dst: np.ndarray) -> None:
+        self._link.op_seq += 1
         self._algorithms.all_gather(src, dst)
 
     def reduce_scatter(self, src: np.ndarray, dst: np.ndarray, op: ReduceOp) -> None:
+        self._link.op_seq += 1
         self._algorithms.reduce_scatter(src, dst, op)
 
     def broadcast(self, buf: np.ndarray, root: int) -> None:
+        self._link.op_seq += 1
         self._algorithms.broadcast(buf, root)
 
     def barrier(self) -> None:
+        self._link.op_seq += 1
         self._algorithms.barrier()
 
     def send(self, buf: np.ndarray, dst: int) -> None:
+        self._link.op_seq += 1
         self._algorithms.send(buf, dst)
 
     def recv(self, buf: np.ndarray, src: int) -> None:
+        self._link.op_seq += 1
         self._algorithms.recv(buf, src)
 
     def _all_gather_blobs(self, blob: bytes) -> list[bytes]:
@@ -189,7 +222,8 @@ class JacclBackend(Backend):
         except BaseException:
             transport.close()
             raise
-        return JacclBackend(transport, devices, mode, self.transport_kind, self._host, token, self._timeout)
+        return JacclBackend(transport, devices, mode, self.transport_kind, self._host, token, self._timeout,
+                            self._checks)
 
     def close(self) -> None:
         self._transport.close()

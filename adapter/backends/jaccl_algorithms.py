@@ -48,12 +48,22 @@ def _cached_request(kind: str, dtype, nbytes: int, op: ReduceOp | None, extra: i
                    dtype_code(dtype) if dtype is not None else 0, nbytes, extra)
 
 
-def _into(target: memoryview, base_of: dict[int, int]):
-    """deliver() that writes peer p's bytes at target[base_of[p] + offset]."""
-    def deliver(peer: int, offset: int, chunk: memoryview) -> None:
-        start = base_of[peer] + offset
-        target[start:start + len(chunk)] = chunk
-    return deliver
+class _SmallPlan:
+    """Everything the one-step all_reduce of one (dtype, size, op) needs, built once: the
+    request, a row per rank to receive into, the receive views and the list reduce_many takes.
+    Training loops repeat the same few reductions, so the latency path allocates nothing."""
+
+    __slots__ = ("request", "rows", "own", "own_bytes", "targets", "parts")
+
+    def __init__(self, request: Request, dtype: np.dtype, count: int, rank: int, peers: list[int]) -> None:
+        self.request = request
+        self.rows = np.empty((len(peers) + 1, count), dtype)
+        self.own = self.rows[rank]
+        self.own_bytes = as_bytes(self.own)
+        row_bytes = as_bytes(self.rows)
+        width = count * self.rows.itemsize
+        self.targets = {p: row_bytes[p * width:(p + 1) * width] for p in peers}
+        self.parts = list(self.rows)
 
 
 class Algorithms:
@@ -74,30 +84,47 @@ class Algorithms:
 
     def send(self, buf: np.ndarray, dst: int) -> None:
         self._check_peer(dst, "send to")
-        self.link.transfer(_request("send", buf, extra=dst), {dst: as_bytes(buf)}, {}, None,
-                           self.link.deadline())
+        self.link.transfer(_request("send", buf, extra=dst), {dst: as_bytes(buf)}, {}, self.link.deadline())
 
     def recv(self, buf: np.ndarray, src: int) -> None:
         self._check_peer(src, "recv from")
         expect = _request("send", buf, extra=self.rank)
-        self.link.transfer(_request("recv", buf, extra=src), {}, {src: buf.nbytes},
-                           _into(as_bytes(buf), {src: 0}), self.link.deadline(), expect=expect)
+        self.link.transfer(_request("recv", buf, extra=src), {}, {src: as_bytes(buf)}, self.link.deadline(),
+                           expect=expect)
 
 
 class MeshAlgorithms(Algorithms):
     def __init__(self, link: Link, size: int) -> None:
         super().__init__(link, size)
         self._peer_list = [p for p in range(size) if p != self.rank]
+        self._plans: dict[tuple, _SmallPlan] = {}
 
     def _peers(self) -> list[int]:
         return self._peer_list
 
     def all_reduce(self, src: np.ndarray, dst: np.ndarray, op: ReduceOp) -> None:
-        request = _request("all_reduce", src, op)
-        if self.size > 2 and src.nbytes >= MESH_LARGE_BYTES and src.size >= self.size:
-            self._all_reduce_blocks(request, src, dst, op)
+        nbytes = src.nbytes
+        if nbytes <= self.link.payload and (self.size <= 2 or nbytes < MESH_LARGE_BYTES):
+            self._all_reduce_small(src, dst, op)
+        elif self.size > 2 and nbytes >= MESH_LARGE_BYTES and src.size >= self.size:
+            self._all_reduce_blocks(_request("all_reduce", src, op), src, dst, op)
         else:
-            self._all_reduce_one_step(request, src, dst, op)
+            self._all_reduce_one_step(_request("all_reduce", src, op), src, dst, op)
+
+    def _all_reduce_small(self, src: np.ndarray, dst: np.ndarray, op: ReduceOp) -> None:
+        """One frame to and from every peer, then a reduction in rank order."""
+        key = (src.dtype.num, src.size, op)
+        plan = self._plans.get(key)
+        if plan is None:
+            if len(self._plans) >= 64:
+                self._plans.clear()
+            plan = self._plans[key] = _SmallPlan(_request("all_reduce", src, op), src.dtype, src.size,
+                                                 self.rank, self._peer_list)
+        # The own row is a copy: dst may alias src, and reduce_many reads every part after the first.
+        plan.own[...] = src
+        self.link.transfer(plan.request, dict.fromkeys(self._peer_list, plan.own_bytes), plan.targets,
+                           self.link.deadline())
+        reduce_many(dst, plan.parts, op)
 
     def _gather_rows(self, request: Request, sends: dict[int, memoryview], row_len: int,
                      own: np.ndarray, deadline: float, phase: int = 0) -> np.ndarray:
@@ -105,9 +132,9 @@ class MeshAlgorithms(Algorithms):
         rows = np.empty((self.size, row_len), own.dtype)
         rows[self.rank] = own
         row_bytes = row_len * own.itemsize
-        peers = self._peers()
-        self.link.transfer(request, sends, {p: row_bytes for p in peers},
-                           _into(as_bytes(rows), {p: p * row_bytes for p in peers}), deadline, phase)
+        flat = as_bytes(rows)
+        self.link.transfer(request, sends, {p: flat[p * row_bytes:(p + 1) * row_bytes] for p in self._peers()},
+                           deadline, phase)
         return rows
 
     def _all_reduce_one_step(self, request: Request, src: np.ndarray, dst: np.ndarray, op: ReduceOp) -> None:
@@ -126,17 +153,17 @@ class MeshAlgorithms(Algorithms):
         # src is no longer read: dst may alias it from here on.
         item = src.itemsize
         peers = self._peers()
+        out = as_bytes(dst)
         self.link.transfer(request, {p: as_bytes(mine) for p in peers},
-                           {p: (bounds[p + 1] - bounds[p]) * item for p in peers},
-                           _into(as_bytes(dst), {p: bounds[p] * item for p in peers}), deadline, phase=1)
+                           {p: out[bounds[p] * item:bounds[p + 1] * item] for p in peers}, deadline, phase=1)
         dst[lo:hi] = mine
 
     def all_gather(self, src: np.ndarray, dst: np.ndarray) -> None:
         data = as_bytes(src)
         peers = self._peers()
+        out, n = as_bytes(dst), src.nbytes
         self.link.transfer(_request("all_gather", src), {p: data for p in peers},
-                           {p: src.nbytes for p in peers},
-                           _into(as_bytes(dst), {p: p * src.nbytes for p in peers}), self.link.deadline())
+                           {p: out[p * n:(p + 1) * n] for p in peers}, self.link.deadline())
         dst[self.rank * src.size:(self.rank + 1) * src.size] = src
 
     def reduce_scatter(self, src: np.ndarray, dst: np.ndarray, op: ReduceOp) -> None:
@@ -151,16 +178,15 @@ class MeshAlgorithms(Algorithms):
         if root == self.rank:
             peers = self._peers()
             # Receivers answer with a header-only message so the root also sees a mismatch.
-            self.link.transfer(request, {p: as_bytes(buf) for p in peers}, {p: 0 for p in peers}, None,
+            self.link.transfer(request, {p: as_bytes(buf) for p in peers}, {p: _EMPTY for p in peers},
                                self.link.deadline())
         else:
             self._check_peer(root, "broadcast root")
-            self.link.transfer(request, {root: _EMPTY}, {root: buf.nbytes}, _into(as_bytes(buf), {root: 0}),
-                               self.link.deadline())
+            self.link.transfer(request, {root: _EMPTY}, {root: as_bytes(buf)}, self.link.deadline())
 
     def barrier(self) -> None:
         peers = self._peers()
-        self.link.transfer(_request("barrier"), {p: _EMPTY for p in peers}, {p: 0 for p in peers}, None,
+        self.link.transfer(_request("barrier"), {p: _EMPTY for p in peers}, {p: _EMPTY for p in peers},
                            self.link.deadline())
 
 
@@ -173,8 +199,7 @@ class RingAlgorithms(Algorithms):
     def _step(self, request: Request, phase: int, send: memoryview, recv_into: memoryview,
               deadline: float) -> None:
         """Send to the right neighbour while receiving from the left one."""
-        self.link.transfer(request, {self.right: send}, {self.left: len(recv_into)},
-                           _into(recv_into, {self.left: 0}), deadline, phase)
+        self.link.transfer(request, {self.right: send}, {self.left: recv_into}, deadline, phase)
 
     def _ring_all_gather(self, request: Request, blocks: list[memoryview], deadline: float,
                          first_phase: int = 0) -> None:
@@ -233,10 +258,9 @@ class RingAlgorithms(Algorithms):
         deadline = self.link.deadline()
         position = (self.rank - root) % self.size
         if position > 0:   # receive from the left, answering with a header so it can check us
-            self.link.transfer(request, {self.left: _EMPTY}, {self.left: buf.nbytes},
-                               _into(as_bytes(buf), {self.left: 0}), deadline)
+            self.link.transfer(request, {self.left: _EMPTY}, {self.left: as_bytes(buf)}, deadline)
         if position < self.size - 1:   # forward to the right
-            self.link.transfer(request, {self.right: as_bytes(buf)}, {self.right: 0}, None, deadline)
+            self.link.transfer(request, {self.right: as_bytes(buf)}, {self.right: _EMPTY}, deadline)
 
     def barrier(self) -> None:
         self._ring_all_gather(_request("barrier"), [_EMPTY] * self.size, self.link.deadline())

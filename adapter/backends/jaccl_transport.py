@@ -15,16 +15,15 @@ the peer); poll raises CollectiveTimeout at the deadline; nothing fails silently
 from __future__ import annotations
 
 import abc
-from dataclasses import dataclass
-from typing import Callable, Generic, TypeVar
+from typing import Callable, Generic, NamedTuple, TypeVar
 
 SEND = 1
 RECV = 2
 KIND_NAMES = {SEND: "send", RECV: "recv"}
 
 
-@dataclass(frozen=True)
-class Completion:
+class Completion(NamedTuple):
+    """A tuple, so the latency path can unpack it (and build it) cheaply."""
     kind: int      # SEND or RECV
     peer: int
     slot: int
@@ -72,6 +71,10 @@ class Transport(abc.ABC):
     peers: list[int]
     frame_bytes: int   # the largest message one slot carries
     slots: int         # slots per peer and direction
+
+    def peer_label(self, peer: int) -> str:
+        """How error messages name a peer (a transport may add its address)."""
+        return f"rank {peer}"
 
     @abc.abstractmethod
     def send_buffer(self, peer: int, slot: int) -> memoryview:

@@ -3,7 +3,13 @@
 Used where no RDMA device exists, so the same mesh and ring algorithms run (and are tested)
 on any machine. Sockets are non-blocking and progressed by poll(): every posted send and
 receive advances whenever its socket is ready, so ranks that all send to each other at once
-never deadlock on full kernel buffers. Each message is an 8-byte length and the bytes.
+never deadlock on full kernel buffers. Each message is an 8-byte length and the bytes, sent
+with one send() call; reads go into a per-peer read-ahead buffer, so one recv_into usually
+brings a whole small message (or several).
+
+This is the latency path of the TCP backend, so the per-message work is kept to a few
+attribute reads: buffers and their views are made once per slot, completions are tuples, and
+each socket stays registered for reading (a message that arrives early is simply read ahead).
 """
 from __future__ import annotations
 
@@ -24,35 +30,52 @@ PURPOSE_MESH = 0x4A4D  # "JM"
 FRAME_BYTES = 1 << 20
 SLOTS = 2
 _LEN = struct.Struct("<Q")
+_LS = _LEN.size
 _INBUF_BYTES = 64 << 10
 _READ = select.POLLIN | select.POLLPRI
-_ERR = select.POLLERR | select.POLLHUP | select.POLLNVAL
+_DEFAULT_SPIN_US = 50.0
+_new = tuple.__new__
 
 Exchange = Callable[[bytes], list[bytes]]
 
 
-def _spin_seconds() -> float:
-    """JACKLRING_SPIN_US (default 50): how long poll() busy-waits before sleeping (0: never)."""
-    raw = os.environ.get("JACKLRING_SPIN_US", "50")
+def available_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def spin_seconds(local_ranks: int) -> float:
+    """How long poll() busy-waits before sleeping. JACKLRING_SPIN_US when set (0: never);
+    otherwise 50 us, unless this host runs more ranks than it has CPUs: then a spinning rank
+    only takes the CPU from the peer it waits for, so it sleeps at once (as MPI libraries
+    do when oversubscribed)."""
+    raw = os.environ.get("JACKLRING_SPIN_US", "").strip()
+    if not raw:
+        return _DEFAULT_SPIN_US * 1e-6 if local_ranks <= available_cpus() else 0.0
     try:
         value = float(raw)
     except ValueError:
         raise ConfigError(f"JACKLRING_SPIN_US={raw!r} is not a number of microseconds") from None
-    if value < 0:
-        raise ConfigError(f"JACKLRING_SPIN_US={raw!r} must not be negative")
+    if not 0 <= value <= 1e6:
+        raise ConfigError(f"JACKLRING_SPIN_US={raw!r} must be between 0 and 1000000 microseconds")
     return value * 1e-6
 
 
 class _Peer:
-    """One connection and its queues of posted work, in posting order."""
+    """One connection, its slot buffers and its queues of posted work, in posting order."""
 
-    def __init__(self, rank: int, sock: socket.socket) -> None:
+    __slots__ = ("rank", "sock", "fd", "label", "sends", "recvs", "inbuf", "inview", "in_start", "in_end",
+                 "body_len", "body_got", "mask", "gone", "send_raw", "send_views", "recv_views")
+
+    def __init__(self, rank: int, sock: socket.socket, label: str, slots: int) -> None:
         self.rank = rank
         self.sock = sock
-        self.sends: deque[list] = deque()      # [slot, memoryview still to send, total]
+        self.fd = sock.fileno()
+        self.label = label
+        self.sends: deque[list] = deque()      # [slot, memoryview still to send, nbytes]
         self.recvs: deque[int] = deque()       # slots waiting for the next message
-        # Bytes read ahead of the message being parsed: one recv_into usually brings a whole
-        # small message (or several), instead of one call for the length and one for the body.
         self.inbuf = bytearray(_INBUF_BYTES)
         self.inview = memoryview(self.inbuf)
         self.in_start = 0
@@ -60,182 +83,255 @@ class _Peer:
         self.body_len = -1                     # >= 0: reading a large body straight into its slot
         self.body_got = 0
         self.mask = 0
+        self.gone: str | None = None           # why the connection ended; an error once a message is awaited
+        self.send_raw: list[memoryview | None] = [None] * slots   # length prefix + body
+        self.send_views: list[memoryview | None] = [None] * slots  # the body part
+        self.recv_views: list[memoryview | None] = [None] * slots
 
 
 class TcpMeshTransport(Transport):
     name = "tcp"
 
     def __init__(self, rank: int, size: int, sockets: dict[int, socket.socket],
-                 frame_bytes: int = FRAME_BYTES, slots: int = SLOTS) -> None:
+                 frame_bytes: int = FRAME_BYTES, slots: int = SLOTS, labels: dict[int, str] | None = None,
+                 spin_s: float | None = None) -> None:
         self.rank = rank
         self.size = size
         self.peers = sorted(sockets)
         self.frame_bytes = frame_bytes
         self.slots = slots
-        self._peers = {p: _Peer(p, s) for p, s in sockets.items()}
-        self._by_fd = {s.fileno(): self._peers[p] for p, s in sockets.items()}
-        for s in sockets.values():
+        labels = labels or {}
+        self._peers: list[_Peer | None] = [None] * size
+        for p, s in sockets.items():
             s.setblocking(False)
+            self._peers[p] = _Peer(p, s, labels.get(p, f"rank {p} (JACCL TCP mesh)"), slots)
+        self._by_fd = {state.fd: state for state in self._peers if state is not None}
         # Buffers carry 8 spare bytes in front so the length prefix and body go out in one send.
-        self._pool = BufferPool(frame_bytes, lambda n, key: bytearray(n + _LEN.size))
+        self._pool = BufferPool(frame_bytes, lambda n, key: bytearray(n + _LS))
         self._poller = select.poll()
+        for state in self._by_fd.values():
+            self._set_mask(state, _READ)
         self._done: list[Completion] = []
         self._closed = False
-        self.spin_s = _spin_seconds()
+        self.spin_s = spin_seconds(size) if spin_s is None else spin_s
 
-    def _who(self, peer: int) -> str:
-        return f"rank {peer} (JACCL TCP mesh, from rank {self.rank})"
+    def peer_label(self, peer: int) -> str:
+        state = self._peers[peer] if 0 <= peer < self.size else None
+        return state.label if state is not None else f"rank {peer}"
+
+    # ---- buffers ---------------------------------------------------------------------------
+
+    def _make_send(self, state: _Peer, slot: int) -> memoryview:
+        raw = memoryview(self._pool.get(state.rank, SEND, slot))
+        state.send_raw[slot] = raw
+        view = state.send_views[slot] = raw[_LS:]
+        return view
+
+    def _make_recv(self, state: _Peer, slot: int) -> memoryview:
+        view = state.recv_views[slot] = memoryview(self._pool.get(state.rank, RECV, slot))[:self.frame_bytes]
+        return view
 
     def send_buffer(self, peer: int, slot: int) -> memoryview:
-        return memoryview(self._pool.get(peer, SEND, slot))[_LEN.size:]
+        state = self._peers[peer]
+        return state.send_views[slot] or self._make_send(state, slot)
 
     def recv_buffer(self, peer: int, slot: int) -> memoryview:
-        return memoryview(self._pool.get(peer, RECV, slot))[_LEN.size:]
+        state = self._peers[peer]
+        return state.recv_views[slot] or self._make_recv(state, slot)
+
+    # ---- posting ---------------------------------------------------------------------------
 
     def post_send(self, peer: int, slot: int, nbytes: int) -> None:
         if not 0 <= nbytes <= self.frame_bytes:
             raise ValueError(f"message of {nbytes} bytes does not fit a {self.frame_bytes}-byte slot")
-        raw = self._pool.get(peer, SEND, slot)
-        _LEN.pack_into(raw, 0, nbytes)
         state = self._peers[peer]
-        state.sends.append([slot, memoryview(raw)[:_LEN.size + nbytes], nbytes])
-        if len(state.sends) == 1:
-            self._progress_send(state)  # small messages usually leave right here
-        self._update_interest(state)
+        raw = state.send_raw[slot]
+        if raw is None:
+            self._make_send(state, slot)
+            raw = state.send_raw[slot]
+        _LEN.pack_into(raw, 0, nbytes)
+        view = raw[:_LS + nbytes]
+        if not state.sends:  # the usual case: the whole message leaves in this one call
+            try:
+                sent = state.sock.send(view)
+            except (BlockingIOError, InterruptedError):
+                sent = 0
+            except OSError as exc:
+                raise PeerError(f"sending to {state.label} failed: {exc.strerror or exc}") from None
+            if sent == len(view):
+                self._done.append(_new(Completion, (SEND, peer, slot, nbytes)))
+                return
+            view = view[sent:]
+        state.sends.append([slot, view, nbytes])
+        self._set_mask(state, state.mask | select.POLLOUT)
 
     def post_recv(self, peer: int, slot: int) -> None:
-        self._pool.get(peer, RECV, slot)
         state = self._peers[peer]
+        if state.recv_views[slot] is None:
+            self._make_recv(state, slot)
         state.recvs.append(slot)
-        # A message may already sit in the read-ahead buffer: the socket will not signal it again.
-        while state.recvs and state.body_len < 0 and self._parse(state):
-            pass
-        self._update_interest(state)
+        if state.in_end > state.in_start:
+            # A message may already sit in the read-ahead buffer: the socket will not signal it again.
+            while state.recvs and state.body_len < 0 and self._parse(state):
+                pass
+        if state.recvs:
+            if state.gone is not None:
+                raise PeerError(state.gone)
+            if not state.mask & select.POLLIN:
+                self._set_mask(state, state.mask | _READ)
+
+    # ---- progress ----------------------------------------------------------------------------
 
     def poll(self, deadline: float) -> list[Completion]:
-        spin_until = time.monotonic() + self.spin_s
-        while not self._done:
-            now = time.monotonic()
+        done = self._done
+        if done:
+            self._done = []
+            return done
+        poll, by_fd = self._poller.poll, self._by_fd
+        now = time.monotonic()
+        spin_until = now + self.spin_s
+        while True:
             remaining = deadline - now
             if remaining <= 0:
                 raise CollectiveTimeout(f"rank {self.rank}: timed out waiting for {self._pending_text()}")
-            # Busy-poll briefly before sleeping: a sleeping receiver must be woken by the sender,
-            # and on a busy machine that wake-up costs more than a small message's whole trip.
-            timeout_ms = 0 if now < spin_until else min(remaining, 1.0) * 1000.0
-            for fd, mask in self._poller.poll(timeout_ms):
-                state = self._by_fd[fd]
+            # Busy-poll briefly before sleeping (see spin_seconds): a sleeping receiver must be
+            # woken by the sender, and on an idle machine that costs more than a small message's trip.
+            for fd, mask in poll(0 if now < spin_until else (remaining if remaining < 1.0 else 1.0) * 1000.0):
+                state = by_fd[fd]
                 if state.sends:
                     self._progress_send(state)
-                if state.recvs:
+                if mask != select.POLLOUT:
                     self._progress_recv(state)
-                elif mask & _ERR:
-                    self._progress_send(state)  # surfaces the socket error naming the peer
-                self._update_interest(state)
-        done, self._done = self._done, []
-        return done
+            done = self._done
+            if done:
+                self._done = []
+                return done
+            now = time.monotonic()
 
     def _pending_text(self) -> str:
         parts = []
-        for p, state in self._peers.items():
+        for state in self._by_fd.values():
             if state.recvs:
-                parts.append(f"{len(state.recvs)} message(s) from rank {p}")
+                parts.append(f"{len(state.recvs)} message(s) from {state.label}")
             if state.sends:
-                parts.append(f"rank {p} to take {len(state.sends)} message(s)")
+                parts.append(f"{state.label} to take {len(state.sends)} message(s)")
         return ", ".join(parts) or "nothing"
 
     def _progress_send(self, state: _Peer) -> None:
-        while state.sends:
-            item = state.sends[0]
+        sends = state.sends
+        while sends:
+            item = sends[0]
             try:
                 sent = state.sock.send(item[1])
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:
-                raise PeerError(f"sending to {self._who(state.rank)} failed: {exc.strerror or exc}") from None
+                raise PeerError(f"sending to {state.label} failed: {exc.strerror or exc}") from None
             item[1] = item[1][sent:]
             if len(item[1]):
                 return
-            state.sends.popleft()
-            self._done.append(Completion(SEND, state.rank, item[0], item[2]))
+            sends.popleft()
+            self._done.append(_new(Completion, (SEND, state.rank, item[0], item[2])))
+        self._set_mask(state, state.mask & ~select.POLLOUT)
 
     def _progress_recv(self, state: _Peer) -> None:
-        """Complete as many posted receives as the bytes available allow, without blocking."""
+        """Complete as many posted receives as the bytes available allow and read ahead what
+        fits in the buffer, without blocking."""
         recv_into = state.sock.recv_into
         try:
-            while state.recvs:
+            while True:
                 if state.body_len >= 0:   # a large body goes straight into its slot
-                    view = self.recv_buffer(state.rank, state.recvs[0])[state.body_got:state.body_len]
+                    view = state.recv_views[state.recvs[0]][state.body_got:state.body_len]
                     n = recv_into(view)
-                    self._check_open(state, n)
+                    if n == 0:
+                        raise PeerError(self._closed_text(state))
                     state.body_got += n
                     if state.body_got == state.body_len:
                         self._finish_recv(state, state.body_len)
                         state.body_len = -1
                     continue
-                if self._parse(state):
+                if state.recvs and self._parse(state):
                     continue
                 if state.in_start:  # keep the unparsed tail at the front
                     tail = state.in_end - state.in_start
                     state.inbuf[:tail] = state.inview[state.in_start:state.in_end]
                     state.in_start, state.in_end = 0, tail
+                if state.in_end == _INBUF_BYTES:
+                    # Full and nobody waiting on this peer yet: stop reading until a recv is posted.
+                    self._set_mask(state, state.mask & ~_READ)
+                    return
                 n = recv_into(state.inview[state.in_end:])
-                self._check_open(state, n)
+                if n == 0:
+                    self._connection_ended(state, self._closed_text(state))
+                    return
                 state.in_end += n
         except (BlockingIOError, InterruptedError):
             return
+        except PeerError:  # an OSError too: it already names the peer
+            raise
         except OSError as exc:
-            raise PeerError(f"receiving from {self._who(state.rank)} failed: {exc.strerror or exc}") from None
+            self._connection_ended(state, f"receiving from {state.label} failed: {exc.strerror or exc}")
 
     def _parse(self, state: _Peer) -> bool:
         """Take one message (or the start of a large one) out of the read-ahead buffer."""
-        have = state.in_end - state.in_start
-        if have < _LEN.size:
+        start = state.in_start
+        have = state.in_end - start
+        if have < _LS:
             return False
-        (length,) = _LEN.unpack_from(state.inbuf, state.in_start)
+        (length,) = _LEN.unpack_from(state.inbuf, start)
         if length > self.frame_bytes:
-            raise PeerError(f"{self._who(state.rank)} sent a {length}-byte message, larger than the "
+            raise PeerError(f"{state.label} sent a {length}-byte message, larger than the "
                             f"{self.frame_bytes}-byte slot (different jacklring versions?)")
-        body = state.in_start + _LEN.size
-        if have - _LEN.size >= length:
-            self.recv_buffer(state.rank, state.recvs[0])[:length] = state.inview[body:body + length]
-            state.in_start = body + length
-            if state.in_start == state.in_end:
+        body = start + _LS
+        if have - _LS >= length:
+            slot = state.recvs.popleft()
+            state.recv_views[slot][:length] = state.inview[body:body + length]
+            end = body + length
+            if end == state.in_end:
                 state.in_start = state.in_end = 0
-            self._finish_recv(state, length)
+            else:
+                state.in_start = end
+            self._done.append(_new(Completion, (RECV, state.rank, slot, length)))
             return True
-        if length <= len(state.inbuf) - _LEN.size:
+        if length <= _INBUF_BYTES - _LS:
             return False  # a small message still arriving: read more into the buffer
         got = state.in_end - body
-        self.recv_buffer(state.rank, state.recvs[0])[:got] = state.inview[body:state.in_end]
+        state.recv_views[state.recvs[0]][:got] = state.inview[body:state.in_end]
         state.in_start = state.in_end = 0
         state.body_len, state.body_got = length, got
         return True
 
     def _finish_recv(self, state: _Peer, nbytes: int) -> None:
-        self._done.append(Completion(RECV, state.rank, state.recvs.popleft(), nbytes))
+        self._done.append(_new(Completion, (RECV, state.rank, state.recvs.popleft(), nbytes)))
 
-    def _check_open(self, state: _Peer, n: int) -> None:
-        if n == 0:
-            raise PeerError(f"{self._who(state.rank)} closed the connection (the process exited or failed)")
+    def _connection_ended(self, state: _Peer, why: str) -> None:
+        """End of stream or a reset. An error only once a message from this peer is awaited: a
+        peer that finished and closed while this rank talks to others is no failure."""
+        state.gone = why
+        self._set_mask(state, state.mask & ~_READ)
+        if state.recvs:
+            raise PeerError(why)
 
-    def _update_interest(self, state: _Peer) -> None:
-        mask = (select.POLLOUT if state.sends else 0) | (_READ if state.recvs else 0)
+    @staticmethod
+    def _closed_text(state: _Peer) -> str:
+        return f"{state.label} closed the connection (the process exited or failed)"
+
+    def _set_mask(self, state: _Peer, mask: int) -> None:
         if mask == state.mask:
             return
-        fd = state.sock.fileno()
         if state.mask == 0:
-            self._poller.register(fd, mask)
+            self._poller.register(state.fd, mask)
         elif mask == 0:
-            self._poller.unregister(fd)
+            self._poller.unregister(state.fd)
         else:
-            self._poller.modify(fd, mask)
+            self._poller.modify(state.fd, mask)
         state.mask = mask
 
     def close(self) -> None:
         if self._closed:
             return
         self._closed = True
-        for state in self._peers.values():
+        for state in self._by_fd.values():
             try:
                 state.sock.close()
             except OSError:
@@ -252,7 +348,8 @@ def connect_mesh(rank: int, size: int, peers: list[int], host: str, exchange: Ex
     try:
         address = tcp.format_address(listener.getsockname()[:2])
         blobs = exchange(json.dumps({"addr": address}).encode())
-        addresses = {p: json.loads(blobs[p])["addr"] for p in peers}
+        everyone = [json.loads(blob)["addr"] for blob in blobs]
+        addresses = {p: everyone[p] for p in peers}
         sockets: dict[int, socket.socket] = {}
         try:
             for p in peers:
@@ -275,4 +372,7 @@ def connect_mesh(rank: int, size: int, peers: list[int], host: str, exchange: Ex
             raise
     finally:
         listener.close()
-    return TcpMeshTransport(rank, size, sockets)
+    my_host = tcp.parse_address(address)[0]
+    local_ranks = sum(1 for a in everyone if tcp.parse_address(a)[0] == my_host)
+    labels = {p: f"rank {p} (JACCL TCP mesh, {addresses[p]})" for p in peers}
+    return TcpMeshTransport(rank, size, sockets, labels=labels, spin_s=spin_seconds(local_ranks))
