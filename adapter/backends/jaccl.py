@@ -83,6 +83,9 @@ def create(timeout: float | None = None) -> "JacclBackend":
         except BaseException:
             transport.close()
             raise
+    except Exception as exc:
+        side.abort(f"{type(exc).__name__}: {exc}")  # rank 0 tells the others why (no-op elsewhere)
+        raise
     finally:
         side.close()
     return JacclBackend(transport, cfg.devices, cfg.mode, kind, host, token, op_timeout, checks)

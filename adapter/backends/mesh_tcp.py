@@ -238,9 +238,14 @@ class TcpMeshTransport(Transport):
         """Complete as many posted receives as the bytes available allow and read ahead what
         fits in the buffer, without blocking."""
         recv_into = state.sock.recv_into
+        # A read that leaves room in its buffer drained the socket: parse what came and return
+        # (poll reports the socket again if more arrives) instead of paying for an EAGAIN.
+        drained = False
         try:
             while True:
                 if state.body_len >= 0:   # a large body goes straight into its slot
+                    if drained:
+                        return
                     view = state.recv_views[state.recvs[0]][state.body_got:state.body_len]
                     n = recv_into(view)
                     if n == 0:
@@ -249,14 +254,18 @@ class TcpMeshTransport(Transport):
                     if state.body_got == state.body_len:
                         self._finish_recv(state, state.body_len)
                         state.body_len = -1
+                    drained = n < len(view)
                     continue
                 if state.recvs and self._parse(state):
                     continue
+                if drained:
+                    return
                 if state.in_start:  # keep the unparsed tail at the front
                     tail = state.in_end - state.in_start
                     state.inbuf[:tail] = state.inview[state.in_start:state.in_end]
                     state.in_start, state.in_end = 0, tail
-                if state.in_end == _INBUF_BYTES:
+                space = _INBUF_BYTES - state.in_end
+                if not space:
                     # Full and nobody waiting on this peer yet: stop reading until a recv is posted.
                     self._set_mask(state, state.mask & ~_READ)
                     return
@@ -265,6 +274,7 @@ class TcpMeshTransport(Transport):
                     self._connection_ended(state, self._closed_text(state))
                     return
                 state.in_end += n
+                drained = n < space
         except (BlockingIOError, InterruptedError):
             return
         except PeerError:  # an OSError too: it already names the peer
