@@ -189,7 +189,7 @@ class Link:
                 waiting.remove(peer)
 
     def _pending_messages(self, sending: list[int], waiting: list[int]) -> str:
-        parts = [f"1 message(s) from {self.t.peer_label(p)} (message #{self.received[p]} on that link)"
+        parts = [f"1 message(s) from {self.t.peer_label(p)}, its message #{self.received[p]} to rank {self.rank}"
                  for p in waiting]
         parts += [f"{self.t.peer_label(p)} to take 1 message(s)" for p in sending]
         return ", ".join(parts) or "nothing"
@@ -326,8 +326,8 @@ class _Transfer:
 
     def _pending(self) -> str:
         label = self.t.peer_label
-        parts = [f"{self.total_in[p] - self.next_recv[p]} frame(s) from {label(p)} (of message "
-                 f"#{self.link.received[p]} on that link)"
+        parts = [f"{self.total_in[p] - self.next_recv[p]} frame(s) from {label(p)}, of its message "
+                 f"#{self.link.received[p]} to rank {self.rank}"
                  for p in self.targets if self.next_recv[p] < self.total_in[p]]
         parts += [f"{label(p)} to take {self.total_out[p] - self.next_send[p] + self.unacked[p]} frame(s)"
                   for p in self.sends if self.next_send[p] < self.total_out[p] or self.unacked[p]]

@@ -192,11 +192,12 @@ class TcpMeshTransport(Transport):
         spin_until = now + self.spin_s
         while True:
             remaining = deadline - now
-            if remaining <= 0:
-                raise CollectiveTimeout(f"rank {self.rank}: timed out waiting for {self._pending_text()}")
             # Busy-poll briefly before sleeping (see spin_seconds): a sleeping receiver must be
-            # woken by the sender, and on an idle machine that costs more than a small message's trip.
-            for fd, mask in poll(0 if now < spin_until else (remaining if remaining < 1.0 else 1.0) * 1000.0):
+            # woken by the sender, and on an idle machine that costs more than a small message's
+            # trip. Past the deadline, one last look without waiting (the process may have been
+            # stopped while the data arrived).
+            wait_ms = 0 if now < spin_until or remaining <= 0 else (remaining if remaining < 1.0 else 1.0) * 1000.0
+            for fd, mask in poll(wait_ms):
                 state = by_fd[fd]
                 if state.sends:
                     self._progress_send(state)
@@ -206,6 +207,8 @@ class TcpMeshTransport(Transport):
             if done:
                 self._done = []
                 return done
+            if remaining <= 0:
+                raise CollectiveTimeout(f"rank {self.rank}: timed out waiting for {self._pending_text()}")
             now = time.monotonic()
 
     def _pending_text(self) -> str:

@@ -1,0 +1,188 @@
+"""JACCL's framed exchange over the TCP mesh transport, two ranks in one process over a real
+socket pair: checksums (JACKLRING_VERIFY), corrupted frames, stall reports, timeouts that name
+the operation, and peer errors that name the peer once."""
+from __future__ import annotations
+
+import logging
+import socket
+import struct
+import threading
+import time
+import zlib
+
+import numpy as np
+import pytest
+
+from adapter.backends.base import ReduceOp
+from adapter.backends.elements import dtype_code
+from adapter.backends.jaccl import Checks, JacclBackend
+from adapter.backends.jaccl_config import MESH
+from adapter.backends.jaccl_exchange import CRC, HEADER, KIND_CODES, VERIFY_FLAG
+from adapter.backends.mesh_tcp import TcpMeshTransport
+from adapter.errors import CollectiveTimeout, DistributedError, IntegrityError, MismatchError, PeerError
+
+DEVICES = [[None, ["rdma_en3"]], [["rdma_en2"], None]]
+_LEN = struct.Struct("<Q")
+
+
+def backend(rank: int, sock: socket.socket, verify: bool = False, stall: float | None = None,
+            timeout: float = 10.0) -> JacclBackend:
+    labels = {1 - rank: f"rank {1 - rank} (test pair)"}
+    transport = TcpMeshTransport(rank, 2, {1 - rank: sock}, labels=labels, spin_s=0.0)
+    return JacclBackend(transport, DEVICES, MESH, "tcp", "127.0.0.1", 1, timeout, Checks(verify, stall))
+
+
+def pair(verify: bool = False, verify1: bool | None = None, **kw) -> tuple[JacclBackend, JacclBackend]:
+    a, b = socket.socketpair()
+    return backend(0, a, verify, **kw), backend(1, b, verify if verify1 is None else verify1, **kw)
+
+
+def both(fn0, fn1) -> list:
+    """Run rank 0's and rank 1's halves at once (threads); returns [result0, result1] or raises."""
+    out: list = [None, None]
+    errors: list = []
+
+    def run(i, fn):
+        try:
+            out[i] = fn()
+        except BaseException as exc:  # re-raised in the caller
+            errors.append(exc)
+    threads = [threading.Thread(target=run, args=(i, fn)) for i, fn in enumerate((fn0, fn1))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert not any(t.is_alive() for t in threads), "a rank hung"
+    if errors:
+        raise errors[0]
+    return out
+
+
+def all_sum(b: JacclBackend, x: np.ndarray) -> np.ndarray:
+    out = np.empty_like(x)
+    b.all_reduce(x, out, ReduceOp.SUM)
+    return out
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("count", [1, 1000, 600_000])   # one frame, one frame, several 1 MiB frames
+def test_checksummed_all_reduce_and_send_recv_are_right(count):
+    b0, b1 = pair(verify=True)
+    x0 = np.arange(count, dtype=np.float32)
+    x1 = np.full(count, 2.0, np.float32)
+    r0, r1 = both(lambda: all_sum(b0, x0), lambda: all_sum(b1, x1))
+    assert np.array_equal(r0, x0 + x1) and r0.tobytes() == r1.tobytes()
+    got = np.empty(count, np.float32)
+    both(lambda: b0.send(x0, 1), lambda: b1.recv(got, 0))
+    assert np.array_equal(got, x0)
+    b0.close()
+    b1.close()
+
+
+def forged_send_frame(payload: bytes, seq: int = 0, verify: bool = True) -> bytes:
+    """What rank 0's send(float32 array) to rank 1 puts on the wire (checksummed with verify)."""
+    kind = KIND_CODES["send"] | (VERIFY_FLAG if verify else 0)
+    header = HEADER.pack(kind, 0, dtype_code(np.float32), 0, seq, 0, 1, len(payload))
+    body = header + payload + (CRC.pack(zlib.crc32(header + payload)) if verify else b"")
+    return _LEN.pack(len(body)) + body
+
+
+@pytest.mark.timeout(30)
+def test_corrupted_frame_raises_integrity_error_naming_the_peer():
+    a, b = socket.socketpair()
+    receiver = backend(1, b, verify=True)
+    payload = np.arange(256, dtype=np.float32).tobytes()
+    frame = bytearray(forged_send_frame(payload))
+    frame[_LEN.size + HEADER.size + 100] ^= 0x01   # one bit flipped in the data, on the wire
+    a.sendall(frame)
+    with pytest.raises(IntegrityError, match=r"rank 1: checksum mismatch on a \d+-byte message from rank 0 "
+                                             r"\(test pair\) during recv\(float32, 1024 bytes, seq 1\)"):
+        receiver.recv(np.empty(256, np.float32), 0)
+    # the group is unusable afterwards, and says why
+    with pytest.raises(DistributedError, match="unusable after an earlier error.*IntegrityError"):
+        receiver.recv(np.empty(256, np.float32), 0)
+    a.close()
+    receiver.close()
+
+
+@pytest.mark.timeout(30)
+def test_intact_forged_frame_passes_the_check():
+    """The forged frame above is exactly what a sender makes: only the flipped bit fails it."""
+    a, b = socket.socketpair()
+    receiver = backend(1, b, verify=True)
+    payload = np.arange(256, dtype=np.float32)
+    a.sendall(forged_send_frame(payload.tobytes()))
+    got = np.empty(256, np.float32)
+    receiver.recv(got, 0)
+    assert np.array_equal(got, payload)
+    a.close()
+    receiver.close()
+
+
+@pytest.mark.timeout(30)
+def test_verify_on_one_rank_only_is_a_clear_error():
+    b0, b1 = pair(verify=True, verify1=False)
+    with pytest.raises(MismatchError, match="JACKLRING_VERIFY"):
+        both(lambda: all_sum(b0, np.ones(4, np.float32)), lambda: all_sum(b1, np.ones(4, np.float32)))
+    b0.close()
+    b1.close()
+
+
+@pytest.mark.timeout(30)
+def test_stall_is_reported_once_then_the_deadline_names_the_operation(caplog):
+    b0, b1 = pair(stall=0.2, timeout=0.8)
+    started = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="jacklring.jaccl"):
+        with pytest.raises(CollectiveTimeout) as info:
+            b0.all_reduce(np.ones(1024, np.float32), np.empty(1024, np.float32), ReduceOp.SUM)
+    elapsed = time.monotonic() - started
+    assert 0.7 < elapsed < 5, elapsed
+    text = str(info.value)
+    assert text.startswith("rank 0: all_reduce(sum, float32, 4096 bytes, seq 1) timed out: waiting for "
+                           "1 message(s) from rank 1 (test pair)"), text
+    stalls = [r.getMessage() for r in caplog.records if "stalled" in r.getMessage()]
+    assert len(stalls) == 1, stalls
+    assert "all_reduce(sum, float32, 4096 bytes, seq 1)" in stalls[0] and "from rank 1 (test pair)" in stalls[0]
+    b0.close()
+    b1.close()
+
+
+@pytest.mark.timeout(30)
+def test_a_late_peer_within_the_deadline_only_logs():
+    b0, b1 = pair(stall=0.2, timeout=10)
+
+    def late():
+        time.sleep(0.5)
+        return all_sum(b1, np.ones(3, np.int32))
+    r0, r1 = both(lambda: all_sum(b0, np.ones(3, np.int32)), late)
+    assert (r0 == 2).all() and (r1 == 2).all()
+    b0.close()
+    b1.close()
+
+
+@pytest.mark.timeout(30)
+def test_peer_error_names_the_peer_once():
+    a, b = socket.socketpair()
+    receiver = backend(1, b)
+    a.close()
+    with pytest.raises(PeerError) as info:
+        receiver.all_reduce(np.ones(4, np.float32), np.empty(4, np.float32), ReduceOp.SUM)
+    text = str(info.value)
+    assert text.startswith("rank 1: all_reduce(sum, float32, 16 bytes, seq 1): ") and "rank 0 (test pair)" in text
+    assert text.count("rank 0 (test pair)") == 1, text
+    receiver.close()
+
+
+@pytest.mark.timeout(30)
+def test_a_peer_that_closed_is_no_error_until_a_message_from_it_is_awaited():
+    """A finished peer closing its end while this rank still works is not a failure by itself."""
+    a, b = socket.socketpair()
+    receiver = backend(1, b)
+    a.sendall(forged_send_frame(np.float32(7).tobytes(), 0, verify=False))
+    a.close()
+    got = np.empty(1, np.float32)
+    receiver.recv(got, 0)            # what it sent before closing still arrives
+    assert got[0] == 7
+    with pytest.raises(PeerError, match=r"rank 0 \(test pair\) closed the connection"):
+        receiver.recv(got, 0)
+    receiver.close()
