@@ -186,3 +186,31 @@ def test_a_peer_that_closed_is_no_error_until_a_message_from_it_is_awaited():
     with pytest.raises(PeerError, match=r"rank 0 \(test pair\) closed the connection"):
         receiver.recv(got, 0)
     receiver.close()
+
+
+def test_stall_report_setting(monkeypatch):
+    from adapter.backends.jaccl import stall_report_seconds
+    from adapter.errors import ConfigError
+    monkeypatch.delenv("JACKLRING_STALL_REPORT", raising=False)
+    assert stall_report_seconds() == 30.0
+    for raw, want in (("0", None), ("0.0", None), ("2.5", 2.5)):
+        monkeypatch.setenv("JACKLRING_STALL_REPORT", raw)
+        assert stall_report_seconds() == want
+    for raw in ("abc", "-1", "inf"):
+        monkeypatch.setenv("JACKLRING_STALL_REPORT", raw)
+        with pytest.raises(ConfigError, match="JACKLRING_STALL_REPORT"):
+            stall_report_seconds()
+
+
+def test_spinning_only_when_every_local_rank_has_a_cpu(monkeypatch):
+    from adapter.backends import mesh_tcp
+    from adapter.errors import ConfigError
+    monkeypatch.delenv("JACKLRING_SPIN_US", raising=False)
+    cpus = mesh_tcp.available_cpus()
+    assert mesh_tcp.spin_seconds(cpus) == pytest.approx(50e-6)
+    assert mesh_tcp.spin_seconds(cpus + 1) == 0.0      # oversubscribed: sleep at once
+    monkeypatch.setenv("JACKLRING_SPIN_US", "20")
+    assert mesh_tcp.spin_seconds(cpus + 1) == pytest.approx(20e-6)   # an explicit value wins
+    monkeypatch.setenv("JACKLRING_SPIN_US", "x")
+    with pytest.raises(ConfigError, match="JACKLRING_SPIN_US"):
+        mesh_tcp.spin_seconds(1)
