@@ -71,13 +71,13 @@ def average_gradients(
         named = [(name, p.grad) for name, p in gradients.named_parameters() if p.grad is not None]
         leaves = [grad for _, grad in named]
         plan = _plan(leaves, types, all_reduce_size, wire, lambda i: named[i][0])
-        _average(leaves, plan, g, in_place=True)
+        _average(leaves, plan, g, in_place=True, convert=wire is not None)
         return gradients
 
     leaves: list[Any] = []
     rebuild = _flatten(gradients, types, leaves, ())
     plan = _plan(leaves, types, all_reduce_size, wire, lambda i: _leaf_paths(gradients, types)[i])
-    return rebuild(iter(_average(leaves, plan, g, in_place=False)))
+    return rebuild(iter(_average(leaves, plan, g, in_place=False, convert=wire is not None)))
 
 
 # ---- the tree ----------------------------------------------------------------------------------
@@ -111,12 +111,15 @@ def _flatten(tree: Any, types: tuple, leaves: list, path: tuple) -> Callable[[It
         return _none
     if isinstance(tree, dict):
         kind, keys = type(tree), list(tree)
+        if _only_arrays(tree.values(), types):
+            leaves.extend(tree.values())
+            return lambda it: kind(zip(keys, itertools.islice(it, len(keys))))
         parts = _flatten_children(tree.values(), keys, types, leaves, path)
         return lambda it: kind(zip(keys, [p(it) for p in parts]))
     if isinstance(tree, (list, tuple)):
         kind, count = type(tree), len(tree)
         spread = isinstance(tree, tuple) and hasattr(tree, "_fields")  # a namedtuple takes fields
-        if all(isinstance(v, types) for v in tree):
+        if _only_arrays(tree, types):
             leaves.extend(tree)
             if spread:
                 return lambda it: kind(*itertools.islice(it, count))
@@ -128,6 +131,11 @@ def _flatten(tree: Any, types: tuple, leaves: list, path: tuple) -> Callable[[It
     where = _path_text(path) or "the input"
     raise TypeError(f"average_gradients: {where} is a {type(tree).__name__}; expected arrays "
                     "(torch, numpy, cupy) in dicts, lists and tuples, or a torch.nn.Module")
+
+
+def _only_arrays(values: Iterable, types: tuple) -> bool:
+    """Whether every value is an array: checked once per distinct type, not once per value."""
+    return all(issubclass(cls, types) for cls in set(map(type, values)))
 
 
 def _flatten_children(children: Iterable, keys: Iterable, types: tuple, leaves: list, path: tuple) -> list[Callable]:
@@ -179,8 +187,15 @@ def _plan(leaves: list, types: tuple, all_reduce_size: int, wire: np.dtype | Non
           path_of: Callable[[int], str]) -> list[_Bucket]:
     """Buckets in a deterministic order (every rank computes the same plan from the same tree).
     Leaves share a bucket when they share library, device and wire dtype."""
-    buckets: list[_Bucket] = []
-    open_buckets: dict[tuple, _Bucket] = {}
+    if not leaves:
+        return []
+    uniform = _uniform_torch_kind(leaves, wire, path_of)
+    if uniform is not None:
+        # The usual case, every leaf a torch tensor of one dtype on one device: a few
+        # comprehensions instead of a Python loop that reads each leaf's attributes.
+        return _fill_buckets([uniform], None, list(map(sys.modules["torch"].Tensor.numel, leaves)), all_reduce_size)
+    kinds_of_leaves: list[tuple] = []
+    sizes: list[int] = []
     kinds: dict[tuple, tuple] = {}  # (type, device, dtype) -> (lib, location, wire dtype), checked once
     for index, x in enumerate(leaves):
         cls = type(x)
@@ -193,11 +208,58 @@ def _plan(leaves: list, types: tuple, all_reduce_size: int, wire: np.dtype | Non
         kind = kinds.get(key)
         if kind is None:
             kind = kinds[key] = _kind_of(key, wire, lambda: path_of(index))
+        kinds_of_leaves.append(kind)
+        sizes.append(count)
+    return _fill_buckets(list(kinds.values()), kinds_of_leaves if len(kinds) > 1 else None, sizes, all_reduce_size)
+
+
+def _uniform_torch_kind(leaves: list, wire: np.dtype | None, path_of: Callable[[int], str]) -> tuple | None:
+    """(lib, location, wire dtype) shared by every leaf when all are torch tensors of one dtype
+    on one device; None otherwise (the general loop then sorts them out)."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    classes = set(map(type, leaves))
+    if not all(issubclass(c, torch.Tensor) and c.__module__.startswith("torch") for c in classes):
+        return None
+    dtypes = {x.dtype for x in leaves}
+    if len(dtypes) != 1:
+        return None
+    first = leaves[0]
+    if first.is_cpu:
+        if not all(x.is_cpu for x in leaves):
+            return None
+        device = first.device
+    else:
+        devices = {x.device for x in leaves}
+        if len(devices) != 1:
+            return None
+        (device,) = devices
+    return _kind_of((type(first), device, first.dtype), wire, lambda: path_of(0))
+
+
+def _fill_buckets(kinds: list[tuple], kind_of_leaf: list[tuple] | None, sizes: list[int],
+                  all_reduce_size: int) -> list[_Bucket]:
+    """Split the leaves into buckets: per kind, in leaf order, closing a bucket once it holds
+    all_reduce_size bytes; a leaf that large alone gets its own; empty leaves get none.
+    kind_of_leaf is None when every leaf is of kinds[0]."""
+    if kind_of_leaf is None:
+        kind = kinds[0]
+        total = sum(sizes)
+        if 0 < total * kind[2].itemsize < all_reduce_size:  # everything fits in one bucket
+            if 0 in sizes:
+                indices = [i for i, size in enumerate(sizes) if size]
+                return [_Bucket(*kind, indices, [sizes[i] for i in indices], total)]
+            return [_Bucket(*kind, list(range(len(sizes))), sizes, total)]
+        kind_of_leaf = itertools.repeat(kind)  # type: ignore[assignment]
+    buckets: list[_Bucket] = []
+    open_buckets: dict[tuple, _Bucket] = {}
+    for index, (kind, count) in enumerate(zip(kind_of_leaf, sizes)):
         if count == 0:
             continue
         nbytes = count * kind[2].itemsize
         if all_reduce_size <= 0 or nbytes >= all_reduce_size:
-            buckets.append(_Bucket(kind[0], kind[1], kind[2], [index], [count], count))
+            buckets.append(_Bucket(*kind, [index], [count], count))
             continue
         bucket = open_buckets.get(kind)
         if bucket is None:
@@ -226,25 +288,30 @@ def _kind_of(key: tuple, wire: np.dtype | None, path: Callable[[], str]) -> tupl
 
 # ---- averaging ---------------------------------------------------------------------------------
 
-def _average(leaves: list, plan: list[_Bucket], group: Group, in_place: bool) -> list[Any]:
-    results: list[Any] = list(leaves)  # empty leaves send nothing and come back as they are
+def _average(leaves: list, plan: list[_Bucket], group: Group, in_place: bool, convert: bool) -> list[Any]:
+    """The averaged leaves, in order. convert: a communication type was asked for, so a
+    bucket's dtype may differ from its leaves' (otherwise every leaf of a bucket has it)."""
     scale = 1.0 / group.size()
     # A backend that reads GPU memory itself (NCCL) gets device buckets as they are.
     direct = getattr(group.backend, "takes_device_buffers", False)
     # With several buckets, host collectives run on a helper thread, in order, so that the
     # next bucket is packed (and the previous one unpacked) while one is on the wire.
     overlap = len(plan) > 1 and not direct
+    whole = len(plan) == 1 and len(plan[0].indices) == len(leaves)  # one bucket holds every leaf
     staged = []
     for bucket in plan:
-        members = [leaves[i] for i in bucket.indices]
+        members = leaves if whole else [leaves[i] for i in bucket.indices]
         stage = _stage_torch if bucket.lib == "torch" else _stage_array
-        step = stage(members, bucket, scale, in_place, direct)
+        step = stage(members, bucket, scale, in_place, direct, convert)
         if overlap:
             done = _communication_thread().submit(group.backend.all_reduce, step.wire, step.wire, ReduceOp.SUM)
         else:
             group.backend.all_reduce(step.wire, step.wire, ReduceOp.SUM)
             done = None
         staged.append((bucket, step, done))
+    if whole:
+        return staged[0][1].finish()
+    results: list[Any] = list(leaves)  # empty leaves send nothing and come back as they are
     error = None
     for bucket, step, done in staged:
         try:
@@ -311,7 +378,8 @@ class _Staged:
     finish: Callable[[], list]  # the bucket's averaged leaves, once wire holds the sum
 
 
-def _stage_torch(members: list, bucket: _Bucket, scale: float, in_place: bool, direct: bool) -> _Staged:
+def _stage_torch(members: list, bucket: _Bucket, scale: float, in_place: bool, direct: bool,
+                 convert: bool) -> _Staged:
     import torch
 
     device = bucket.location
@@ -327,11 +395,15 @@ def _stage_torch(members: list, bucket: _Bucket, scale: float, in_place: bool, d
         buf = numpy_to_torch(_POOL.take(bucket.wire, bucket.elements))
     else:
         buf = torch.empty(bucket.elements, dtype=numpy_to_torch(np.empty(0, bucket.wire)).dtype, device=device)
+    # Leaves that are not 1-D are flattened to pack them and viewed in their shape again after
+    # (ravel and view_as: the cheapest calls for it); a bucket of 1-D leaves skips both.
+    dims = list(map(torch.Tensor.dim, members))
+    flat_already = dims.count(1) == len(dims)
+    flat = members if flat_already else [x if d == 1 else x.ravel() for x, d in zip(members, dims)]
     with torch.no_grad():  # gradients may require grad themselves (create_graph=True)
-        _pack(members, bucket.sizes, buf, scale,
+        _pack(flat, bucket.sizes, buf, scale,
               concat=lambda parts, out: torch.cat(parts, out=out),
-              scaled=lambda flat, out: torch.mul(flat, scale, out=out),
-              flatten=lambda x: x if x.dim() == 1 else x.reshape(-1))
+              scaled=lambda x, out: torch.mul(x, scale, out=out))
     on_host = device.type == "cpu" or not direct
     # On the CPU the buffer itself; a GPU buffer is staged (one copy each way) unless direct.
     wire = as_numpy(buf)[0] if on_host else gpu.device_buffer(buf)
@@ -339,22 +411,21 @@ def _stage_torch(members: list, bucket: _Bucket, scale: float, in_place: bool, d
     @torch.no_grad()
     def finish() -> list:
         summed = buf if device.type == "cpu" or direct else numpy_to_torch(wire, device)
-        out = []
-        for x, part in zip(members, summed.split_with_sizes(bucket.sizes)):
-            if x.dim() != 1:
-                part = part.view(x.shape)
-            if part.dtype != x.dtype:
-                part = part.to(x.dtype)
-            if in_place:
-                x.copy_(part)
-                part = x
-            out.append(part)
-        return out
+        parts = summed.split_with_sizes(bucket.sizes)
+        if not flat_already:
+            parts = [part if d == 1 else part.view_as(x) for part, x, d in zip(parts, members, dims)]
+        if in_place:
+            torch._foreach_copy_(members, parts)  # casts back to each leaf's dtype as it copies
+            return list(members)
+        if convert:
+            return [part if part.dtype == x.dtype else part.to(x.dtype) for part, x in zip(parts, members)]
+        return list(parts)
 
     return _Staged(wire, finish)
 
 
-def _stage_array(members: list, bucket: _Bucket, scale: float, in_place: bool, direct: bool) -> _Staged:
+def _stage_array(members: list, bucket: _Bucket, scale: float, in_place: bool, direct: bool,
+                 convert: bool) -> _Staged:
     """numpy leaves, and cupy leaves packed on their GPU and staged through host memory."""
     if bucket.lib == "cupy":
         import cupy as xp
@@ -364,10 +435,9 @@ def _stage_array(members: list, bucket: _Bucket, scale: float, in_place: bool, d
         xp, on_device = np, contextlib.nullcontext()
     with on_device:
         buf = _POOL.take(bucket.wire, bucket.elements) if xp is np else xp.empty(bucket.elements, bucket.wire)
-        _pack(members, bucket.sizes, buf, scale,
+        _pack([xp.asarray(x).reshape(-1) for x in members], bucket.sizes, buf, scale,
               concat=lambda parts, out: xp.concatenate(parts, out=out, casting="unsafe"),
-              scaled=lambda flat, out: xp.multiply(flat, scale, out=out, casting="unsafe"),
-              flatten=lambda x: xp.asarray(x).reshape(-1))
+              scaled=lambda x, out: xp.multiply(x, scale, out=out, casting="unsafe"))
     if xp is np:
         wire = buf
     else:
@@ -388,26 +458,25 @@ def _stage_array(members: list, bucket: _Bucket, scale: float, in_place: bool, d
     return _Staged(wire, finish)
 
 
-def _pack(members: list, sizes: list[int], buf: Any, scale: float, concat: Callable, scaled: Callable,
-          flatten: Callable) -> None:
-    """buf = concatenation of the members times scale, cast to buf's dtype: large members in
-    one fused pass each, runs of small ones with one concatenate and one scale per run."""
-    run: list[Any] = []
-    run_start = offset = 0
+def _pack(flat: list, sizes: list[int], buf: Any, scale: float, concat: Callable, scaled: Callable) -> None:
+    """buf = concatenation of the flattened members times scale, cast to buf's dtype: large
+    members in one fused pass each, runs of small ones with one concatenate and one scale
+    per run (all of them, usually, in one run)."""
+    if max(sizes) < FUSED_SCALE_ELEMENTS:
+        concat(flat, buf)
+        buf *= scale
+        return
+    offsets = list(itertools.accumulate(sizes, initial=0))
+    run_start = 0  # the first member of the current run of small ones
 
     def flush(end: int) -> None:
-        if run:
-            window = buf[run_start:end]
-            concat(run, window)
+        if run_start < end:
+            window = buf[offsets[run_start]:offsets[end]]
+            concat(flat[run_start:end], window)
             window *= scale
-            run.clear()
 
-    for x, size in zip(members, sizes):
-        if size >= FUSED_SCALE_ELEMENTS:
-            flush(offset)
-            scaled(flatten(x), buf[offset:offset + size])
-            run_start = offset + size
-        else:
-            run.append(flatten(x))
-        offset += size
-    flush(offset)
+    for i in [i for i, size in enumerate(sizes) if size >= FUSED_SCALE_ELEMENTS]:
+        flush(i)
+        scaled(flat[i], buf[offsets[i]:offsets[i + 1]])
+        run_start = i + 1
+    flush(len(sizes))
