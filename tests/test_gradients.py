@@ -311,9 +311,43 @@ def packs_into_few_messages(ctx):
 
 
 @check
+def torch_tensors_of_one_dtype_every_shape(ctx):
+    """The usual input (torch tensors sharing a dtype and device) in every shape, layout and
+    bucket split: 1-D, 2-D, 0-d, empty, non-contiguous, requiring grad, and one leaf large
+    enough to be scaled while it is packed, with one bucket and with many."""
+    import torch
+
+    from adapter.gradients import FUSED_SCALE_ELEMENTS
+
+    r, n = ctx["rank"], ctx["size"]
+    shapes = [(7,), (3, 4), (), (0,), (2, 3, 5), (FUSED_SCALE_ELEMENTS + 3,), (1,), (6, 2)]
+    for dtype in ("float32", "float16"):
+        tree = [torch.from_numpy(values(r, s, np.float64, i)).to(torch_dtype(dtype)) for i, s in enumerate(shapes)]
+        tree[1] = tree[1].t()  # non-contiguous: a (4, 3) transpose
+        tree[6].requires_grad_(True)
+        before = [x.detach().clone() for x in tree]
+        itemsize = tree[0].element_size()
+        for size in (10**8, 40 * itemsize, 0):  # one bucket, several, one message per leaf
+            out = average_gradients(tree, all_reduce_size=size)
+            assert type(out) is list and len(out) == len(tree)
+            for i, (x, got) in enumerate(zip(tree, out)):
+                want = expected(n, shapes[i], np.float64, i)
+                if i == 1:
+                    want = want.T
+                assert got.shape == x.shape and got.dtype == x.dtype, (i, got.shape, got.dtype)
+                assert_close(got.detach(), want, dtype, f"{dtype} leaf {i} {tuple(x.shape)} size={size}")
+            for i, (x, old) in enumerate(zip(tree, before)):
+                assert torch.equal(x.detach(), old), f"input leaf {i} was modified"
+
+
+@check
 def errors_name_the_leaf(ctx):
 
-    for bad, words in (({"steps": np.arange(3)}, ["steps", "int64"]), ({"x": "text"}, ["x", "str"])):
+    import torch
+
+    cases = (({"steps": np.arange(3)}, ["steps", "int64"]), ({"x": "text"}, ["x", "str"]),
+             ([torch.arange(3), torch.arange(2)], ["[0]", "int64"]), ([torch.ones(2), "text"], ["[1]", "str"]))
+    for bad, words in cases:
         try:
             average_gradients(bad)
         except TypeError as exc:
