@@ -24,6 +24,7 @@ from typing import Callable
 
 from ..errors import CollectiveTimeout, ConfigError, PeerError
 from . import tcp
+from .tcp import available_cpus, spin_seconds  # noqa: F401  (shared with the ring)
 from .jaccl_transport import RECV, SEND, BufferPool, Completion, Transport
 
 PURPOSE_MESH = 0x4A4D  # "JM"
@@ -33,34 +34,9 @@ _LEN = struct.Struct("<Q")
 _LS = _LEN.size
 _INBUF_BYTES = 64 << 10
 _READ = select.POLLIN | select.POLLPRI
-_DEFAULT_SPIN_US = 50.0
 _new = tuple.__new__
 
 Exchange = Callable[[bytes], list[bytes]]
-
-
-def available_cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
-
-
-def spin_seconds(local_ranks: int) -> float:
-    """How long poll() busy-waits before sleeping. JACKLRING_SPIN_US when set (0: never);
-    otherwise 50 us, unless this host runs more ranks than it has CPUs: then a spinning rank
-    only takes the CPU from the peer it waits for, so it sleeps at once (as MPI libraries
-    do when oversubscribed)."""
-    raw = os.environ.get("JACKLRING_SPIN_US", "").strip()
-    if not raw:
-        return _DEFAULT_SPIN_US * 1e-6 if local_ranks <= available_cpus() else 0.0
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ConfigError(f"JACKLRING_SPIN_US={raw!r} is not a number of microseconds") from None
-    if not 0 <= value <= 1e6:
-        raise ConfigError(f"JACKLRING_SPIN_US={raw!r} must be between 0 and 1000000 microseconds")
-    return value * 1e-6
 
 
 class _Peer:

@@ -62,6 +62,7 @@ REDUCE_NAMES = {i: op.value for op, i in REDUCE_CODES.items()}
 
 # Below this many bytes moved per rank, one all-gather pass beats reduce-scatter + all-gather.
 SMALL_BYTES = int(os.environ.get("JACKLRING_RING_SMALL_BYTES", 64 * 1024))
+BOTH_DIRECTIONS = os.environ.get("JACKLRING_RING_DIRECTIONS", "2") != "1"
 SEGMENT_BYTES = int(os.environ.get("JACKLRING_RING_SEGMENT_BYTES", 256 * 1024))
 
 
@@ -216,6 +217,8 @@ class RingBackend(Backend):
         self.engine = Engine(right + left, r)  # type: ignore[operator]
         stall = os.environ.get("JACKLRING_STALL_REPORT")
         self.engine.stall_report_s = env_float("JACKLRING_STALL_REPORT", 30.0) if stall != "0" else None
+        self.engine.spin_s = tcp.spin_seconds(
+            tcp.local_rank_count([a[0] for a in self._addresses], self._addresses[r][0]))
         log.info("rank %d: ring connected (%d connection(s) to rank %d and from rank %d)", r, k, nxt, prv)
 
     def _accept(self, listener: socket.socket, deadline: float, wanted, who: str) -> socket.socket | None:
@@ -482,6 +485,8 @@ class RingBackend(Backend):
     def _channels(self) -> list[Channel]:
         n, r = self._size, self._rank
         forward = [Channel(out, inp, r) for out, inp in zip(self.right, self.left)]
+        if not BOTH_DIRECTIONS:
+            return forward
         backward = [Channel(out, inp, n - 1 - r) for out, inp in zip(self.left, self.right)]
         return forward + backward
 

@@ -9,7 +9,6 @@ the two processes, and the ordering of each stream is the order of posting.
 from __future__ import annotations
 
 import logging
-import os
 import select
 import socket
 import struct
@@ -112,7 +111,8 @@ class Engine:
         self.stall_report_s: float | None = None
         # Busy-poll this long before sleeping in poll(): waking a sleeping process costs more
         # than a small message's whole trip on many machines (what MPI libraries do too).
-        self.spin_s = float(os.environ.get("JACKLRING_SPIN_US", "50")) * 1e-6
+        # The owner sets it from tcp.spin_seconds (no spinning when ranks outnumber CPUs).
+        self.spin_s = 0.0
 
     def run(self, deadline: float, what: str) -> None:
         """Progress every link until all their queues are empty; raise on a dead peer or the deadline."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
 import socket
 import struct
 import time
@@ -21,7 +22,8 @@ log = logging.getLogger("jacklring.tcp")
 HELLO = struct.Struct("<4sHHiiiQ")  # magic, version, purpose, sender rank, receiver rank, channel, job token
 MAGIC = b"JKLR"
 VERSION = 1
-SOCKET_BUFFER_BYTES = 4 << 20
+SOCKET_BUFFER_BYTES = int(os.environ.get("JACKLRING_SOCKET_BUFFER_BYTES", 4 << 20))
+DEFAULT_SPIN_US = 50.0
 HELLO_TIMEOUT_S = 1.0  # real peers send it at once; a silent connection must not eat the deadline
 
 
@@ -35,6 +37,39 @@ class Hello:
 
     def pack(self) -> bytes:
         return HELLO.pack(MAGIC, VERSION, self.purpose, self.sender, self.receiver, self.channel, self.token)
+
+
+def available_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def spin_seconds(local_ranks: int) -> float:
+    """How long poll() busy-waits before sleeping. JACKLRING_SPIN_US when set (0: never);
+    otherwise 50 us, unless this host runs more ranks than it has CPUs: then a spinning rank
+    only takes the CPU from the peer it waits for, so it sleeps at once (as MPI libraries
+    do when oversubscribed)."""
+    raw = os.environ.get("JACKLRING_SPIN_US", "").strip()
+    if not raw:
+        return DEFAULT_SPIN_US * 1e-6 if local_ranks <= available_cpus() else 0.0
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"JACKLRING_SPIN_US={raw!r} is not a number of microseconds") from None
+    if not 0 <= value <= 1e6:
+        raise ConfigError(f"JACKLRING_SPIN_US={raw!r} must be between 0 and 1000000 microseconds")
+    return value * 1e-6
+
+
+def local_rank_count(addresses: list[str], mine: str) -> int:
+    """How many of these "ip:port" addresses are on this rank's host (any loopback counts as one host)."""
+    def host(addr: str) -> str:
+        h = parse_address(addr)[0]
+        return "loopback" if h.startswith("127.") or h in ("::1", "localhost") else h
+    me = host(mine)
+    return sum(1 for a in addresses if host(a) == me)
 
 
 def parse_address(text: str, what: str = "address") -> tuple[str, int]:
@@ -64,6 +99,8 @@ def _family(host: str) -> int:
 def tune(sock: socket.socket) -> None:
     """Low latency (no Nagle) and buffers large enough to keep a loopback or LAN link busy."""
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    if SOCKET_BUFFER_BYTES <= 0:
+        return  # leave the kernel's autotuning alone
     for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
         try:
             sock.setsockopt(socket.SOL_SOCKET, opt, SOCKET_BUFFER_BYTES)
