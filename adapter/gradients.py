@@ -392,21 +392,24 @@ def _stage_torch(members: list, bucket: _Bucket, scale: float, in_place: bool, d
         return _Staged(as_numpy(first)[0].reshape(-1), lambda: [first])
 
     if device.type == "cpu":
-        buf = numpy_to_torch(_POOL.take(bucket.wire, bucket.elements))
+        host = _POOL.take(bucket.wire, bucket.elements)
+        buf = numpy_to_torch(host)
     else:
         buf = torch.empty(bucket.elements, dtype=numpy_to_torch(np.empty(0, bucket.wire)).dtype, device=device)
     # Leaves that are not 1-D are flattened to pack them and viewed in their shape again after
     # (ravel and view_as: the cheapest calls for it); a bucket of 1-D leaves skips both.
     dims = list(map(torch.Tensor.dim, members))
     flat_already = dims.count(1) == len(dims)
-    flat = members if flat_already else [x if d == 1 else x.ravel() for x, d in zip(members, dims)]
     with torch.no_grad():  # gradients may require grad themselves (create_graph=True)
+        flat = members if flat_already else [x if d == 1 else x.ravel() for x, d in zip(members, dims)]
         _pack(flat, bucket.sizes, buf, scale,
               concat=lambda parts, out: torch.cat(parts, out=out),
               scaled=lambda x, out: torch.mul(x, scale, out=out))
-    on_host = device.type == "cpu" or not direct
     # On the CPU the buffer itself; a GPU buffer is staged (one copy each way) unless direct.
-    wire = as_numpy(buf)[0] if on_host else gpu.device_buffer(buf)
+    if device.type == "cpu":
+        wire = host
+    else:
+        wire = gpu.device_buffer(buf) if direct else as_numpy(buf)[0]
 
     @torch.no_grad()
     def finish() -> list:
