@@ -78,3 +78,23 @@ def run(n: int, script: str, args: list[str] | None = None, timeout: float = 60,
 def assert_all_ok(results: list[Rank]) -> None:
     bad = [r for r in results if r.returncode != 0]
     assert not bad, "\n".join(f"--- rank {r.rank} exited {r.returncode}\n{r.stdout}\n{r.stderr}" for r in bad)
+
+
+def run_checks(checks: dict, out_dir: str) -> None:
+    """Worker side of a check registry: run every check on this rank (each gets {"rank", "size"})
+    and write {name: "ok" or the traceback} to out_dir/rank<N>.json, so one launch serves many tests."""
+    import traceback
+
+    import adapter
+
+    group = adapter.init(strict=True)
+    ctx = {"rank": group.rank(), "size": group.size()}
+    results = {}
+    for name, fn in checks.items():
+        try:
+            fn(ctx)
+            results[name] = "ok"
+        except Exception:
+            results[name] = traceback.format_exc()
+    with open(os.path.join(out_dir, f"rank{ctx['rank']}.json"), "w") as f:
+        json.dump(results, f)

@@ -8,15 +8,14 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
-import traceback
 from collections import OrderedDict, namedtuple
 from pathlib import Path
 
 import numpy as np
 import pytest
+from ranks import free_ports, run_checks
 
 from adapter.gradients import average_gradients
 
@@ -27,16 +26,6 @@ Pair = namedtuple("Pair", "weight bias")
 
 
 # ---- launching -----------------------------------------------------------------------------
-
-def free_ports(count: int) -> list[int]:
-    socks = [socket.socket() for _ in range(count)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
-
 
 def launch(ranks: int, tmp: Path, *args: str) -> list[subprocess.CompletedProcess]:
     """Run this file as `ranks` ring ranks; return each rank's completed process."""
@@ -357,18 +346,7 @@ def errors_name_the_leaf(ctx):
 
 
 def worker(out_dir: str) -> None:
-    import adapter
-
-    group = adapter.init(strict=True)
-    ctx = {"rank": group.rank(), "size": group.size()}
-    results = {}
-    for name, fn in CHECKS.items():
-        try:
-            fn(ctx)
-            results[name] = "ok"
-        except Exception:
-            results[name] = traceback.format_exc()
-    Path(out_dir, f"rank{ctx['rank']}.json").write_text(json.dumps(results))
+    run_checks(CHECKS, out_dir)
 
 
 # ---- the tests ---------------------------------------------------------------------------------

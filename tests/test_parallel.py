@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
-import traceback
 from pathlib import Path
 
 import pytest
+from ranks import free_ports, run_checks
 
 torch = pytest.importorskip("torch")
 
@@ -22,16 +21,6 @@ REPO = Path(__file__).resolve().parent.parent
 LAUNCH_TIMEOUT_S = 60
 CHECKS: dict = {}
 D = 12  # feature sizes are multiples of 6, so 2 and 3 ranks divide them
-
-
-def free_ports(count: int) -> list[int]:
-    socks = [socket.socket() for _ in range(count)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
 
 
 def launch(ranks: int, tmp: Path) -> list[str]:
@@ -213,19 +202,8 @@ def bad_arguments_raise(ctx):
 
 
 def worker(out_dir: str) -> None:
-    import adapter
-
     torch.set_num_threads(1)
-    group = adapter.init(strict=True)
-    ctx = {"rank": group.rank(), "size": group.size()}
-    results = {}
-    for name, fn in CHECKS.items():
-        try:
-            fn(ctx)
-            results[name] = "ok"
-        except Exception:
-            results[name] = traceback.format_exc()
-    Path(out_dir, f"rank{ctx['rank']}.json").write_text(json.dumps(results))
+    run_checks(CHECKS, out_dir)
 
 
 # ---- the tests ---------------------------------------------------------------------------------
