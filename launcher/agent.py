@@ -138,6 +138,13 @@ class Agent:
             except InterruptedError:
                 continue
         self.signal_group(signal.SIGKILL)  # whatever the rank left running in its group
+        if code < 0 and not self.stopping.is_set():
+            # Only the 128 + N code crosses ssh: say here which signal it was.
+            try:
+                name = signal.Signals(-code).name
+            except ValueError:
+                name = f"signal {-code}"
+            sys.stderr.write(f"launcher: rank process {self.child.pid} was killed by {name}\n")
         if tmpdir:
             for name in os.listdir(tmpdir):
                 os.unlink(os.path.join(tmpdir, name))

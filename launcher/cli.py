@@ -17,17 +17,23 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from .environment import LaunchOptions, RankPlan, plan_ranks
+from .environment import LaunchOptions, RankPlan, parse_env_assignments, plan_ranks
 from .hostfile import (BACKENDS, Hostfile, HostfileError, check_backend, hosts_from_list,
                        load_hostfile)
 from .output import OutputRouter
 from .supervisor import GRACE, Supervisor
 
 USAGE_ERROR = 2
+NOT_FOUND = 127       # shell conventions for a program that cannot be run
+NOT_EXECUTABLE = 126
 
 
 class UsageError(Exception):
-    """A problem with the command line or hostfile: one line, exit 2."""
+    """A problem with the command line or hostfile: one line, exit `code` (2)."""
+
+    def __init__(self, message: str, code: int = USAGE_ERROR) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -103,6 +109,26 @@ def rank_argv(command: list[str], python: str) -> list[str]:
     return list(command)
 
 
+def check_runnable(argv: list[str], command: list[str], cwd: str,
+                   search_path: Optional[str]) -> None:
+    """Fail before starting anything when a local rank could not run: one line instead of
+    the same error from every rank (remote hosts are checked by their agents)."""
+    program = argv[0]
+    if "/" in program:
+        path: Optional[str] = os.path.join(cwd, program)
+    else:
+        path = shutil.which(program, path=search_path) or None
+    if path is None or not os.path.exists(path):
+        raise UsageError(f"cannot run {program!r}: not found", NOT_FOUND)
+    if os.path.isdir(path) or not os.access(path, os.X_OK):
+        raise UsageError(f"cannot run {program!r}: not an executable file", NOT_EXECUTABLE)
+    script = command[0]
+    if argv[0] != command[0] and script.endswith(".py"):
+        full = os.path.join(cwd, script)
+        if not os.path.isfile(full):
+            raise UsageError(f"script {script!r} not found (looked in {cwd})", NOT_FOUND)
+
+
 def resolve_hosts(args) -> Hostfile:
     if args.hostfile:
         return load_hostfile(args.hostfile)
@@ -128,7 +154,27 @@ def main(argv: Optional[list[str]] = None) -> None:
     sys.exit(run(argv))
 
 
+def ensure_standard_fds() -> None:
+    """Started with stdin/stdout/stderr closed (`<&-`, `>&-`): put /dev/null there.
+
+    Otherwise the first pipe opened for a rank would take fd 0/1/2, and ranks would wait
+    forever for input nobody forwards, or our output would go into a rank's pipe."""
+    for fd, mode in ((0, os.O_RDONLY), (1, os.O_WRONLY), (2, os.O_WRONLY)):
+        try:
+            os.fstat(fd)
+        except OSError:
+            null = os.open(os.devnull, mode)
+            if null != fd:
+                os.dup2(null, fd)
+                os.close(null)
+            if fd == 0:
+                sys.stdin = open(0, closefd=False)
+            else:
+                setattr(sys, "stdout" if fd == 1 else "stderr", open(fd, "w", closefd=False))
+
+
 def run(argv: Optional[list[str]] = None) -> int:
+    ensure_standard_fds()
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.print_python:
@@ -138,7 +184,7 @@ def run(argv: Optional[list[str]] = None) -> int:
         return launch(args)
     except (UsageError, HostfileError) as e:
         print(f"launcher: error: {e}", file=sys.stderr)
-        return USAGE_ERROR
+        return getattr(e, "code", USAGE_ERROR)
 
 
 def launch(args) -> int:
@@ -157,6 +203,10 @@ def launch(args) -> int:
     local_cwd = args.cwd
     if local_cwd and any(h.is_local for h in hosts) and not os.path.isdir(local_cwd):
         raise UsageError(f"--cwd {local_cwd}: no such directory")
+    if any(h.is_local for h in hosts):
+        user_env = parse_env_assignments(hostfile.envs + args.env)
+        check_runnable(argv, command, local_cwd or os.getcwd(),
+                       user_env.get("PATH", os.environ.get("PATH")))
 
     cols, lines = shutil.get_terminal_size((0, 0))
     options = LaunchOptions(

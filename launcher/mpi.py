@@ -102,9 +102,9 @@ class MpiRun(LocalRank):
         m = _TAG.match(line)
         if m:
             out_fd = 1 if m.group(2) == b"stdout" else 2
-            self.events.put(("output", int(m.group(1)), out_fd, line[m.end():] + b"\n"))
+            self._deliver(("output", int(m.group(1)), out_fd, line[m.end():] + b"\n"))
         else:  # mpirun's own messages
-            self.events.put(("output", "mpirun", fd, line + b"\n"))
+            self._deliver(("output", "mpirun", fd, line + b"\n"))
 
     def cleanup(self) -> None:
         super().cleanup()

@@ -7,10 +7,11 @@ line; a partial line (a prompt such as "(Pdb) ") is shown once it waited PARTIAL
 
 from __future__ import annotations
 
-import sys
+import os
+import select
 import time
 from pathlib import Path
-from typing import BinaryIO, Optional
+from typing import Optional
 
 PARTIAL_LINE_DELAY = 0.1
 
@@ -26,15 +27,25 @@ class _Stream:
 
 class OutputRouter:
     def __init__(self, prefix: bool = True, log_dir: Optional[Path] = None,
-                 stdout: Optional[BinaryIO] = None, stderr: Optional[BinaryIO] = None) -> None:
+                 stdout_fd: int = 1, stderr_fd: int = 2) -> None:
         self.prefix = prefix
         self.log_dir = Path(log_dir) if log_dir else None
-        self.targets = {1: stdout or sys.stdout.buffer, 2: stderr or sys.stderr.buffer}
+        # Raw fds, not sys.stdout: the writer thread may be blocked in a write (a paused
+        # `| less`) when the launcher exits, and a buffered object's lock would then abort
+        # interpreter shutdown.
+        self.targets = {1: stdout_fd, 2: stderr_fd}
+        self.broken: set[int] = set()
         self.streams: dict[tuple, _Stream] = {}
         self.logs: dict = {}
         self.open_line: dict[int, Optional[tuple]] = {1: None, 2: None}  # who is mid-line
         if self.log_dir:
             self.log_dir.mkdir(parents=True, exist_ok=True)
+
+    def start_logs(self, ranks) -> None:
+        """Create (truncate) every rank's log now: each run overwrites the previous run's
+        files, and a rank that prints nothing still gets an (empty) log."""
+        for rank in ranks:
+            self._log(rank)
 
     def log_path(self, rank) -> Optional[Path]:
         """DIR/rank<N>.log (mpirun's own messages: DIR/mpirun.log)."""
@@ -83,9 +94,7 @@ class OutputRouter:
     def _show(self, rank, fd: int, stream: _Stream, data: bytes, ends_line: bool) -> None:
         """Deliver assembled text: to the log unchanged, to the terminal with prefixes."""
         if self.log_dir:
-            log = self.logs.get(rank)
-            if log is None:
-                log = self.logs[rank] = open(self.log_path(rank), "ab")
+            log = self._log(rank)
             log.write(data)
             log.flush()
         if self.prefix:
@@ -98,6 +107,12 @@ class OutputRouter:
             self._emit(fd, b"".join(out))
             self.open_line[fd] = None if ends_line else key
         stream.mid_line = not ends_line
+
+    def _log(self, rank):
+        log = self.logs.get(rank)
+        if log is None:
+            log = self.logs[rank] = open(self.log_path(rank), "wb")
+        return log
 
     def _claim(self, fd: int, key: tuple) -> None:
         """Before `key` writes to fd, end another rank's partial line so text never glues."""
@@ -112,9 +127,14 @@ class OutputRouter:
         return f"[{rank}] ".encode()
 
     def _emit(self, fd: int, data: bytes) -> None:
-        target = self.targets[fd]
-        try:
-            target.write(data)
-            target.flush()
-        except (BrokenPipeError, ValueError, OSError):
-            pass  # a closed terminal or `| head` must not stop the job's supervision
+        if fd in self.broken:
+            return
+        view = memoryview(data)
+        while view:
+            try:
+                view = view[os.write(self.targets[fd], view):]
+            except BlockingIOError:  # an O_NONBLOCK terminal shared with another program
+                select.select([], [self.targets[fd]], [], 1.0)
+            except OSError:
+                self.broken.add(fd)  # a closed terminal or `| head` must not stop the job
+                return

@@ -15,6 +15,7 @@ import signal
 import subprocess
 import tempfile
 import threading
+import time
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -40,8 +41,11 @@ class RankProcess:
         self.index = index
         self.rank = rank
         self.host_label = host_label
-        self.events: Optional[queue.Queue] = None
+        self.events = None  # the supervisor's EventSink (anything with put(event))
         self.stdin_queue: queue.Queue = queue.Queue()
+        self.delivered = 0   # output chunks handed over so far
+        self.delivering = 0  # readers waiting for room in the output backlog
+        self.count_lock = threading.Lock()
 
     def describe(self) -> str:
         return f"rank {self.rank} (host {self.host_label})"
@@ -54,7 +58,31 @@ class RankProcess:
                 return
             if not data:
                 return
-            self.events.put(("output", self.rank, fd, data))
+            self._deliver(("output", self.rank, fd, data))
+
+    def _deliver(self, event: tuple) -> None:
+        with self.count_lock:
+            self.delivering += 1
+        try:
+            self.events.put(event)
+        finally:
+            with self.count_lock:
+                self.delivering -= 1
+                self.delivered += 1
+
+    def _join_readers(self, readers: list[threading.Thread], idle_limit: float) -> None:
+        """Wait for the readers to reach end of output. Give up only after idle_limit s
+        without progress (a stray process outside the rank's group holding the pipe), not
+        while they wait for a slow terminal to take what they read."""
+        seen, idle_since = -1, time.monotonic()
+        while any(t.is_alive() for t in readers):
+            for t in readers:
+                t.join(0.05)
+            now = time.monotonic()
+            if self.delivering or self.delivered != seen:
+                seen, idle_since = self.delivered, now
+            elif now - idle_since > idle_limit:
+                return
 
     def _start_thread(self, target, *args) -> threading.Thread:
         t = threading.Thread(target=target, args=args, daemon=True)
@@ -109,9 +137,8 @@ class LocalRank(RankProcess):
     def _wait(self, readers) -> None:
         code = self.proc.wait()
         self.kill()  # the rank's leftovers (same process group) end with it, as remotely
-        for t in readers:
-            t.join(OUTPUT_DRAIN_TIMEOUT)
-        self.events.put(("exit", self.index, exit_code(code)))
+        self._join_readers(readers, OUTPUT_DRAIN_TIMEOUT)
+        self.events.put(("exit", self.index, exit_code(code), -code if code < 0 else None))
 
     def _feed_stdin(self) -> None:
         pipe = self.proc.stdin
@@ -188,7 +215,7 @@ class RemoteRank(RankProcess):
         for t in readers:
             t.join()
         status = self.channel.recv_exit_status()  # -1: session closed without a status
-        self.events.put(("exit", self.index, status if status >= 0 else 255))
+        self.events.put(("exit", self.index, status if status >= 0 else 255, None))
 
     def _send(self, frame: bytes) -> None:
         with self.send_lock:

@@ -17,6 +17,50 @@ from .ranks import RankProcess, StartError
 GRACE = 3.0       # SIGTERM -> SIGKILL
 GIVE_UP = 4.0     # after SIGKILL, how long to wait for ranks (e.g. a dead ssh link) to report
 TICK = 0.05
+OUTPUT_BACKLOG = 256  # chunks (<= 64 KiB each) read from ranks but not yet written out
+
+
+class EventSink:
+    """What ranks report into. Output goes to the writer thread through a bounded queue,
+    everything else (exits) to the control loop, so a slow terminal (`| less`) delays
+    neither a failure's stop nor Ctrl-C, and a fast rank cannot fill our memory: when the
+    backlog is full its reader waits and the rank's own writes block, as without us."""
+
+    def __init__(self) -> None:
+        self.control: queue.Queue = queue.Queue()
+        self.output: queue.Queue = queue.Queue()
+        self.slots = threading.BoundedSemaphore(OUTPUT_BACKLOG)
+
+    def put(self, event: tuple) -> None:
+        if event[0] == "output":
+            self.slots.acquire()
+            self.output.put(event)
+        else:
+            self.control.put(event)
+
+    def after_output(self, event: tuple) -> None:
+        """Ordered behind output already queued (e.g. a rank's end after its last line)."""
+        self.output.put(event)
+
+
+def _write_output(sink: EventSink, output: OutputRouter) -> None:
+    """The writer thread: the only one that touches `output`."""
+    while True:
+        try:
+            event = sink.output.get(timeout=TICK)
+        except queue.Empty:
+            output.flush_partials()
+            continue
+        kind = event[0]
+        if kind == "output":
+            sink.slots.release()
+            output.write(*event[1:])
+        elif kind == "end":
+            output.end_rank(event[1])
+        elif kind == "close":
+            output.close()
+            return
+        output.flush_partials()
 
 
 def _stdin_reader(events: queue.Queue) -> None:
@@ -44,6 +88,23 @@ def _can_read_stdin() -> bool:
     return True
 
 
+def describe_exit(code: int, signum: Optional[int]) -> str:
+    """`was killed by SIGSEGV (exit code 139)`; a remote rank's agent can only pass on
+    the 128 + N code, so there the signal is named as what the code stands for."""
+    if signum is not None:
+        return f"was killed by {_signal_name(signum)} (exit code {code})"
+    if 128 < code < 128 + 65:
+        return f"exited with code {code} (128 + {code - 128}: killed by {_signal_name(code - 128)})"
+    return f"exited with code {code}"
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
 class Supervisor:
     def __init__(self, ranks: list[RankProcess], output: OutputRouter,
                  grace: float = GRACE, log=None) -> None:
@@ -51,7 +112,8 @@ class Supervisor:
         self.output = output
         self.grace = grace
         self.log = log or (lambda msg: print(f"launcher: {msg}", file=sys.stderr, flush=True))
-        self.events: queue.Queue = queue.Queue()
+        self.sink = EventSink()
+        self.events = self.sink.control
         self.pending_signal: Optional[int] = None
         self.running: set[int] = set()
 
@@ -69,15 +131,18 @@ class Supervisor:
                 signal.signal(s, handler)
 
     def _run(self) -> int:
-        failure: Optional[tuple[RankProcess, int, str]] = None
+        failure: Optional[tuple[RankProcess, int, str, int]] = None
         interrupted: Optional[int] = None
+        writer = threading.Thread(target=_write_output, args=(self.sink, self.output),
+                                  daemon=True)
+        writer.start()
         for proc in self.ranks:
             if self.pending_signal is not None:
                 break
             try:
-                proc.start(self.events)
+                proc.start(self.sink)
             except StartError as e:
-                failure = (proc, 255, f"could not start: {e}")
+                failure = (proc, 255, f"could not start: {e}", len(self.running))
                 break
             self.running.add(proc.index)
         if _can_read_stdin():
@@ -106,26 +171,22 @@ class Supervisor:
             try:
                 event = self.events.get(timeout=TICK)
             except queue.Empty:
-                self.output.flush_partials()
                 continue
             kind = event[0]
-            if kind == "output":
-                self.output.write(*event[1:])
-            elif kind == "stdin":
+            if kind == "stdin":
                 self._broadcast_stdin(event[1])
             elif kind == "exit":
-                _, index, code = event
+                _, index, code, signum = event
                 self.running.discard(index)
-                self.output.end_rank(self.ranks[index].rank)
+                self.sink.after_output(("end", self.ranks[index].rank))
                 if code != 0 and failure is None and stop_at is None:
-                    failure = (self.ranks[index], code, f"exited with code {code}")
+                    failure = (self.ranks[index], code, describe_exit(code, signum),
+                               len(self.running))
                     stop_at = self._stop(signal.SIGTERM)
-            self.output.flush_partials()
 
-        self._drain_output()
         for proc in self.ranks:
             proc.cleanup()
-        self.output.close()
+        self._finish_output(writer)
         return self._summarize(failure, interrupted)
 
     def _running_procs(self) -> list[RankProcess]:
@@ -143,22 +204,21 @@ class Supervisor:
             else:
                 proc.close_stdin()
 
-    def _drain_output(self) -> None:
-        while True:
-            try:
-                event = self.events.get_nowait()
-            except queue.Empty:
+    def _finish_output(self, writer: threading.Thread) -> None:
+        """Let the writer show what the ranks printed. A reader that never reads on (a
+        paused pager) can hold us here; a signal then gives up on the rest."""
+        self.sink.after_output(("close",))
+        while writer.is_alive():
+            writer.join(TICK)
+            if self.pending_signal is not None:
                 return
-            if event[0] == "output":
-                self.output.write(*event[1:])
 
     def _summarize(self, failure, interrupted: Optional[int]) -> int:
-        others = len(self.ranks) - 1
         unresponsive = [p.describe() for p in self._running_procs()]
         if unresponsive:
             self.log(f"gave up waiting for {', '.join(unresponsive)}")
         if failure is not None:
-            proc, code, what = failure
+            proc, code, what, others = failure  # others: ranks still running then
             tail = f"; stopped the other {others} rank{'s' if others != 1 else ''}" if others else ""
             self.log(f"{proc.describe()} {what}{tail}")
             return code if 0 < code < 256 else 1
