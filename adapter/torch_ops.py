@@ -15,6 +15,8 @@ import torch
 
 from .arrays import as_numpy
 from .backends.base import Backend, ReduceOp
+from .backends.elements import CODE_NAMES, DTYPE_CODES
+from .errors import MismatchError
 
 RED_OPS = {
     "SUM": ReduceOp.SUM,
@@ -310,3 +312,58 @@ def scatter(comm: Backend, output: torch.Tensor, inputs: Sequence[torch.Tensor] 
             comm.send(view(inputs[q]).array, q)
     with torch.no_grad():
         output.copy_(inputs[r].view(output.shape))
+
+
+# ---- tagged point to point ----------------------------------------------------------------------
+# The adapter backends deliver a peer's messages in order, with no tag. torch matches a recv to
+# the first message with its tag, so every message is preceded by an envelope the receiver reads
+# first: magic, tag, byte count, dtype code. The payload travels as raw bytes.
+
+ENVELOPE_MAGIC = 0x4A4C54475450  # "JLTGTP"
+ENVELOPE_WORDS = 4
+
+
+class Envelope:
+    __slots__ = ("tag", "nbytes", "code")
+
+    def __init__(self, tag: int, nbytes: int, code: int) -> None:
+        self.tag, self.nbytes, self.code = tag, nbytes, code
+
+    @classmethod
+    def of(cls, array: np.ndarray, tag: int) -> "Envelope":
+        return cls(int(tag), int(array.nbytes), DTYPE_CODES.get(array.dtype, 0))
+
+    def describe(self) -> str:
+        return f"{self.nbytes} bytes of {CODE_NAMES.get(self.code, 'an unknown dtype')} (tag {self.tag})"
+
+
+def send_tagged(comm: Backend, array: np.ndarray, dst: int, tag: int) -> None:
+    env = Envelope.of(array, tag)
+    comm.send(np.array([ENVELOPE_MAGIC, env.tag, env.nbytes, env.code], np.int64), dst)
+    if env.nbytes:
+        comm.send(array.view(np.uint8), dst)
+
+
+def recv_envelope(comm: Backend, src: int) -> Envelope:
+    words = np.empty(ENVELOPE_WORDS, np.int64)
+    comm.recv(words, src)
+    if int(words[0]) != ENVELOPE_MAGIC:
+        raise MismatchError(f"rank {comm.rank()}: a point-to-point message from rank {src} has no envelope "
+                            f"(the peer does not speak jacklring's tagged protocol)")
+    return Envelope(int(words[1]), int(words[2]), int(words[3]))
+
+
+def recv_payload(comm: Backend, src: int, env: Envelope, into: np.ndarray | None = None) -> np.ndarray:
+    """The payload announced by env: into `into` (an array of exactly env.nbytes), else into a
+    fresh byte buffer that is returned."""
+    target = np.empty(env.nbytes, np.uint8) if into is None else into.view(np.uint8)
+    if env.nbytes:
+        comm.recv(target, src)
+    return target
+
+
+def check_envelope(rank: int, src: int, env: Envelope, array: np.ndarray, tag: int) -> None:
+    mine = Envelope.of(array, tag)
+    if mine.nbytes != env.nbytes or mine.code != env.code:
+        raise MismatchError(f"rank {rank}: recv from rank {src} expected {mine.describe()} but rank {src} "
+                            f"sent {env.describe()}")

@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 from . import torch_ops as ops
 from .backends.base import Backend
-from .torch_work import Completer, Executor, JacklringWork, PeerExecutors, wrap_error
+from .torch_work import Completer, Executor, Inbox, JacklringWork, PeerExecutors, wrap_error
 
 log = logging.getLogger("jacklring.torch")
 
@@ -64,7 +64,8 @@ class JacklringProcessGroup(dist.ProcessGroup):
         tag = f"jacklring-r{rank}-{group_id or 'pg'}"
         self._completer = Completer(tag)
         self._collectives = Executor(f"{tag}-comm", self._completer, self._error)
-        self._p2p = PeerExecutors(f"{tag}-p2p", self._completer, self._error)
+        self._p2p = PeerExecutors(f"{tag}-p2p", self._completer, self._error)  # sends, one thread per peer
+        self._inboxes: dict[int, Inbox] = {}  # recvs, matched by tag, one per peer
         self._closed = False
         self._close_lock = threading.Lock()
 
@@ -327,28 +328,43 @@ class JacklringProcessGroup(dist.ProcessGroup):
     # ---- point to point ---------------------------------------------------------------------
 
     def send(self, tensors: Any, dst: int, tag: int = 0) -> JacklringWork:
-        tensors = _as_list(tensors)
+        tensor = self._single_tensor("send", tensors)
         self._check_peer("send to", dst)
         self._check_open("send")
         what = f"send to rank {dst} (tag {tag})"
+        staged = ops.view(tensor)  # copied now: the caller may reuse a non-contiguous source at once
 
         def run() -> None:
-            for t in tensors:
-                self._comm.send(ops.view(t).array, dst)
-        return self._p2p.get(dst, "send").submit(JacklringWork(what, tensors), run)
+            ops.send_tagged(self._comm, staged.array, dst, tag)
+        return self._p2p.get(dst, "send").submit(JacklringWork(what, [tensor]), run)
 
     def recv(self, tensors: Any, src: int, tag: int = 0) -> JacklringWork:
-        tensors = _as_list(tensors)
+        tensor = self._single_tensor("recv", tensors)
         self._check_peer("recv from", src)
         self._check_open("recv")
-        what = f"recv from rank {src} (tag {tag})"
+        staged = ops.view(tensor, fill=False)
+        work = JacklringWork(f"recv from rank {src} (tag {tag})", [tensor], source_rank=src)
+        return self._inbox(src).post(work, tag, staged.array, staged.write_back)
 
-        def run() -> None:
-            for t in tensors:
-                staged = ops.view(t, fill=False)
-                self._comm.recv(staged.array, src)
-                staged.write_back()
-        return self._p2p.get(src, "recv").submit(JacklringWork(what, tensors, source_rank=src), run)
+    def _inbox(self, src: int) -> Inbox:
+        with self._close_lock:
+            inbox = self._inboxes.get(src)
+            if inbox is None:
+                comm, rank = self._comm, self._rank
+                inbox = Inbox(f"jacklring-r{rank}-{self._group_id or 'pg'}-recv-{src}",
+                              lambda: ops.recv_envelope(comm, src),
+                              lambda env, into: ops.recv_payload(comm, src, env, into),
+                              lambda env, array, tag: ops.check_envelope(rank, src, env, array, tag),
+                              self._completer, self._error)
+                self._inboxes[src] = inbox
+            return inbox
+
+    @staticmethod
+    def _single_tensor(what: str, tensors: Any) -> torch.Tensor:
+        tensors = _as_list(tensors)
+        if len(tensors) != 1:
+            raise ValueError(f"jacklring {what}: expected a single tensor, got {len(tensors)} (as gloo)")
+        return tensors[0]
 
     def recv_anysource(self, tensors: Any, tag: int = 0) -> JacklringWork:
         raise RuntimeError("jacklring does not support recv from any source (src=None): the adapter "
@@ -363,6 +379,8 @@ class JacklringProcessGroup(dist.ProcessGroup):
             self._closed = True
         self._collectives.stop(_STOP_TIMEOUT_S)
         self._p2p.stop(_STOP_TIMEOUT_S)
+        for inbox in list(self._inboxes.values()):
+            inbox.stop()
         self._completer.stop(_STOP_TIMEOUT_S)
         for comm in (self._aux, self._comm):
             if comm is not None:

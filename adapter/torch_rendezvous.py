@@ -135,7 +135,7 @@ def store_ring(store, rank: int, size: int, timeout_s: float) -> Backend:
     from .config import connect_timeout
 
     host = listen_host(store)
-    listener = tcp.listen(host, 0)
+    listener = _listener(host)
     try:
         mine = tcp.format_address(listener.getsockname()[:2])
         store.set(f"{KEY_PREFIX}{rank}", mine)
@@ -153,6 +153,13 @@ def store_ring(store, rank: int, size: int, timeout_s: float) -> Backend:
     except BaseException:
         listener.close()
         raise
+
+
+def _listener(host: str):
+    """A listening endpoint of the kind RingBackend accepts on: tcp.Listener (TCP plus a local
+    Unix socket) where the tcp module has it, else a plain listening socket."""
+    make = getattr(tcp, "Listener", None)
+    return make(host, 0) if make is not None else tcp.listen(host, 0)
 
 
 def listen_host(store) -> str:

@@ -2,8 +2,9 @@
 
 - Collectives run in issue order on one communication thread per process group, so the
   caller (DDP's autograd hooks) returns at once and backward overlaps communication.
-- Point-to-point operations run on one worker thread per (peer, direction): messages to a
-  peer stay in order, and an irecv posted before the matching isend cannot block the send.
+- Point-to-point sends run on one worker thread per peer (messages to a peer stay in order);
+  receives from a peer are matched by tag on an Inbox thread of their own, so an irecv posted
+  before the matching isend cannot block the send, and recvs may be posted in any tag order.
 - Futures are completed on a separate completion thread, never on a communication thread:
   a `.then` callback that issues (and even waits for) a new collective, as PowerSGD does,
   runs while the communication thread is free to execute it.
@@ -208,6 +209,132 @@ class PeerExecutors:
             self._executors.clear()
         for executor in executors:
             executor.stop(timeout)
+
+
+class _Posted:
+    __slots__ = ("work", "tag", "array", "done")
+
+    def __init__(self, work: JacklringWork, tag: int, array: Any, done: Callable[[], None]) -> None:
+        self.work, self.tag, self.array, self.done = work, tag, array, done
+
+
+class Inbox:
+    """One peer's incoming point-to-point messages, matched to posted recvs by tag.
+
+    While recvs are posted, a thread reads the peer's messages in order (envelope, then
+    payload): each goes to the first posted recv with its tag, or, when none is posted yet, into
+    a stash that a later recv with that tag takes it from. Recvs posted in any tag order thus
+    complete as they do on gloo. After a transport error every pending and later recv fails
+    with it (the stream can no longer be trusted)."""
+
+    def __init__(self, name: str, read_envelope: Callable[[], Any], read_payload: Callable[[Any, Any], Any],
+                 check: Callable[[Any, Any, int], None], completer: Completer,
+                 describe_error: Callable[[str, BaseException], BaseException]) -> None:
+        self._name = name
+        self._read_envelope = read_envelope
+        self._read_payload = read_payload  # (envelope, array or None) -> the bytes received
+        self._check = check  # (envelope, array, tag): raise when the message does not fit the recv
+        self._completer = completer
+        self._describe_error = describe_error
+        self._cond = threading.Condition()
+        self._posted: list[_Posted] = []
+        self._stash: dict[int, collections.deque] = {}
+        self._broken: BaseException | None = None
+        self._stopped = False
+        self._thread: threading.Thread | None = None
+
+    def post(self, work: JacklringWork, tag: int, array: Any, done: Callable[[], None]) -> JacklringWork:
+        """Receive the next message with `tag` into `array` (1-D numpy), then call done()."""
+        entry = _Posted(work, tag, array, done)
+        with self._cond:
+            if self._broken is not None:
+                broken = self._broken
+            else:
+                broken = None
+                stashed = self._stash.get(tag)
+                if not stashed:
+                    self._posted.append(entry)
+                    self._cond.notify()
+                    if self._thread is None:
+                        self._thread = threading.Thread(target=self._loop, name=self._name, daemon=True)
+                        self._thread.start()
+                    return work
+                envelope, payload = stashed.popleft()
+        if broken is not None:
+            self._finish(entry, DistributedError(f"the connection from this peer failed earlier: {broken}"))
+        else:
+            self._deliver_stashed(entry, envelope, payload)
+        return work
+
+    def _deliver_stashed(self, entry: _Posted, envelope: Any, payload: Any) -> None:
+        try:
+            self._check(envelope, entry.array, entry.tag)
+            entry.array.view("uint8")[...] = payload
+            entry.done()
+        except BaseException as exc:
+            self._finish(entry, exc)
+            return
+        self._finish(entry, None)
+
+    def _take_posted(self, tag: int) -> _Posted | None:
+        for i, entry in enumerate(self._posted):
+            if entry.tag == tag:
+                return self._posted.pop(i)
+        return None
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._posted and not self._stopped:
+                    self._cond.wait()
+                if self._stopped:
+                    return
+            try:
+                envelope = self._read_envelope()
+                with self._cond:
+                    entry = self._take_posted(envelope.tag)
+                if entry is None:
+                    payload = self._read_payload(envelope, None)
+                    with self._cond:  # a recv for this tag may have been posted meanwhile
+                        entry = self._take_posted(envelope.tag)
+                        if entry is None:
+                            self._stash.setdefault(envelope.tag, collections.deque()).append((envelope, payload))
+                            continue
+                    self._deliver_stashed(entry, envelope, payload)
+                    continue
+                try:
+                    self._check(envelope, entry.array, entry.tag)
+                except BaseException as exc:
+                    self._read_payload(envelope, None)  # drain it: the stream stays aligned
+                    self._finish(entry, exc)
+                    continue
+                try:
+                    self._read_payload(envelope, entry.array)
+                    entry.done()
+                except BaseException as exc:
+                    self._finish(entry, exc)
+                    raise
+                self._finish(entry, None)
+            except BaseException as exc:
+                self._fail_all(exc)
+                return
+
+    def _fail_all(self, exc: BaseException) -> None:
+        with self._cond:
+            self._broken = exc
+            pending, self._posted = self._posted, []
+        for entry in pending:
+            self._finish(entry, exc)
+
+    def _finish(self, entry: _Posted, error: BaseException | None) -> None:
+        entry.work._finish(None if error is None else self._describe_error(entry.work._what, error))
+        self._completer.put(entry.work)
+
+    def stop(self) -> None:
+        """Let the thread end; one blocked in a read ends when the communicator is closed."""
+        with self._cond:
+            self._stopped = True
+            self._cond.notify_all()
 
 
 def wrap_error(rank: int, group: str, what: str, exc: BaseException) -> BaseException:

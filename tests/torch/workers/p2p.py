@@ -54,6 +54,30 @@ dist.send(torch.arange(24, dtype=torch.bfloat16).view(6, 4) + rank, dst=right)
 rq.wait()
 assert torch.equal(m, torch.arange(24, dtype=torch.bfloat16).view(6, 4) + left), m
 
+# Tags: recvs match by tag, not by arrival order. Rank 0 posts tag 5 then tag 6; rank 1 sends
+# tag 6 first and sends tag 5 only after rank 0 acknowledged the tag-6 message (a FIFO of recvs
+# would wait for tag 5 forever). Then two messages arrive before any recv is posted.
+if rank == 0:
+    x, y, ack = torch.zeros(3), torch.zeros(4, dtype=torch.int64), torch.ones(1)
+    first = dist.irecv(x, src=1, tag=5)
+    second = dist.irecv(y, src=1, tag=6)
+    second.wait()
+    dist.send(ack, dst=1, tag=9)
+    first.wait()
+    assert x.tolist() == [5.0] * 3 and y.tolist() == [6] * 4, (x, y)
+    early7, early8 = torch.zeros(2), torch.zeros(2)
+    import time
+    time.sleep(0.3)  # both messages are in by now, unclaimed
+    dist.recv(early8, src=1, tag=8)
+    dist.recv(early7, src=1, tag=7)
+    assert early7.tolist() == [7.0, 7.0] and early8.tolist() == [8.0, 8.0], (early7, early8)
+elif rank == 1:
+    dist.send(torch.full((4,), 6, dtype=torch.int64), dst=0, tag=6)
+    dist.recv(torch.zeros(1), src=0, tag=9)
+    dist.send(torch.full((3,), 5.0), dst=0, tag=5)
+    dist.send(torch.full((2,), 7.0), dst=0, tag=7)
+    dist.send(torch.full((2,), 8.0), dst=0, tag=8)
+
 # Size mismatch is an error naming the peer, not corrupted data.
 if rank == 0:
     dist.send(torch.ones(5), dst=1)
