@@ -1,7 +1,7 @@
 """The ring backend with real processes on 127.0.0.1."""
 import pytest
 
-from ranks import assert_all_ok, run
+from ranks import assert_all_ok, ring_hostfile, run
 
 
 @pytest.mark.timeout(150)
@@ -38,3 +38,19 @@ def test_a_few_hundred_megabytes():
             "assert y[0] == 3 and y[-1] == 3 and (y == 3).all()\n"
             "print('ok')\n")
     assert_all_ok(run(2, "ring_scripts/exec.py", [code], timeout=110))
+
+
+@pytest.mark.timeout(90)
+def test_tcp_between_local_ranks_when_unix_sockets_are_turned_off():
+    # Ranks on one host talk over Unix sockets by default; TCP must work on its own too.
+    assert_all_ok(run(3, "ring_scripts/all_ops.py", ["1,70001"], timeout=80,
+                      env={"JACKLRING_LOCAL_TRANSPORT": "tcp"}))
+
+
+@pytest.mark.timeout(90)
+def test_ranks_disagreeing_on_the_local_transport_still_connect():
+    from ranks import collect, spawn
+    hostfile = ring_hostfile(2)
+    procs = spawn(2, "ring_scripts/misc.py", hostfile=hostfile, ranks=[0], env={"JACKLRING_LOCAL_TRANSPORT": "tcp"})
+    procs += spawn(2, "ring_scripts/misc.py", hostfile=hostfile, ranks=[1])
+    assert_all_ok(collect(procs, timeout=80))

@@ -151,14 +151,14 @@ class RingBackend(Backend):
             if len(addresses) > 1:
                 for addr in addresses[rank]:
                     host, port = tcp.parse_address(addr)
-                    listeners.append(tcp.listen(host, port))
+                    listeners.append(tcp.Listener(host, port))
         except PeerError as exc:
             for sock in listeners:
                 sock.close()
             raise PeerError(f"rank {rank}: {exc}") from None
         return cls(rank, addresses, listeners, timeout, connect_timeout)
 
-    def __init__(self, rank: int, addresses: list[list[str]], listeners: list[socket.socket],
+    def __init__(self, rank: int, addresses: list[list[str]], listeners: list[tcp.Listener],
                  timeout: float | None, connect_timeout: float | None) -> None:
         self._rank = rank
         self._size = len(addresses)
@@ -221,7 +221,7 @@ class RingBackend(Backend):
             tcp.local_rank_count([a[0] for a in self._addresses], self._addresses[r][0]))
         log.info("rank %d: ring connected (%d connection(s) to rank %d and from rank %d)", r, k, nxt, prv)
 
-    def _accept(self, listener: socket.socket, deadline: float, wanted, who: str) -> socket.socket | None:
+    def _accept(self, listener: tcp.Listener, deadline: float, wanted, who: str) -> socket.socket | None:
         """Accept until a connection whose handshake satisfies wanted(); a point-to-point
         connection arriving meanwhile is kept for recv(); anything else is rejected.
         With wanted=None, accept point-to-point connections until the deadline, then return None."""
@@ -232,9 +232,8 @@ class RingBackend(Backend):
                     return None
                 raise PeerError(f"{who} did not connect to "
                                 f"{tcp.format_address(listener.getsockname())} before the deadline")
-            listener.settimeout(min(remaining, 0.5))
             try:
-                sock, peer = listener.accept()
+                sock, peer = listener.accept(min(remaining, 0.5))
             except (socket.timeout, InterruptedError):
                 continue
             hello = tcp.read_hello(sock, min(tcp.HELLO_TIMEOUT_S, max(0.1, remaining)))
@@ -252,7 +251,7 @@ class RingBackend(Backend):
                     with self._p2p_lock:
                         self._p2p_in[hello.sender] = sock
                     continue
-            log.warning("rank %d: rejected a connection from %s: %s", self._rank, tcp.format_address(peer),
+            log.warning("rank %d: rejected a connection from %s: %s", self._rank, peer,
                         "bad handshake" if hello is None else f"unexpected handshake {hello}")
             sock.close()
 
@@ -359,7 +358,7 @@ class RingBackend(Backend):
             return RingBackend(0, self._addresses, [], self.timeout, self._connect_timeout)
         host = tcp.parse_address(self._addresses[self._rank][0])[0]
         k = min(len(a) for a in self._addresses)
-        listeners = [tcp.listen(host, 0) for _ in range(k)]
+        listeners = [tcp.Listener(host, 0) for _ in range(k)]
         mine = json.dumps({"color": color, "key": key, "rank": self._rank,
                            "addrs": [tcp.format_address(s.getsockname()[:2]) for s in listeners]}).encode()
         record = np.zeros(256, np.uint8)

@@ -10,8 +10,10 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import select
 import socket
 import struct
+import sys
 import time
 from dataclasses import dataclass
 
@@ -98,7 +100,8 @@ def _family(host: str) -> int:
 
 def tune(sock: socket.socket) -> None:
     """Low latency (no Nagle) and buffers large enough to keep a loopback or LAN link busy."""
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    if sock.family != socket.AF_UNIX:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     if SOCKET_BUFFER_BYTES <= 0:
         return  # leave the kernel's autotuning alone
     for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
@@ -121,30 +124,80 @@ def listen(host: str, port: int, backlog: int = 64) -> socket.socket:
     return sock
 
 
+def local_name(host: str, port: int) -> str | None:
+    """The abstract Unix socket that a listener on a loopback host:port also listens on (Linux),
+    so that ranks on one host skip the TCP/IP stack; None where that does not apply.
+    JACKLRING_LOCAL_TRANSPORT=tcp turns it off."""
+    if sys.platform != "linux" or os.environ.get("JACKLRING_LOCAL_TRANSPORT", "unix") == "tcp":
+        return None
+    if not (host.startswith("127.") or host in ("::1", "localhost")):
+        return None
+    return f"\0jacklring-{format_address((host, port))}"
+
+
+class Listener:
+    """A TCP listening socket and, for a loopback address on Linux, an abstract Unix socket of
+    the same name (local_name). Peers may arrive on either; both carry the same handshake."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.tcp = listen(host, port)
+        self.unix: socket.socket | None = None
+        name = local_name(host, self.tcp.getsockname()[1])
+        if name is not None:
+            unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                unix.bind(name)
+                unix.listen(64)
+                self.unix = unix
+            except OSError:
+                unix.close()  # the TCP socket alone still works
+
+    def getsockname(self) -> tuple:
+        return self.tcp.getsockname()
+
+    def accept(self, timeout: float) -> tuple[socket.socket, str]:
+        """The next connection on either socket and a description of its origin; socket.timeout
+        when none arrives in time."""
+        ready, _, _ = select.select([s for s in (self.tcp, self.unix) if s is not None], [], [], timeout)
+        if not ready:
+            raise socket.timeout()
+        sock, peer = ready[0].accept()
+        return sock, format_address(peer) if isinstance(peer, tuple) else "a local process (Unix socket)"
+
+    def close(self) -> None:
+        for sock in (self.tcp, self.unix):
+            if sock is not None:
+                sock.close()
+
+
 def connect(addr: tuple[str, int], hello: Hello, deadline: float, who: str) -> socket.socket:
     """Connect to addr, retrying with backoff until deadline (the peer may not be listening yet),
-    then send the handshake. `who` describes the peer for the error message."""
+    then send the handshake. A loopback peer is reached through its Unix socket when it has one
+    (see Listener). `who` describes the peer for the error message."""
     delay = 0.01
     last_error = "no attempt made"
+    name = local_name(*addr)
     while True:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise PeerError(
                 f"could not connect to {who} at {format_address(addr)} before the deadline ({last_error})"
             )
-        sock = socket.socket(_family(addr[0]), socket.SOCK_STREAM)
-        try:
-            sock.settimeout(min(remaining, 5.0))
-            sock.connect(addr)
-            tune(sock)
-            sock.sendall(hello.pack())
-            sock.settimeout(None)
-            return sock
-        except OSError as exc:
-            sock.close()
-            last_error = exc.strerror or str(exc)
-            time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
-            delay = min(delay * 2, 0.5)
+        attempts = ([(socket.AF_UNIX, name)] if name else []) + [(_family(addr[0]), addr)]
+        for family, target in attempts:
+            sock = socket.socket(family, socket.SOCK_STREAM)
+            try:
+                sock.settimeout(min(remaining, 5.0))
+                sock.connect(target)
+                tune(sock)
+                sock.sendall(hello.pack())
+                sock.settimeout(None)
+                return sock
+            except OSError as exc:
+                sock.close()
+                last_error = exc.strerror or str(exc)
+        time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+        delay = min(delay * 2, 0.5)
 
 
 def read_hello(sock: socket.socket, timeout: float = HELLO_TIMEOUT_S) -> Hello | None:
