@@ -218,16 +218,20 @@ def read_hello(sock: socket.socket, timeout: float = HELLO_TIMEOUT_S) -> Hello |
     return Hello(purpose, sender, receiver, channel, token)
 
 
-def accept(listener: socket.socket, deadline: float, accepts, who: str) -> tuple[socket.socket, Hello]:
+def accept(listener: "socket.socket | Listener", deadline: float, accepts, who: str) -> tuple[socket.socket, Hello]:
     """Accept connections until one whose handshake satisfies accepts(hello); others are closed
     with a log line. Raises PeerError naming `who` at the deadline."""
     while True:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise PeerError(f"{who} did not connect to {format_address(listener.getsockname())} before the deadline")
-        listener.settimeout(remaining)
         try:
-            sock, peer = listener.accept()
+            if isinstance(listener, Listener):
+                sock, peer = listener.accept(remaining)
+            else:
+                listener.settimeout(remaining)
+                sock, addr = listener.accept()
+                peer = format_address(addr)
         except socket.timeout:
             continue
         except OSError as exc:
@@ -239,7 +243,7 @@ def accept(listener: socket.socket, deadline: float, accepts, who: str) -> tuple
             tune(sock)
             sock.settimeout(None)
             return sock, hello
-        log.warning("rejected a connection from %s on %s: %s", format_address(peer),
+        log.warning("rejected a connection from %s on %s: %s", peer,
                     format_address(listener.getsockname()),
                     "bad handshake" if hello is None else f"unexpected {hello}")
         sock.close()
