@@ -31,6 +31,7 @@ CHOICES = ("auto", "ring", "mpi", "jaccl", "nccl", "any")
 ENV_BACKEND = "JACKLRING_TORCH_BACKEND"
 ENV_HOST = "JACKLRING_TORCH_HOST"
 KEY_PREFIX = "jacklring/addr/"
+JOIN_COUNTER = "jacklring/joins"
 
 
 @dataclass
@@ -138,8 +139,14 @@ def store_ring(store, rank: int, size: int, timeout_s: float) -> Backend:
     listener = _listener(host)
     try:
         mine = tcp.format_address(listener.getsockname()[:2])
-        store.set(f"{KEY_PREFIX}{rank}", mine)
-        keys = [f"{KEY_PREFIX}{q}" for q in range(size)]
+        # A store can outlive a group: torch keeps one TCPStore server per port in a process
+        # and names the groups of a new init like the old ones, so after destroy_process_group
+        # and init again the previous group's addresses are still there. Every group formation
+        # on this store adds `size` joins, so the count numbers the incarnations.
+        generation = (int(store.add(JOIN_COUNTER, 1)) - 1) // size
+        prefix = f"{KEY_PREFIX}{generation}/"
+        store.set(f"{prefix}{rank}", mine)
+        keys = [f"{prefix}{q}" for q in range(size)]
         wait_s = min(timeout_s, connect_timeout())
         try:
             store.wait(keys, datetime.timedelta(seconds=wait_s))

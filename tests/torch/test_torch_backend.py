@@ -59,6 +59,13 @@ def test_point_to_point_any_peer_irecv_before_isend_and_tags():
     harness.assert_all_ok(harness.run(3, "p2p.py", timeout=80), marker="p2p ALL OK")
 
 
+@pytest.mark.timeout(90)
+def test_destroy_and_init_again_over_file_tcp_twice_and_env():
+    """torch keeps the TCPStore of a port alive after destroy_process_group and names the new
+    groups as the old ones: the second group must not read the first one's addresses."""
+    harness.assert_all_ok(harness.run(3, "lifecycle.py", timeout=80), marker="lifecycle ALL OK")
+
+
 @pytest.mark.timeout(120)
 def test_training_parameters_equal_gloo_ddp_hooks_zero_fsdp2():
     results = harness.run(2, "training.py", timeout=110)
