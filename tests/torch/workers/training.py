@@ -1,5 +1,5 @@
 """Training on the jacklring group gives the same parameters as on gloo: DDP (plain,
-gradient_as_bucket_view, find_unused_parameters, no_sync), the fp16 and PowerSGD comm hooks,
+gradient_as_bucket_view, find_unused_parameters, no_sync, a bfloat16 model, static_graph), the fp16 and PowerSGD comm hooks,
 ZeroRedundancyOptimizer and FSDP2 fully_shard on CPU. Prints ALL OK.
 argv extra: names of the cases to run (default: all)."""
 from __future__ import annotations
@@ -47,14 +47,15 @@ def model(with_unused: bool = False) -> Net:
 def ddp_run(group, bucket_mb: float = 0.01, **options) -> list[torch.Tensor]:
     hook = options.pop("hook", None)
     accumulate = options.pop("no_sync", False)
-    net = DDP(model(options.get("find_unused_parameters", False)), process_group=group, bucket_cap_mb=bucket_mb,
-              **options)  # small buckets: several per step
+    dtype = options.pop("dtype", torch.float32)
+    net = DDP(model(options.get("find_unused_parameters", False)).to(dtype), process_group=group,
+              bucket_cap_mb=bucket_mb, **options)  # small buckets: several per step
     if hook is not None:
         state, fn = hook(group)
         net.register_comm_hook(state, fn)
     opt = torch.optim.SGD(net.parameters(), lr=0.1)
     for step in range(STEPS):
-        x, y = batch(step)
+        x, y = (v.to(dtype) for v in batch(step))
         opt.zero_grad()
         if accumulate:
             with net.no_sync():
@@ -113,6 +114,8 @@ CASES = {
     "bucket_view": lambda g: ddp_run(g, gradient_as_bucket_view=True),
     "unused": lambda g: ddp_run(g, find_unused_parameters=True),
     "no_sync": lambda g: ddp_run(g, no_sync=True),
+    "bf16": lambda g: ddp_run(g, dtype=torch.bfloat16),
+    "static_graph": lambda g: ddp_run(g, static_graph=True),
     "fp16_hook": lambda g: ddp_run(g, hook=fp16_hook),
     "powersgd": lambda g: ddp_run(g, bucket_mb=25, hook=powersgd_hook),
     "zero": zero_run,
