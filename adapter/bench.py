@@ -29,6 +29,20 @@ OURS = ("ring", "jaccl", "mpi-adapter")
 OTHERS = ("gloo", "mpi", "mlx")
 
 
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """count distinct free TCP ports on host (held open together so none repeats)."""
+    socks = []
+    try:
+        for _ in range(count):
+            s = socket.socket()
+            s.bind((host, 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
 def parse_size(text: str) -> int:
     text = text.strip().upper().removesuffix("B").removesuffix("I")
     scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
@@ -40,12 +54,6 @@ def human(n: int) -> str:
         if n >= scale and n % scale == 0:
             return f"{n // scale}{unit}"
     return str(n)
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 # ---- worker side ------------------------------------------------------------------------------
@@ -164,17 +172,18 @@ def launch(args: argparse.Namespace, argv: list[str]) -> int:
     tmp = tempfile.mkdtemp(prefix="jacklring-bench-")
     hostfile = os.path.join(tmp, "ring.json")
     with open(hostfile, "w") as f:
-        json.dump([[f"127.0.0.1:{free_port()}" for _ in range(args.connections)] for _ in range(n)], f)
+        ports = iter(free_ports(n * args.connections + n + 2))
+        json.dump([[f"127.0.0.1:{next(ports)}" for _ in range(args.connections)] for _ in range(n)], f)
     mlx_hostfile = os.path.join(tmp, "mlx-ring.json")
     with open(mlx_hostfile, "w") as f:
-        json.dump([[f"127.0.0.1:{free_port()}"] for _ in range(n)], f)
-    env = dict(os.environ, MLX_HOSTFILE=hostfile, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
+        json.dump([[f"127.0.0.1:{next(ports)}"] for _ in range(n)], f)
+    env = dict(os.environ, MLX_HOSTFILE=hostfile, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(next(ports)),
                WORLD_SIZE=str(n), BENCH_MLX_HOSTFILE=mlx_hostfile)
     if "jaccl" in args.backends:
         devices = os.path.join(tmp, "devices.json")
         with open(devices, "w") as f:
             json.dump([[None if i == j else f"rdma_fake{j}" for j in range(n)] for i in range(n)], f)
-        env.update(MLX_IBV_DEVICES=devices, MLX_JACCL_COORDINATOR=f"127.0.0.1:{free_port()}")
+        env.update(MLX_IBV_DEVICES=devices, MLX_JACCL_COORDINATOR=f"127.0.0.1:{next(ports)}")
     cmd = [sys.executable, "-m", "adapter.bench", "--worker"] + argv
     if "mpi" in args.backends or "mpi-adapter" in args.backends:
         mpirun = shutil.which("mpirun", path=os.path.dirname(sys.executable)) or shutil.which("mpirun")

@@ -15,13 +15,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from adapter.bench import free_ports
+
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -89,16 +90,6 @@ def worker(rounds: int, out: str) -> None:
     if group.rank() == 0:
         Path(out).write_text(json.dumps({"size": group.size(), "elements": resnet_elems,
                                          "tensors": len(resnet), "times": slowest}))
-
-
-def free_ports(count: int) -> list[int]:
-    socks = [socket.socket() for _ in range(count)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
 
 
 def launch(ranks: int, rounds: int) -> dict:

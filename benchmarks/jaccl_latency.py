@@ -17,27 +17,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from adapter.bench import free_ports
+
 
 REPO = Path(__file__).resolve().parents[1]
 SIZES = [4, 64, 1024, 4096, 65536, 1 << 20]
-
-
-def free_ports(count: int) -> list[int]:
-    socks = [socket.socket() for _ in range(count)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def open_backends(timeout: float) -> dict:

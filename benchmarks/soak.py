@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -29,6 +28,8 @@ import threading
 import time
 
 import numpy as np
+from adapter.bench import free_ports
+
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KINDS = ("sum", "max", "min", "all_gather", "sum_scatter", "broadcast", "barrier", "sendrecv")
@@ -129,17 +130,6 @@ def check(index: int, kind: str, got: np.ndarray, want: np.ndarray) -> None:
 
 
 # ---- driver: start ranks locally -----------------------------------------------------------------
-
-def free_ports(count: int) -> list[int]:
-    socks = [socket.socket() for _ in range(count)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
 
 def rank_environments(backend: str, n: int, directory: str) -> list[dict[str, str]]:
     if backend == "ring":

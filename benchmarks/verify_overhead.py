@@ -12,13 +12,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
 import time
 
 import numpy as np
+from adapter.bench import free_ports
+
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_SIZES = "4,64,1K,16K,256K,1M,4M,16M,64M"
@@ -74,17 +75,6 @@ def worker(rank: int, addresses: dict, sizes: list[int], rounds: int) -> None:
         g.close()
     if rank == 0:
         print(json.dumps({str(k): v for k, v in results.items()}), flush=True)
-
-
-def free_ports(count: int) -> list[int]:
-    socks = [socket.socket() for _ in range(count)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def table(results: dict[int, dict[str, float]], n: int) -> str:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -18,23 +17,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ranks import free_ports  # noqa: E402  (tests/ is on sys.path, see conftest.py)
+
 FAULTS = Path(__file__).resolve().parent
 ROOT = FAULTS.parents[1]
 RANK_SCRIPT = FAULTS / "scripts" / "rank.py"
 BACKENDS = ("ring", "jaccl", "torch")
-
-
-def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
-    socks = []
-    try:
-        for _ in range(count):
-            s = socket.socket()
-            s.bind((host, 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def base_env(**extra: str) -> dict[str, str]:
