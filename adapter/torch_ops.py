@@ -108,6 +108,24 @@ def all_reduce(comm: Backend, tensors: Sequence[torch.Tensor], name: str) -> Non
         finish_average(tensor, name, comm.size())
 
 
+def sparse_all_reduce(comm: Backend, tensor: torch.Tensor) -> None:
+    """SUM of sparse COO tensors (what gloo offers; DDP sends nn.Embedding(sparse=True) gradients
+    this way): every rank's indices and values are gathered, concatenated in rank order and
+    coalesced (duplicates summed), and the result replaces the tensor's contents."""
+    mine = tensor.detach().coalesce().cpu()
+    indices, values = mine.indices().contiguous(), mine.values().contiguous()
+    n = comm.size()
+    counts = torch.empty(n, dtype=torch.int64)
+    comm.all_gather(as_numpy(torch.tensor([indices.shape[1]], dtype=torch.int64))[0], as_numpy(counts)[0])
+    all_indices = [torch.empty(indices.shape[0], int(c), dtype=indices.dtype) for c in counts]
+    all_values = [torch.empty(int(c), *values.shape[1:], dtype=values.dtype) for c in counts]
+    all_gather_list(comm, all_indices, indices)
+    all_gather_list(comm, all_values, values)
+    total = torch.sparse_coo_tensor(torch.cat(all_indices, 1), torch.cat(all_values, 0), mine.shape).coalesce()
+    with torch.no_grad():
+        tensor.copy_(total.to(tensor.device))
+
+
 def all_reduce_coalesced(comm: Backend, tensors: Sequence[torch.Tensor], name: str) -> None:
     """One all_reduce per dtype over the tensors packed end to end (few large messages)."""
     by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}

@@ -149,11 +149,25 @@ class JacklringProcessGroup(dist.ProcessGroup):
     def allreduce(self, tensors: Any, opts: Any = None) -> JacklringWork:
         tensors = _as_list(tensors)
         name = _op_name(opts)
+        if any(isinstance(t, torch.Tensor) and t.is_sparse for t in tensors):
+            return self._sparse_allreduce(tensors, name)
         self._check_tensors("allreduce", tensors)
         for t in tensors:
             ops.check_reduce_op(name, t)
         return self._collective(f"allreduce({name})", tensors,
                                 lambda: ops.all_reduce(self._comm, tensors, name))
+
+    def _sparse_allreduce(self, tensors: list[torch.Tensor], name: str) -> JacklringWork:
+        if name != "SUM":
+            raise ValueError(f"jacklring allreduce: sparse tensors support ReduceOp.SUM only (as gloo), not {name}")
+        for t in tensors:
+            if not t.is_sparse:
+                raise ValueError("jacklring allreduce: cannot mix sparse and dense tensors in one call")
+
+        def run() -> None:
+            for t in tensors:
+                ops.sparse_all_reduce(self._comm, t)
+        return self._collective("allreduce(SUM, sparse)", tensors, run)
 
     def allreduce_coalesced(self, tensors: Any, opts: Any = None) -> JacklringWork:
         tensors = _as_list(tensors)

@@ -70,7 +70,7 @@ def test_destroy_and_init_again_over_file_tcp_twice_and_env():
 def test_training_parameters_equal_gloo_ddp_hooks_zero_fsdp2():
     results = harness.run(2, "training.py", timeout=110)
     harness.assert_all_ok(results, marker="training ALL OK")
-    for case in ("ddp", "bucket_view", "unused", "no_sync", "bf16", "static_graph", "fp16_hook", "powersgd", "zero", "fsdp2"):
+    for case in ("ddp", "bucket_view", "unused", "no_sync", "bf16", "static_graph", "fp16_hook", "powersgd", "sparse", "zero", "fsdp2"):
         assert f"{case}: parameters match gloo" in results[0].stdout
 
 

@@ -246,6 +246,14 @@ for dtype in (torch.bool, torch.int8, torch.uint8, torch.bfloat16, torch.float16
             raise AssertionError(f"rank {rank}: all_reduce {op} {dtype}: jacklring raised {ours!r}") from ours
         check(f"all_reduce {op} {dtype}", ours, theirs)
 
+def sparse(g):  # different nnz per rank, duplicate indices, 2-D values
+    idx = torch.tensor([[rank % 3, 4, 4, rank][:rank + 1]])
+    t = torch.sparse_coo_tensor(idx, data(torch.float32, 2 * (rank + 1)).view(-1, 2), (6, 2))
+    work = dist.all_reduce(t, group=g, async_op=True)
+    work.wait()
+    return [t.to_dense(), work.get_future().wait()[0].to_dense()]
+both("sparse all_reduce (in place and the future)", sparse)
+
 # ---- 0-element tensors -------------------------------------------------------------------------
 def empties(g):
     res = []

@@ -109,6 +109,34 @@ def fsdp_run(group) -> list[torch.Tensor]:
     return [p.full_tensor().detach().clone() for p in net.parameters()]
 
 
+class Bag(nn.Module):
+    """An nn.Embedding(sparse=True): DDP all-reduces its gradient as a sparse tensor."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(50, 8, sparse=True)
+        self.head = nn.Linear(8, 4)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.head(self.emb(ids).mean(1))
+
+
+def sparse_run(group) -> list[torch.Tensor]:
+    torch.manual_seed(0)
+    net = DDP(Bag(), process_group=group)
+    start = net.module.emb.weight.detach().clone()
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    for step in range(STEPS):
+        g = torch.Generator().manual_seed(100 * step + rank)
+        ids, y = torch.randint(0, 50, (6, 5), generator=g), torch.randn(6, 4, generator=g)
+        opt.zero_grad()
+        nn.functional.mse_loss(net(ids), y).backward()
+        assert net.module.emb.weight.grad.is_sparse
+        opt.step()
+    assert not torch.equal(start, net.module.emb.weight), "sparse: the embedding did not train"
+    return [p.detach().clone() for p in net.module.parameters()]
+
+
 CASES = {
     "ddp": lambda g: ddp_run(g),
     "bucket_view": lambda g: ddp_run(g, gradient_as_bucket_view=True),
@@ -118,6 +146,7 @@ CASES = {
     "static_graph": lambda g: ddp_run(g, static_graph=True),
     "fp16_hook": lambda g: ddp_run(g, hook=fp16_hook),
     "powersgd": lambda g: ddp_run(g, bucket_mb=25, hook=powersgd_hook),
+    "sparse": sparse_run,
     "zero": zero_run,
     "fsdp2": fsdp_run,
 }
@@ -136,7 +165,7 @@ for name in chosen:
         assert torch.allclose(a, b, rtol=1e-5, atol=1e-6), \
             f"rank {rank}: {name}: parameter {i} differs from gloo's by {(a - b).abs().max().item()}"
     exact = all(torch.equal(a, b) for a, b in zip(ours, theirs))
-    moved = any(not torch.equal(a, b) for a, b in zip(ours, [p.detach() for p in model().parameters()]))
+    moved = name == "sparse" or any(not torch.equal(a, b) for a, b in zip(ours, [p.detach() for p in model().parameters()]))  # sparse_run checks itself
     assert moved, f"{name}: training did not change the parameters"
     print(f"rank {rank}: {name}: parameters match gloo ({'bit-exact' if exact else 'within 1e-5'})", flush=True)
 
