@@ -95,6 +95,13 @@ if rank in (0, 2):
     both("new_group [0,2] send/recv", pair_p2p, pair_jl, pair_gloo)
 else:
     assert pair_jl == dist.GroupMember.NON_GROUP_MEMBER
+if rank in (1, 3):  # formed by its members only; torch names it after the count of
+    # groups this rank belongs to, equal on ranks 1 and 3 here
+    local = dist.new_group([1, 3], use_local_synchronization=True)
+    t = torch.full((2,), float(rank))
+    dist.all_reduce(t, group=local)
+    check("new_group use_local_synchronization", t, torch.full((2,), 4.0))
+
 lonely = dist.new_group([3])  # a group of one rank; the others are not in it
 if rank == 3:
     t = torch.ones(3)
