@@ -6,7 +6,6 @@ MASTER_ADDR / MASTER_PORT in the environment): argv is [extra ...] and the group
 from __future__ import annotations
 
 import datetime
-import os
 import sys
 
 import torch

@@ -4,7 +4,6 @@ ZeroRedundancyOptimizer and FSDP2 fully_shard on CPU. Prints ALL OK.
 argv extra: names of the cases to run (default: all)."""
 from __future__ import annotations
 
-import sys
 import time
 
 import torch
