@@ -136,7 +136,7 @@ def store_ring(store, rank: int, size: int, timeout_s: float) -> Backend:
     from .config import connect_timeout
 
     host = listen_host(store)
-    listener = _listener(host)
+    listener = tcp.Listener(host, 0)  # TCP, plus a Unix socket that same-host peers use
     try:
         mine = tcp.format_address(listener.getsockname()[:2])
         # A store can outlive a group: torch keeps one TCPStore server per port in a process
@@ -160,13 +160,6 @@ def store_ring(store, rank: int, size: int, timeout_s: float) -> Backend:
     except BaseException:
         listener.close()
         raise
-
-
-def _listener(host: str):
-    """A listening endpoint of the kind RingBackend accepts on: tcp.Listener (TCP plus a local
-    Unix socket) where the tcp module has it, else a plain listening socket."""
-    make = getattr(tcp, "Listener", None)
-    return make(host, 0) if make is not None else tcp.listen(host, 0)
 
 
 def listen_host(store) -> str:
