@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 from typing import Optional
 
-from .environment import LaunchOptions, RankPlan, parse_env_assignments, plan_ranks
+from .environment import (LaunchOptions, RankPlan, ignored_assignments,
+                          parse_env_assignments, plan_ranks)
 from .hostfile import (BACKENDS, Hostfile, HostfileError, check_backend, hosts_from_list,
                        load_hostfile)
 from .output import OutputRouter
@@ -214,7 +216,16 @@ def launch(args) -> int:
         connections_per_ip=args.connections_per_ip, nccl_port=args.nccl_port,
         verbose=args.verbose, columns=(cols, lines) if cols > 0 and os.isatty(1) else None)
     plans = plan_ranks(hosts, options)
-    output = OutputRouter(prefix=not args.no_prefix, log_dir=args.log_dir)
+    ignored = ignored_assignments(plans, options.envs)
+    if ignored:
+        print(f"launcher: warning: not setting {', '.join(ignored)} from --env/envs: the "
+              f"{backend} backend sets {'them' if len(ignored) > 1 else 'it'} for each rank",
+              file=sys.stderr)
+    try:
+        output = OutputRouter(prefix=not args.no_prefix, log_dir=args.log_dir)
+        output.start_logs(range(len(plans)) if backend != "mpi" else ())
+    except OSError as e:
+        raise UsageError(f"--log-dir {args.log_dir}: {e.strerror or e}") from None
     if args.verbose:
         _log_plan(plans, argv, backend)
 
@@ -265,11 +276,17 @@ def _launch_mpi(args, hosts, plans: list[RankPlan], argv, python, output) -> int
 
 
 def _log_plan(plans: list[RankPlan], argv: list[str], backend: str) -> None:
-    print(f"launcher: backend {backend}, {len(plans)} ranks, command {argv}", file=sys.stderr)
+    """The plan in a few lines: what runs, the shared files once, then one line per rank
+    with only the variables that make it a rank of this job."""
+    say = lambda text: print(f"launcher: {text}", file=sys.stderr)  # noqa: E731
+    say(f"backend {backend}, {len(plans)} rank{'s' if len(plans) != 1 else ''}: "
+        f"{shlex.join(argv)}")
+    for name, content in plans[0].files.items():
+        say(f"{name} = {content}")
     for p in plans:
-        contract = {k: v for k, v in p.env.items() if k.startswith(("MLX_", "NCCL_", "MASTER_"))}
-        print(f"launcher: rank {p.rank} on {p.host.ssh}: {contract} files {p.files}",
-              file=sys.stderr)
+        contract = " ".join(f"{k}={v}" for k, v in sorted(p.env.items())
+                            if k.startswith(("MLX_", "NCCL_", "MASTER_", "CUDA_")))
+        say(f"rank {p.rank} on {p.host.ssh}: {contract}")
 
 
 if __name__ == "__main__":

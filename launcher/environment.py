@@ -46,6 +46,7 @@ def plan_ranks(hosts: list[Host], options: LaunchOptions) -> list[RankPlan]:
     all_local = all(h.is_local for h in hosts)
     shared_env, files = _backend_contract(hosts, options, all_local)
     torch_env = _torch_env(hosts, all_local)
+    verbose_env = _verbose_env(options)
     per_host = Counter(h.ssh for h in hosts)
     seen: Counter = Counter()
     plans = []
@@ -61,13 +62,35 @@ def plan_ranks(hosts: list[Host], options: LaunchOptions) -> list[RankPlan]:
         }
         if options.columns:
             env["COLUMNS"], env["LINES"] = map(str, options.columns)
+        env.update(verbose_env)
         env.update(parse_env_assignments(options.envs))
         env.update(shared_env)
+        for name in files:
+            env.pop(name, None)  # points at the file written on the rank's host
         env["MLX_RANK"] = str(rank)
         if options.backend == "nccl":
             env["CUDA_VISIBLE_DEVICES"] = str(local_rank)
         plans.append(RankPlan(rank, host, local_rank, per_host[host.ssh], env, dict(files)))
     return plans
+
+
+def _verbose_env(options: LaunchOptions) -> dict[str, str]:
+    """--verbose's logging switches: defaults that --env may still change."""
+    if not options.verbose:
+        return {}
+    if options.backend == "ring":
+        return {"MLX_RING_VERBOSE": "1"}
+    if options.backend == "nccl":
+        return {"NCCL_DEBUG": "INFO"}
+    return {}
+
+
+def ignored_assignments(plans: list[RankPlan], items: list[str]) -> list[str]:
+    """The user's variables that the backend contract replaces (MLX_RANK, MLX_HOSTFILE,
+    NCCL_PORT, ...): a rank must agree with its peers on these, so they cannot be set."""
+    wanted = parse_env_assignments(items)
+    return [key for key in wanted
+            if any(key in p.files or p.env.get(key) != wanted[key] for p in plans)]
 
 
 def parse_env_assignments(items: list[str]) -> dict[str, str]:
@@ -89,8 +112,7 @@ def _backend_contract(hosts: list[Host], options: LaunchOptions, all_local: bool
     backend = options.backend
     if backend == "ring":
         addresses = ring_addresses(hosts, options.connections_per_ip, options.starting_port, all_local)
-        env = {"MLX_RING_VERBOSE": "1"} if options.verbose else {}
-        return env, {"MLX_HOSTFILE": json.dumps(addresses)}
+        return {}, {"MLX_HOSTFILE": json.dumps(addresses)}
     if backend in ("jaccl", "jaccl-ring"):
         coordinator = hosts[0].ips[0]
         port = options.starting_port or (
@@ -103,8 +125,6 @@ def _backend_contract(hosts: list[Host], options: LaunchOptions, all_local: bool
         ip = hosts[0].ips[0]
         port = options.nccl_port or (free_ports([ip])[0] if all_local else DEFAULT_NCCL_PORT)
         env = {"NCCL_HOST_IP": ip, "NCCL_PORT": str(port), "MLX_WORLD_SIZE": str(len(hosts))}
-        if options.verbose:
-            env["NCCL_DEBUG"] = "INFO"
         return env, {}
     if backend == "mpi":
         return {}, {}  # mpirun provides ranks; see launcher/mpi.py

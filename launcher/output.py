@@ -44,6 +44,8 @@ class OutputRouter:
     def start_logs(self, ranks) -> None:
         """Create (truncate) every rank's log now: each run overwrites the previous run's
         files, and a rank that prints nothing still gets an (empty) log."""
+        if not self.log_dir:
+            return
         for rank in ranks:
             self._log(rank)
 

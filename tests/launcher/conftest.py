@@ -86,3 +86,20 @@ def assert_all_dead(pids, timeout: float = 5.0) -> None:
         except ProcessLookupError:
             pass
     assert not left, f"processes left behind: {left}"
+
+
+def free_port_pair(first: str = "127.0.0.2", second: str = "127.0.0.3") -> int:
+    """A port p free on `first` with p + 1 free on `second` (ring: consecutive ports)."""
+    import socket
+    for _ in range(50):
+        with socket.socket() as a, socket.socket() as b:
+            a.bind((first, 0))
+            port = a.getsockname()[1]
+            if port >= 65535:
+                continue
+            try:
+                b.bind((second, port + 1))
+            except OSError:
+                continue
+            return port
+    raise AssertionError("no consecutive free ports found")

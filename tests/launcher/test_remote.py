@@ -118,3 +118,46 @@ def test_unreachable_host_is_one_line_and_exit_255(tmp_path, ssh_servers, env):
     assert r.returncode == 255
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("launcher: cannot ssh to ") and "127.0.0.4:1" in lines[0]
+
+
+@pytest.mark.timeout(90)
+def test_ring_all_sum_end_to_end_over_ssh(tmp_path, ssh_servers, env):
+    """adapter.init + all_sum with one rank behind each sshd, ports from --starting-port."""
+    from conftest import free_port_pair
+    hostfile = remote_hostfile(tmp_path, ssh_servers)
+    r = launch("--hostfile", hostfile, "--cwd", str(SCRIPTS), "--starting-port",
+               free_port_pair(), "ring_sum.py", env=env, timeout=80)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert sorted(l.split("] ")[1] for l in r.stdout.splitlines() if "sum ok" in l) == [
+        "sum ok 0 2 3.0", "sum ok 1 2 3.0"]
+
+
+def test_remote_rank_killed_on_its_host_stops_the_job(tmp_path, ssh_servers, env):
+    hostfile = remote_hostfile(tmp_path, ssh_servers)
+    proc = start_launcher("--hostfile", hostfile, "--cwd", str(SCRIPTS),
+                          "--env", f"PID_DIR={tmp_path}", "behave.py", "--child",
+                          "--sleep", 120, env=env)
+    try:
+        pids = wait_for_pids(tmp_path, 2)
+        rank1 = int((tmp_path / "1.pid").read_text().split()[0])
+        os.kill(rank1, signal.SIGKILL)  # "on its host": 127.0.0.3's sshd runs here too
+        out, err = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    err = err.decode()
+    assert proc.returncode == 137, err
+    assert "[1] launcher: rank process" in err and "was killed by SIGKILL" in err
+    assert [l for l in err.splitlines() if l.startswith("launcher:")] == [
+        f"launcher: rank 1 (host {ssh_servers[1].target}) exited with code 137 "
+        "(128 + 9: killed by SIGKILL); stopped the other 1 rank"]
+    assert_all_dead(pids, timeout=10)
+
+
+def test_remote_arguments_survive_the_ssh_command_line(tmp_path, ssh_servers, env):
+    from test_hostile import TRICKY_ARGS
+    hostfile = remote_hostfile(tmp_path, ssh_servers)
+    r = launch("--hostfile", hostfile, "--cwd", str(SCRIPTS), "argv.py", *TRICKY_ARGS, env=env)
+    assert r.returncode == 0, r.stderr
+    got = [json.loads(l.split("ARGV ", 1)[1]) for l in r.stdout.splitlines() if "ARGV " in l]
+    assert got == [TRICKY_ARGS, TRICKY_ARGS]
