@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from conftest import (LAUNCHER, SCRIPTS, alive, assert_all_dead, base_env, launch,
+from conftest import (LAUNCHER, SCRIPTS, alive, base_env, launch,
                       rank_envs, start_launcher, wait_for_pids)
 
 pytestmark = pytest.mark.timeout(60)
