@@ -115,7 +115,28 @@ def validate_addresses(data: object, where: str) -> list[list[str]]:
             raise ConfigError(f"{where}: entry {rank} must be a non-empty list of 'ip:port' strings, got {entry!r}")
         for addr in entry:
             tcp.parse_address(addr, f"{where}: rank {rank} address")
+    _reject_duplicates(data, where)
     return data
+
+
+def _reject_duplicates(data: list[list[str]], where: str) -> None:
+    """Two listeners on one ip:port cannot both exist: fail on every rank at once instead of
+    one rank failing to listen while its neighbour waits out the connect deadline.
+    Port 0 (any free port) may repeat."""
+    owner: dict[tuple[str, int], int] = {}
+    for rank, entry in enumerate(data):
+        for addr in entry:
+            host, port = tcp.parse_address(addr)
+            if port == 0:
+                continue
+            first = owner.setdefault((host, port), rank)
+            if first != rank or _listed_twice(entry, (host, port)):
+                raise ConfigError(f"{where}: rank {first} and rank {rank} both listen on "
+                                  f"{tcp.format_address((host, port))}; every address must be distinct")
+
+
+def _listed_twice(entry: list[str], key: tuple[str, int]) -> bool:
+    return sum(tcp.parse_address(a) == key for a in entry) > 1
 
 
 class _Described:
