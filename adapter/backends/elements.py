@@ -34,6 +34,11 @@ CODE_NAMES = {code: str(dt) for dt, code in DTYPE_CODES.items()}
 
 _WIDEN = {np.dtype(np.float16), BFLOAT16}
 
+# Overflow to inf and inf - inf = nan are the IEEE answers a float reduction should give (as
+# MLX, torch and MPI give them), not reasons to print numpy RuntimeWarnings from library code.
+def _quiet() -> np.errstate:
+    return np.errstate(over="ignore", invalid="ignore")
+
 _UFUNCS = {
     ReduceOp.SUM: np.add,
     ReduceOp.PROD: np.multiply,
@@ -73,6 +78,14 @@ def check_reducible(dtype: np.dtype, op: ReduceOp) -> None:
 
 def reduce_into(dst: np.ndarray, a: np.ndarray, b: np.ndarray, op: ReduceOp) -> None:
     """dst = op(a, b) elementwise; dst may alias a or b."""
+    if dst.dtype.kind in "fcV":  # floats, complex, and ml_dtypes' bfloat16 (kind "V")
+        with _quiet():
+            _reduce_into(dst, a, b, op)
+    else:
+        _reduce_into(dst, a, b, op)
+
+
+def _reduce_into(dst: np.ndarray, a: np.ndarray, b: np.ndarray, op: ReduceOp) -> None:
     dt = dst.dtype
     if dt in _WIDEN:
         wide = _UFUNCS[op](a.astype(np.float32), b.astype(np.float32))
@@ -88,6 +101,14 @@ def reduce_many(dst: np.ndarray, parts: list[np.ndarray], op: ReduceOp) -> None:
 
     dst may alias parts[0], never a later part.
     """
+    if dst.dtype.kind in "fcV":
+        with _quiet():
+            _reduce_many(dst, parts, op)
+    else:
+        _reduce_many(dst, parts, op)
+
+
+def _reduce_many(dst: np.ndarray, parts: list[np.ndarray], op: ReduceOp) -> None:
     if dst.dtype in _WIDEN:
         acc = parts[0].astype(np.float32)
         ufunc = _UFUNCS[op]
@@ -98,6 +119,6 @@ def reduce_many(dst: np.ndarray, parts: list[np.ndarray], op: ReduceOp) -> None:
     if len(parts) == 1:
         dst[...] = parts[0]
         return
-    reduce_into(dst, parts[0], parts[1], op)
+    _reduce_into(dst, parts[0], parts[1], op)
     for part in parts[2:]:
-        reduce_into(dst, dst, part, op)
+        _reduce_into(dst, dst, part, op)
