@@ -32,11 +32,17 @@ def test_review_script_with_two_addresses_per_rank(tmp_path, n):
 @pytest.mark.timeout(60)
 def test_ipv6_loopback_hostfile(tmp_path):
     import socket
+    socks = []
     try:
-        socket.socket(socket.AF_INET6).bind(("::1", 0))
+        for _ in range(4):
+            socks.append(socket.socket(socket.AF_INET6))
+            socks[-1].bind(("::1", 0))
     except OSError:
         pytest.skip("this machine has no IPv6 loopback (::1)")
-    ports = free_ports(4, "::1")
+    finally:
+        ports = [s.getsockname()[1] for s in socks if s.getsockname()[1]]
+        for s in socks:
+            s.close()
     data = [[f"[::1]:{ports[0]}", f"[::1]:{ports[1]}"], [f"[::1]:{ports[2]}", f"[::1]:{ports[3]}"]]
     code = ("import numpy as np, adapter as d\nw = d.init()\n"
             "assert (d.all_sum(np.ones(3)) == 2).all() and (d.all_sum(np.ones(100_000)) == 2).all()\n"
