@@ -32,7 +32,9 @@ def _torch_to_numpy(t: Any) -> np.ndarray:
     t = t.detach()
     if t.device.type != "cpu":
         t = t.cpu()
-    t = t.contiguous()
+    # A lazily conjugated or negated view (x.conj(), some autograd results) has no numpy view:
+    # materialise it once, like a non-contiguous tensor.
+    t = t.resolve_conj().resolve_neg().contiguous()
     if t.dtype == torch.bfloat16:
         return t.view(torch.int16).numpy().view(BFLOAT16)
     if t.dtype in (torch.uint16, torch.uint32, torch.uint64):
@@ -70,6 +72,8 @@ def as_numpy(x: Any) -> tuple[np.ndarray, Restore]:
         restore = numpy_to_torch
     else:
         arr = np.asarray(x)
+        if not arr.dtype.isnative:  # big-endian data (read from a file, say): one native copy
+            arr = arr.astype(arr.dtype.newbyteorder("="))
         if not arr.flags.c_contiguous:  # (ascontiguousarray would also turn a 0-d array into 1-d)
             arr = np.ascontiguousarray(arr)
         restore = _identity

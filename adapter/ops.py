@@ -85,7 +85,7 @@ def _reduce_scatter(x: Any, op: ReduceOp, group: Group | None) -> Any:
     if g.size() == 1:
         return x
     n = g.size()
-    shape = tuple(x.shape)
+    shape = tuple(x.shape) if hasattr(x, "shape") else np.shape(x)  # arrays, tensors, or lists
     if len(shape) == 0 or shape[0] % n != 0:
         raise ValueError(
             f"sum_scatter: the first dimension of shape {shape} must be divisible by the group size {n}"
@@ -146,7 +146,7 @@ def recv(shape: Sequence[int], dtype: Any, src: int, *, group: Group | None = No
     """Receive an array of the given shape and dtype from rank src."""
     g = default_group(group)
     _check_peer(g, src, "recv source")
-    out = np.empty(tuple(shape), numpy_dtype(dtype))
+    out = np.empty((int(shape),) if isinstance(shape, (int, np.integer)) else tuple(shape), numpy_dtype(dtype))
     g.backend.recv(flat(out), src)
     return result_like(dtype)(out)
 

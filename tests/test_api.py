@@ -164,3 +164,15 @@ def test_scalar_inputs_keep_their_shape():
     assert view.shape == () and view.dtype == np.float64
     view, _ = as_numpy([[1, 2], [3, 4]])
     assert view.shape == (2, 2)
+
+
+def test_lazy_conjugate_and_negative_torch_views_and_big_endian_numpy_convert():
+    torch = pytest.importorskip("torch")
+    conj = torch.tensor([1 + 1j, 2 - 1j], dtype=torch.complex64).conj()
+    arr, restore = as_numpy(conj)
+    assert arr.tolist() == [1 - 1j, 2 + 1j] and restore(arr).is_conj() is False
+    neg = torch._neg_view(torch.arange(3, dtype=torch.float32))
+    assert as_numpy(neg)[0].tolist() == [0, -1, -2]
+    big = np.arange(3, dtype=">f4")
+    arr, _ = as_numpy(big)
+    assert arr.dtype == np.float32 and arr.dtype.isnative and arr.tolist() == [0, 1, 2]

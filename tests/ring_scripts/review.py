@@ -206,6 +206,20 @@ def sum_scatter_shapes():
 
 
 @check
+def plain_python_and_foreign_layouts():
+    import torch
+
+    assert list(dist.sum_scatter([1.0] * n)) == [float(n)]
+    dist.send(np.arange(4, dtype=np.int8), (r + 1) % n)
+    got = dist.recv(4, np.int8, (r - 1) % n)
+    assert got.shape == (4,) and list(got) == [0, 1, 2, 3]
+    c = dist.all_sum(torch.tensor([1 + 1j], dtype=torch.complex64).conj())
+    assert c.tolist() == [n * (1 - 1j)], c
+    be = dist.all_sum(np.ones(3, ">f4"))
+    assert be.tolist() == [n] * 3
+
+
+@check
 def split_variants():
     solo = world.split(r)  # every rank a different color
     assert solo.size() == 1 and solo.rank() == 0
