@@ -377,12 +377,15 @@ class RingBackend(Backend):
         self._check_usable()
         if self._size == 1:
             return RingBackend(0, self._addresses, [], self.timeout, self._connect_timeout)
-        host = tcp.parse_address(self._addresses[self._rank][0])[0]
         k = min(len(a) for a in self._addresses)
-        listeners = [tcp.Listener(host, 0) for _ in range(k)]
+        # Sub-ring connection c listens on the host of this rank's address c, so a sub-ring
+        # uses the same interfaces as its parent.
+        hosts = [tcp.parse_address(a)[0] for a in self._addresses[self._rank][:k]]
+        listeners = [tcp.Listener(host, 0) for host in hosts]
         mine = json.dumps({"color": color, "key": key, "rank": self._rank,
                            "addrs": [tcp.format_address(s.getsockname()[:2]) for s in listeners]}).encode()
-        record = np.zeros(256, np.uint8)
+        # Same size on every rank (k is): room for k of the longest "[ipv6]:port" plus the ints.
+        record = np.zeros(128 + 56 * k, np.uint8)
         if len(mine) > record.size:
             raise ConfigError(f"rank {self._rank}: split record too long ({len(mine)} bytes)")
         record[:len(mine)] = np.frombuffer(mine, np.uint8)
@@ -393,7 +396,8 @@ class RingBackend(Backend):
             for q, part in enumerate(self._small_gather(header, bytes_of(record))):
                 table[q * record.size:(q + 1) * record.size] = np.frombuffer(part, np.uint8)
         self._collective(header, run)
-        entries = [json.loads(bytes(table[q * 256:(q + 1) * 256]).rstrip(b"\0")) for q in range(self._size)]
+        size = record.size
+        entries = [json.loads(bytes(table[q * size:(q + 1) * size]).rstrip(b"\0")) for q in range(self._size)]
         members = sorted((e for e in entries if e["color"] == color), key=lambda e: (e["key"], e["rank"]))
         new_rank = [e["rank"] for e in members].index(self._rank)
         if len(members) == 1:
