@@ -22,11 +22,13 @@ def _hostfile(tmp_path, data) -> str:
 
 
 @pytest.mark.timeout(200)
-@pytest.mark.parametrize("n", [2, 4])
-def test_review_script_with_two_addresses_per_rank(tmp_path, n):
+@pytest.mark.parametrize("n, env", [(2, {}), (4, {}),
+                                    # every size through the two-phase pipelined path, tiny segments
+                                    (3, {"JACKLRING_RING_SMALL_BYTES": "0", "JACKLRING_RING_SEGMENT_BYTES": "4096"})])
+def test_review_script_with_two_addresses_per_rank(tmp_path, n, env):
     ports = free_ports(2 * n)
     data = [[f"127.0.0.1:{ports[2 * i]}", f"127.0.0.2:{ports[2 * i + 1]}"] for i in range(n)]
-    assert_all_ok(run(n, "ring_scripts/review.py", hostfile=_hostfile(tmp_path, data), timeout=180))
+    assert_all_ok(run(n, "ring_scripts/review.py", hostfile=_hostfile(tmp_path, data), timeout=180, env=env))
 
 
 @pytest.mark.timeout(60)
