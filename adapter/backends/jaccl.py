@@ -64,12 +64,14 @@ def stall_report_seconds() -> float | None:
     return config.env_float(STALL_ENV, DEFAULT_STALL_REPORT_S)
 
 
-def create(timeout: float | None = None) -> "JacclBackend":
+def create(timeout: float | None = None) -> "Backend":
     """Validate the environment, then form the group through the side channel."""
     cfg = jaccl_config.load()
     choice = transport_choice()
     op_timeout = config.op_timeout(timeout)
     checks = Checks(config.env_flag("JACKLRING_VERIFY"), stall_report_seconds())
+    if cfg.size == 1:
+        return SingletonBackend()  # `launcher --backend jaccl -n 1`: nobody to connect to
     deadline = time.monotonic() + config.connect_timeout()
     token = zlib.crc32(json.dumps([tcp.format_address(cfg.coordinator), cfg.devices]).encode())
     side = SideChannel(cfg.rank, cfg.size, cfg.coordinator, token, deadline)
@@ -100,6 +102,8 @@ def _agree_on_transport(cfg: jaccl_config.JacclConfig, choice: str, side: SideCh
     """Every rank reports whether it can use its RDMA devices; all use RDMA or all use TCP."""
     if choice == "tcp":
         reason = f"{TRANSPORT_ENV}=tcp"
+    elif not jaccl_config.lists_devices(cfg.devices):
+        reason = "MLX_IBV_DEVICES names no RDMA device (every cell is null)"
     else:
         reason = verbs.probe_devices({d for p in cfg.peers() for d in cfg.devices[cfg.rank][p]})
     reasons = [json.loads(b)["no_rdma"] for b in side.all_gather(json.dumps({"no_rdma": reason}).encode())]
@@ -116,10 +120,15 @@ def _agree_on_transport(cfg: jaccl_config.JacclConfig, choice: str, side: SideCh
 
 def _build_transport(kind: str, rank: int, size: int, peers: list[int], device_row: list[list[str]],
                      host: str, exchange, token: int, deadline: float) -> Transport:
-    """Connect the transport; calls exchange exactly once on every rank."""
+    """Connect the transport; calls exchange exactly once on every rank.
+
+    peers: the ranks the topology needs; the TCP mesh connects to every rank regardless."""
     if kind == "rdma":
         return verbs.connect(rank, size, peers, device_row, exchange, deadline)
-    return mesh_tcp.connect_mesh(rank, size, peers, host, exchange, token, deadline)
+    # TCP links every pair even in ring mode (the ring algorithms use only the neighbours), so
+    # send/recv reach any rank as on every other backend; RDMA ring mode has only its cables.
+    everyone = [p for p in range(size) if p != rank]
+    return mesh_tcp.connect_mesh(rank, size, everyone, host, exchange, token, deadline)
 
 
 class JacclBackend(Backend):

@@ -7,6 +7,9 @@ Mode selection follows MLX: the N x N device matrix says which ranks are cabled 
 A full matrix (every off-diagonal cell set) is a mesh; a matrix with links only between ring
 neighbours (i <-> i+1 mod N) is a ring. MLX_JACCL_RING=1 (what `launcher --backend jaccl-ring`
 sets) prefers the ring when the matrix allows one; otherwise a mesh is used when possible.
+A matrix of nulls (what the launcher writes for local ranks or a hostfile without `rdma`)
+describes no cabling at all: every pair may talk over the TCP mesh transport, so it is a mesh
+(a ring with MLX_JACCL_RING=1), and RDMA is impossible. A 1 x 1 matrix is a group of one.
 """
 from __future__ import annotations
 
@@ -96,10 +99,17 @@ def missing_mesh_links(matrix: DeviceMatrix) -> list[tuple[int, int]]:
     return [(i, j) for i in range(n) for j in range(n) if i != j and not matrix[i][j]]
 
 
+def lists_devices(matrix: DeviceMatrix) -> bool:
+    """Whether any cell names an RDMA device (else only the TCP mesh transport can connect)."""
+    return any(cell for row in matrix for cell in row)
+
+
 def choose_mode(matrix: DeviceMatrix, prefer_ring: bool, source: str) -> str:
     """MESH or RING as MLX chooses; ConfigError naming the missing cells when neither fits."""
     if len(matrix) < 2:
-        raise ConfigError(f"{source}: a JACCL group needs at least 2 ranks, the matrix has {len(matrix)}")
+        return MESH  # a group of one: no links needed
+    if not lists_devices(matrix):
+        return RING if prefer_ring else MESH  # no cabling described: the TCP mesh links every pair
     ring_missing = missing_ring_links(matrix)
     if prefer_ring and not ring_missing:
         return RING
