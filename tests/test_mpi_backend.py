@@ -119,6 +119,40 @@ def test_rank_that_never_initializes_stops_the_job() -> None:
     assert elapsed < 60, f"the job took {elapsed:.0f} s to stop; rank 1 sleeps 120 s"
 
 
+JACCL_SCRIPTS = REPO / "tests" / "jaccl_scripts"
+
+
+def run_launcher(ranks: int, script: Path, timeout: float = LAUNCH_TIMEOUT_S, **extra: str) -> subprocess.CompletedProcess:
+    """`launcher --backend mpi -n ranks script`, the way a user starts an MPI job."""
+    command = [sys.executable, "-m", "launcher.cli", "--backend", "mpi", "-n", str(ranks), str(script)]
+    return subprocess.run(command, cwd=REPO, env=mpirun_env(**extra), capture_output=True, text=True, timeout=timeout)
+
+
+@needs_mpirun
+@pytest.mark.timeout(LAUNCH_TIMEOUT_S + 30)
+def test_public_api_through_the_launcher() -> None:
+    """Every public op, edge cases (0-d, empty, strided, NaN in max/min, uneven counts, every
+    pair of send/recv, splits). MAX/MIN of float32/float64 used MPI's builtins, which dropped NaN."""
+    result = run_launcher(3, JACCL_SCRIPTS / "public_api.py")
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    done = sorted(line.split("] ", 1)[1] for line in result.stdout.splitlines() if "] DONE rank" in line)
+    assert done == [f"DONE rank {r} of 3 failures=[]" for r in range(3)], result.stdout[-4000:]
+
+
+@needs_mpirun
+@pytest.mark.timeout(LAUNCH_TIMEOUT_S + 30)
+def test_uncaught_exception_on_one_rank_ends_the_job_at_once() -> None:
+    """The last rank raises while the others wait in a barrier with a 60 s deadline. Formerly its
+    exit ran MPI_Finalize, which waits for the others: the job sat there until the deadline."""
+    start = time.monotonic()
+    result = run_launcher(3, JACCL_SCRIPTS / "faults.py", FAULT="raise", JACKLRING_TIMEOUT="60")
+    elapsed = time.monotonic() - start
+    output = result.stdout + result.stderr
+    assert result.returncode == 1, output[-3000:]
+    assert "boom on purpose" in output and "MPI_ABORT was invoked on rank 2" in output, output[-3000:]
+    assert elapsed < 40, f"the job took {elapsed:.0f} s to stop"
+
+
 @pytest.fixture
 def outside_mpirun(monkeypatch: pytest.MonkeyPatch):
     for name in mpi_backend.LAUNCH_VARIABLES:

@@ -10,8 +10,8 @@ in adapter.group.ANY_ORDER (nccl, jaccl, ring, mpi), so under mpirun MPI is chos
 explicit NCCL, JACCL or ring environment (MLX_HOSTFILE + MLX_RANK, ...) is also present.
 
 Buffers go to MPI through the buffer protocol with an explicit MPI datatype: no copies and
-nothing is pickled. float16 and bfloat16 use user-defined MPI ops (see mpi_types). MAX/MIN of
-float32/float64 are MPI's own, which, unlike numpy's maximum, do not promise to propagate NaN.
+nothing is pickled. float16 and bfloat16 use user-defined MPI ops (see mpi_types), and so do
+MAX/MIN of float32/float64, so that a NaN propagates as on every other backend.
 MPI-3 counts are C ints (Open MPI 5 reports MPI 3.1): a buffer of more than 2**31-1 elements
 is moved by several calls (JACKLRING_MPI_MAX_COUNT lowers that limit, for tests).
 MPI is initialized asking for MPI_THREAD_MULTIPLE (the watchdog calls MPI_Abort from its thread).
@@ -173,7 +173,33 @@ def _initialize_mpi_waiting_for_every_rank_until_connect_timeout() -> Any:
     if not MPI.Is_initialized():
         MPI.Init_thread(MPI.THREAD_MULTIPLE)
         atexit.register(lambda: MPI.Is_finalized() or MPI.Finalize())
+    _abort_job_on_uncaught_exception(MPI)
     return MPI
+
+
+_excepthook_installed = False
+
+
+def _abort_job_on_uncaught_exception(MPI: Any) -> None:
+    """A rank that dies of an uncaught exception ends the whole job at once (MPI_Abort, code 1).
+
+    Without this the dying rank runs MPI_Finalize at exit, which in Open MPI 5 waits for every
+    other rank (a PMIx fence) while they wait in a collective for it: the job would sit there
+    until the watchdog's deadline (300 s by default). `python -m mpi4py` does the same.
+    """
+    global _excepthook_installed
+    if _excepthook_installed:
+        return
+    _excepthook_installed = True
+    previous = sys.excepthook
+
+    def abort_after_report(kind: type, value: BaseException, tb: Any) -> None:
+        previous(kind, value, tb)  # the traceback first, so the job's output says why
+        sys.stderr.flush()
+        if MPI.Is_initialized() and not MPI.Is_finalized() and MPI.COMM_WORLD.Get_size() > 1:
+            MPI.COMM_WORLD.Abort(1)
+
+    sys.excepthook = abort_after_report
 
 
 class MPIBackend(Backend):

@@ -6,6 +6,9 @@ MPI has no float16 or bfloat16 type. Those travel as a contiguous type of 2 byte
 reduced by user-defined ops that call elements.reduce_into on a numpy view of MPI's buffers,
 so they round exactly as the other backends do (in float32, one rounding per step).
 bool maps to C_BOOL with the logical ops spelled out in elements._BOOL_UFUNCS.
+MAX and MIN of float32/float64 are user-defined ops too: MPI's own MAX is `a > b ? a : b`,
+which drops a NaN depending on the order of the operands, while every other backend (numpy's
+maximum) propagates it. They cost a Python call per incoming block.
 """
 from __future__ import annotations
 
@@ -55,6 +58,9 @@ _BOOL_OPS = {
     ReduceOp.BXOR: MPI.LXOR,
 }
 
+# Ops whose MPI builtin for floats does not propagate NaN as numpy (and the other backends) do.
+_NAN_PROPAGATING = (ReduceOp.MAX, ReduceOp.MIN)
+
 _lock = threading.Lock()
 _byte_types: dict[int, Any] = {}
 # (dtype, op) -> (MPI datatype, MPI op, needs a uint8 view). MPI objects live as long as MPI does.
@@ -89,7 +95,7 @@ def reduction(dtype: np.dtype, op: ReduceOp) -> tuple[Any, Any, bool]:
     mpi_type, as_bytes = transfer_type(dtype)
     if dtype == np.bool_:
         mpi_op = _BOOL_OPS[op]
-    elif dtype in USER_REDUCED:
+    elif dtype in USER_REDUCED or (dtype.kind == "f" and op in _NAN_PROPAGATING):
         mpi_op = _user_op(dtype, op)
     else:
         mpi_op = _NATIVE_OPS[op]
