@@ -103,6 +103,24 @@ def test_mode_selection_follows_mlx():
     assert mesh[1][2] == ["rdma_en3", "rdma_en4"]  # a list cell = several cables
 
 
+def test_matrix_of_nulls_is_an_uncabled_mesh_and_one_rank_is_a_group_of_one():
+    """What `launcher --backend jaccl -n N` writes without a hostfile: no cabling is described,
+    so the TCP mesh links every pair (mesh, or ring when preferred); RDMA is impossible."""
+    nulls = jaccl_config.parse_devices(json.dumps([[None] * 3] * 3), "t")
+    assert not jaccl_config.lists_devices(nulls)
+    assert jaccl_config.choose_mode(nulls, prefer_ring=False, source="t") == jaccl_config.MESH
+    assert jaccl_config.choose_mode(nulls, prefer_ring=True, source="t") == jaccl_config.RING
+    assert jaccl_config.lists_devices(jaccl_config.parse_devices(json.dumps(GOOD), "t"))
+    assert jaccl_config.choose_mode([[[]]], prefer_ring=False, source="t") == jaccl_config.MESH
+
+
+@pytest.mark.timeout(10)
+def test_one_rank_matrix_is_a_group_of_one(env):
+    env([[None]])
+    backend = jaccl.create(timeout=5)
+    assert (backend.rank(), backend.size()) == (0, 1)
+
+
 def test_probe_names_missing_variables(monkeypatch):
     for name in ("MLX_RANK", "MLX_JACCL_COORDINATOR", "MLX_IBV_DEVICES"):
         monkeypatch.delenv(name, raising=False)
