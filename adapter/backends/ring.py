@@ -197,6 +197,10 @@ class RingBackend(Backend):
         self._p2p_in: dict[int, socket.socket] = {}
         self._p2p_lock = threading.Lock()
         self._accept_lock = threading.Lock()
+        # One message at a time per peer and direction: two threads writing (or reading) one
+        # connection at once would interleave their bytes.
+        self._send_locks = {q: threading.Lock() for q in range(self._size)}
+        self._recv_locks = {q: threading.Lock() for q in range(self._size)}
         self._lock = threading.Lock()  # one collective at a time on the ring links
         self.right: list[Link] = []
         self.left: list[Link] = []
@@ -339,6 +343,10 @@ class RingBackend(Backend):
         self._collective(header, lambda: self._small_gather(header, memoryview(b"")))
 
     def send(self, buf: np.ndarray, dst: int) -> None:
+        with self._send_locks[dst]:
+            self._send(buf, dst)
+
+    def _send(self, buf: np.ndarray, dst: int) -> None:
         self._check_usable()
         deadline = time.monotonic() + self.timeout
         header = HEADER.pack(HEADER_MAGIC, OP_SEND, dtype_code(buf.dtype), 0, buf.nbytes, 0)
@@ -353,6 +361,10 @@ class RingBackend(Backend):
             tcp.send_all(sock, trailer, deadline, who)
 
     def recv(self, buf: np.ndarray, src: int) -> None:
+        with self._recv_locks[src]:
+            self._recv(buf, src)
+
+    def _recv(self, buf: np.ndarray, src: int) -> None:
         self._check_usable()
         deadline = time.monotonic() + self.timeout
         sock = self._p2p_in_socket(src, deadline)

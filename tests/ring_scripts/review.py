@@ -277,6 +277,33 @@ def p2p_while_collectives():
 
 
 @check
+def two_threads_sending_to_one_peer():
+    # Each message must arrive whole: two senders must not interleave bytes on one connection.
+    dst, src = (r + 1) % n, (r - 1) % n
+    errors = []
+
+    def sender(value):
+        try:
+            for _ in range(10):
+                dist.send(np.full(100_000, value, np.float64), dst)
+        except Exception:
+            errors.append(traceback.format_exc())
+
+    threads = [threading.Thread(target=sender, args=(v,)) for v in (1.0, 2.0)]
+    for t in threads:
+        t.start()
+    seen = []
+    for _ in range(20):
+        got = dist.recv((100_000,), np.float64, src)
+        assert got[0] in (1.0, 2.0) and np.all(got == got[0]), "a message mixed two senders"
+        seen.append(got[0])
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    assert sorted(seen) == [1.0] * 10 + [2.0] * 10
+
+
+@check
 def close_then_use():
     sub = world.split(0)
     assert dist.all_sum(np.ones(2), group=sub)[0] == n
