@@ -104,3 +104,16 @@ def test_split_with_many_addresses_per_rank_keeps_each_interface(tmp_path):
             "assert hosts == [f'127.0.0.{c + 1}' for c in range(16)], hosts\n"
             "assert (d.all_sum(np.ones(100_000), group=s) == 2).all()\n")
     assert_all_ok(run(2, "ring_scripts/exec.py", [code], hostfile=_hostfile(tmp_path, data), timeout=50))
+
+
+@pytest.mark.timeout(60)
+def test_recv_from_a_live_rank_that_never_sends_is_a_timeout():
+    # Before: PeerError ("never connected"), although the peer was alive and only late.
+    code = ("import sys, time, numpy as np, adapter as d\nw = d.init()\n"
+            "if w.rank() == 1:\n    time.sleep(4)\n    sys.exit(0)\n"
+            "try:\n    d.recv((3,), np.float32, 1)\n"
+            "except d.CollectiveTimeout as e:\n    print('TIMEOUT', e)\n    sys.exit(3)\n")
+    res = run(2, "ring_scripts/exec.py", [code], env={"JACKLRING_TIMEOUT": "1"}, timeout=50)
+    assert res[0].returncode == 3 and "TIMEOUT" in res[0].stdout, res[0].stdout + res[0].stderr
+    assert "rank 0" in res[0].stdout and "rank 1" in res[0].stdout
+    assert res[1].returncode == 0, res[1].stderr

@@ -32,7 +32,7 @@ import numpy as np
 
 from ..config import connect_timeout as default_connect_timeout
 from ..config import env_flag, env_float, env_rank, op_timeout
-from ..errors import ConfigError, DistributedError, IntegrityError, MismatchError, PeerError
+from ..errors import CollectiveTimeout, ConfigError, DistributedError, IntegrityError, MismatchError, PeerError
 from . import tcp
 from .base import Backend, ReduceOp
 from .elements import CODE_NAMES, DTYPE_CODES, dtype_code, reduce_many
@@ -640,8 +640,10 @@ class RingBackend(Backend):
                 return sock
             now = time.monotonic()
             if now >= deadline:
-                raise PeerError(f"rank {self._rank}: recv: rank {src} ({self._addresses[src][0]}) "
-                                f"never connected to send a message before the deadline")
+                # The peer is alive (checked below) but sent nothing: a deadline, not a death.
+                raise CollectiveTimeout(f"rank {self._rank}: recv: no message from rank {src} "
+                                        f"({self._addresses[src][0]}) within the {self.timeout:g} s deadline; "
+                                        f"it is alive but never connected to send")
             if now >= next_liveness_check:
                 self._check_alive(src)
                 next_liveness_check = now + 1.0
