@@ -54,7 +54,17 @@ def all_min(x: Any, *, group: Group | None = None) -> Any:
 
 def all_reduce(x: Any, op: ReduceOp | str = ReduceOp.SUM, *, group: Group | None = None) -> Any:
     """all_sum / all_max / all_min generalised to every ReduceOp (prod, band, bor, bxor)."""
-    return _all_reduce(x, ReduceOp(op) if isinstance(op, str) else op, group)
+    return _all_reduce(x, _reduce_op(op), group)
+
+
+def _reduce_op(op: ReduceOp | str) -> ReduceOp:
+    """A ReduceOp from itself or its name in any case ("sum", "SUM"); ValueError naming the choices."""
+    if isinstance(op, ReduceOp):
+        return op
+    try:
+        return ReduceOp(str(op).lower())
+    except ValueError:
+        raise ValueError(f"unknown reduce op {op!r}; choose one of {', '.join(o.value for o in ReduceOp)}") from None
 
 
 def all_gather(x: Any, *, group: Group | None = None) -> Any:
@@ -104,7 +114,7 @@ def _reduce_scatter(x: Any, op: ReduceOp, group: Group | None) -> Any:
 
 def reduce_scatter(x: Any, op: ReduceOp | str = ReduceOp.SUM, *, group: Group | None = None) -> Any:
     """sum_scatter generalised to every ReduceOp."""
-    return _reduce_scatter(x, ReduceOp(op) if isinstance(op, str) else op, group)
+    return _reduce_scatter(x, _reduce_op(op), group)
 
 
 def broadcast(x: Any, root: int = 0, *, group: Group | None = None) -> Any:

@@ -176,3 +176,10 @@ def test_lazy_conjugate_and_negative_torch_views_and_big_endian_numpy_convert():
     big = np.arange(3, dtype=">f4")
     arr, _ = as_numpy(big)
     assert arr.dtype == np.float32 and arr.dtype.isnative and arr.tolist() == [0, 1, 2]
+
+
+def test_reduce_op_names_in_any_case():
+    x = np.ones(3)
+    assert adapter.all_reduce(x, "MAX") is x and adapter.reduce_scatter(x, "Sum") is x
+    with pytest.raises(ValueError, match="unknown reduce op 'avg'; choose one of sum, prod"):
+        adapter.all_reduce(x, "avg")
