@@ -49,6 +49,8 @@ import faulthandler
 import importlib.util
 import os
 import sys
+import threading
+import weakref
 from typing import Any, Callable
 
 import numpy as np
@@ -174,10 +176,32 @@ def _initialize_mpi_waiting_for_every_rank_until_connect_timeout() -> Any:
         MPI.Init_thread(MPI.THREAD_MULTIPLE)
         atexit.register(lambda: MPI.Is_finalized() or MPI.Finalize())
     _abort_job_on_uncaught_exception(MPI)
+    if not _exit_hook_registered:
+        _register_exit_hook()
     return MPI
 
 
 _excepthook_installed = False
+# Backends whose unfinished sends must complete before MPI_Finalize (atexit runs this first).
+_open_backends: "weakref.WeakSet[MPIBackend]" = weakref.WeakSet()
+
+
+def _finish_sends_at_exit() -> None:
+    for backend in list(_open_backends):
+        if not backend._closed:
+            from mpi4py import MPI
+            if not MPI.Is_finalized():
+                backend._finish_sends(block=True)
+
+
+_exit_hook_registered = False
+
+
+def _register_exit_hook() -> None:
+    """Registered after MPI's finalize hook, so it runs before it (atexit is last in, first out)."""
+    global _exit_hook_registered
+    _exit_hook_registered = True
+    atexit.register(_finish_sends_at_exit)
 
 
 def _abort_job_on_uncaught_exception(MPI: Any) -> None:
@@ -219,6 +243,9 @@ class MPIBackend(Backend):
         self._rank = comm.Get_rank()
         self._size = comm.Get_size()
         self._closed = False
+        self._sends_lock = threading.Lock()
+        self._sends: list[tuple[Any, np.ndarray, tuple]] = []  # (Isend request, its buffer, what)
+        _open_backends.add(self)
         world_rank = MPI.COMM_WORLD.Get_rank()
         # Errors name the rank in this communicator, and the world rank when they differ (split groups).
         self._label = f"rank {self._rank}" + ("" if world_rank == self._rank else f" (world rank {world_rank})")
@@ -279,11 +306,35 @@ class MPIBackend(Backend):
     # Messages are cut at MAX_COUNT bytes (not elements) so MPI can report their size in bytes.
 
     def send(self, buf: np.ndarray, dst: int) -> None:
+        """Start sending a copy of buf and return: two ranks that each send to the other before
+        receiving must not deadlock, as they would with a blocking MPI_Send above the eager limit
+        (a few KiB in Open MPI; the JACCL mesh buffers such messages too). MPI keeps messages
+        between two ranks in order; unfinished sends are completed by later calls, close() and
+        exit, each under the deadline."""
         mpi_type, as_bytes = self._types.transfer_type(buf.dtype)
         tag = _TAG_BASE + dtype_code(buf.dtype)
         what = ("send({}, {} elements) to rank {}", buf.dtype, buf.size, dst)
-        for lo, hi in _spans(buf.size, max(1, MAX_COUNT // buf.itemsize)):
-            self._run(what, self._comm.Send, [_wire(buf[lo:hi], as_bytes), mpi_type], dst, tag)
+        copy = buf.copy()  # the caller may reuse buf as soon as send returns
+        self._finish_sends(block=False)
+        for lo, hi in _spans(copy.size, max(1, MAX_COUNT // copy.itemsize)):
+            request = self._run(what, self._comm.Isend, [_wire(copy[lo:hi], as_bytes), mpi_type], dst, tag)
+            with self._sends_lock:
+                self._sends.append((request, copy, what))
+
+    def _finish_sends(self, block: bool) -> None:
+        """Forget the sends MPI has finished; with block, wait for every one (under the deadline)."""
+        with self._sends_lock:
+            pending, self._sends = self._sends, []
+        try:
+            while pending:
+                request, _, what = pending[0]
+                done = self._run(what, request.Wait) if block else self._run(what, request.Test)
+                if not block and not done:
+                    break
+                pending.pop(0)
+        finally:
+            with self._sends_lock:
+                self._sends[:0] = pending
 
     def recv(self, buf: np.ndarray, src: int) -> None:
         what = ("recv({}, {} elements) from rank {}", buf.dtype, buf.size, src)
@@ -324,6 +375,8 @@ class MPIBackend(Backend):
     def close(self) -> None:
         if self._closed:
             return
+        if not self._MPI.Is_finalized():
+            self._finish_sends(block=True)  # a message in flight is delivered before the communicator goes
         self._closed = True
         if not self._MPI.Is_finalized():
             try:

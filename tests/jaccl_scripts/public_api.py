@@ -166,6 +166,20 @@ def send_recv_between_every_pair_in_both_orders():
 
 
 @check
+def every_rank_sends_before_it_receives():
+    """Symmetric exchange (each rank sends to every other, then receives): 2 MB messages are far
+    above MPI's eager limit, where a blocking MPI_Send deadlocked until the deadline."""
+    count = 500_000
+    for peer in range(n):
+        if peer != r:
+            adapter.send(np.full(count, 10 * r + peer, np.float32), peer)
+    for peer in range(n):
+        if peer != r:
+            same(adapter.recv((count,), np.float32, peer), np.full(count, 10 * peer + r, np.float32), f"from {peer}")
+    adapter.barrier()
+
+
+@check
 def split_every_way():
     alone = group.split(r)
     assert (alone.size(), alone.rank()) == (1, 0)
