@@ -21,7 +21,8 @@ def launch(*args: str, timeout: float = 80, **env: str) -> subprocess.CompletedP
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("MLX_", "JACKLRING_", "NCCL_", "OMPI_", "PMIX_"))}
     clean.pop("CUDA_VISIBLE_DEVICES", None)
     clean.update(JACKLRING_TIMEOUT="30", JACKLRING_CONNECT_TIMEOUT="30",
-                 PYTHONPATH=str(REPO) + os.pathsep + clean.get("PYTHONPATH", ""), **env)
+                 PYTHONPATH=str(REPO) + os.pathsep + clean.get("PYTHONPATH", ""))
+    clean.update(env)
     return subprocess.run([*LAUNCHER, *args], capture_output=True, text=True, timeout=timeout, env=clean, cwd=REPO)
 
 
@@ -76,3 +77,22 @@ def test_faults_end_the_job_with_one_clear_error(fault, words):
     assert r.returncode != 0, out[-3000:]
     assert words in out, out[-3000:]
     assert "launcher: rank " in r.stderr, r.stderr[-2000:]  # the launcher names a failing rank
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("backend", [
+    "jaccl",
+    "mpi",
+    pytest.param("ring", marks=pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
+        "ring send() writes the whole message to the socket before returning, so two ranks that "
+        "send 16 MB to each other before receiving both block until CollectiveTimeout; fix in "
+        "adapter/backends/ring.py: queue the outgoing message on the peer's connection (as the "
+        "JACCL TCP mesh does) or read incoming data while a send is blocked"))),
+])
+def test_symmetric_exchange_of_large_messages_does_not_deadlock(backend):
+    r = launch("--backend", backend, "-n", "2", str(SCRIPTS / "exchange.py"), timeout=50,
+               JACKLRING_TIMEOUT="8", OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+               OMPI_MCA_btl_tcp_if_include="lo", OMPI_MCA_btl="self,sm,tcp")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert sorted(line.split("] ", 1)[1] for line in r.stdout.splitlines() if "exchange ok" in line) == [
+        "exchange ok 0", "exchange ok 1"]
