@@ -22,7 +22,6 @@ import hashlib
 import json
 import logging
 import os
-import select
 import socket
 import struct
 import threading
@@ -202,9 +201,6 @@ class RingBackend(Backend):
         # connection at once would interleave their bytes.
         self._send_locks = {q: threading.Lock() for q in range(self._size)}
         self._recv_locks = {q: threading.Lock() for q in range(self._size)}
-        # Bytes read ahead from a peer's point-to-point stream while a send to it was blocked
-        # (both ranks sending large messages to each other first must not deadlock).
-        self._read_ahead: dict[int, bytearray] = {}
         self._lock = threading.Lock()  # one collective at a time on the ring links
         self.right: list[Link] = []
         self.left: list[Link] = []
@@ -361,68 +357,8 @@ class RingBackend(Backend):
             tcp.send_all(sock, header + bytes_of(buf).tobytes() + trailer, deadline, who)
         else:
             tcp.send_all(sock, header, deadline, who)
-            self._send_reading_ahead(sock, bytes_of(buf), dst, deadline, who)
+            tcp.send_all(sock, bytes_of(buf), deadline, who)
             tcp.send_all(sock, trailer, deadline, who)
-
-    def _send_reading_ahead(self, sock: socket.socket, data: memoryview, dst: int, deadline: float,
-                            who: str) -> None:
-        """Send data; while the peer is not taking it, read ahead whatever it sends to this rank
-        (it may be blocked sending to us in turn), so that recv() finds it later."""
-        view = data.cast("B") if data.format != "B" else data
-        sock.settimeout(0)  # non-blocking here; send_all sets its own timeout again
-        while len(view):
-            try:
-                view = view[sock.send(view):]
-                continue
-            except (BlockingIOError, InterruptedError):
-                pass
-            except OSError as exc:
-                raise PeerError(f"{who} failed: {exc.strerror or exc}") from None
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise CollectiveTimeout(f"timed out sending to {who} (it is not reading)")
-            incoming = self._read_ahead_socket(dst)
-            readable = [incoming] if incoming is not None else []
-            ready_in, _, _ = select.select(readable, [sock], [], min(remaining, 0.05))
-            if ready_in:
-                self._read_ahead_from(dst, incoming)
-
-    def _read_ahead_socket(self, peer: int) -> socket.socket | None:
-        """peer's incoming point-to-point connection, accepting it if it is waiting; None when a
-        recv() from peer is running (it reads the stream itself) or peer has not connected."""
-        with self._p2p_lock:
-            sock = self._p2p_in.get(peer)
-        if sock is None and self._listeners and self._accept_lock.acquire(blocking=False):
-            try:
-                self._accept(self._listeners[0], time.monotonic() + 0.01, None, f"rank {self._rank}")
-            finally:
-                self._accept_lock.release()
-            with self._p2p_lock:
-                sock = self._p2p_in.get(peer)
-        return sock
-
-    def _read_ahead_from(self, peer: int, sock: socket.socket) -> None:
-        if not self._recv_locks[peer].acquire(blocking=False):
-            return  # a recv() from this peer is reading the stream right now
-        try:
-            chunk = sock.recv(1 << 20, socket.MSG_DONTWAIT)
-        except (BlockingIOError, InterruptedError, OSError):
-            chunk = b""  # an error or end of stream is for the next recv() to report
-        finally:
-            self._recv_locks[peer].release()
-        if chunk:
-            self._read_ahead.setdefault(peer, bytearray()).extend(chunk)
-
-    def _recv_exact(self, sock: socket.socket, view: memoryview, src: int, deadline: float, who: str) -> None:
-        """Fill view from what was read ahead from src first, then from its socket."""
-        ahead = self._read_ahead.get(src)
-        if ahead:
-            n = min(len(ahead), len(view))
-            view[:n] = ahead[:n]
-            del ahead[:n]
-            view = view[n:]
-        if len(view):
-            tcp.recv_exact(sock, view, deadline, who)
 
     def recv(self, buf: np.ndarray, src: int) -> None:
         with self._recv_locks[src]:
@@ -434,16 +370,16 @@ class RingBackend(Backend):
         sock = self._p2p_in_socket(src, deadline)
         who = f"rank {self._rank}: recv from {self._who(src)}"
         raw = bytearray(HEADER.size)
-        self._recv_exact(sock, memoryview(raw), src, deadline, who)
+        tcp.recv_exact(sock, memoryview(raw), deadline, who)
         mine = HEADER.pack(HEADER_MAGIC, OP_SEND, dtype_code(buf.dtype), 0, buf.nbytes, 0)
         if bytes(raw) != mine:
             raise MismatchError(f"rank {self._rank}: recv from rank {src} expected "
                                 f"{describe_header(mine).replace('send', 'a message', 1)} but rank {src} "
                                 f"sent {describe_header(bytes(raw))}")
-        self._recv_exact(sock, bytes_of(buf), src, deadline, who)
+        tcp.recv_exact(sock, bytes_of(buf), deadline, who)
         if self._verify:
             trailer = bytearray(CRC.size)
-            self._recv_exact(sock, memoryview(trailer), src, deadline, who)
+            tcp.recv_exact(sock, memoryview(trailer), deadline, who)
             if CRC.unpack(trailer)[0] != zlib.crc32(bytes_of(buf)):
                 raise IntegrityError(f"rank {self._rank}: checksum mismatch on a {buf.nbytes}-byte message "
                                      f"from {self._who(src)}")
