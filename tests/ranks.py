@@ -3,27 +3,15 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass
 
+from adapter.bench import free_ports  # noqa: F401  (re-exported for the tests)
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-
-
-def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
-    socks = []
-    try:
-        for _ in range(count):
-            s = socket.socket()
-            s.bind((host, 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def ring_hostfile(n: int, connections: int = 1, directory: str | None = None) -> str:
