@@ -46,7 +46,7 @@ def __getattr__(name: str):
         return getattr(parallel, name)
     raise AttributeError(f"module 'adapter' has no attribute {name!r}")
 
-from .torch_backend import autoload as _register_torch_backend
+from .torch_backend import autoload as _register_torch_backend  # noqa: E402  (after the public names it re-exports)
 
 # Registers "jacklring" with torch.distributed when torch is already imported; never imports torch.
 _register_torch_backend()

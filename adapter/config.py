@@ -1,8 +1,18 @@
-"""Settings read from the environment, parsed in one place so every backend reports bad values alike."""
+"""Every JACKLRING_* setting, declared once: name, parser, default and meaning.
+
+Settings are read when they are used, never at import, so a malformed value fails the call
+that needs it with a ConfigError naming the variable, and never breaks `import adapter` or
+`is_available()`. docs/environment.md lists the same table (a test keeps the two in step).
+The MLX_* contract variables are the backends' own business: they belong to the environment
+contract shared with MLX and its launcher, not to our settings.
+"""
 from __future__ import annotations
 
 import math
 import os
+import re
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
 
 from .errors import ConfigError
 
@@ -18,19 +28,149 @@ def check_seconds(value: float, what: str) -> float:
     return value
 
 
-def env_float(name: str, default: float) -> float:
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return default
+# ---- parsers: text -> value, ValueError with a short reason on bad input -------------------
+
+def seconds(raw: str) -> float:
     try:
         value = float(raw)
     except ValueError:
-        raise ConfigError(f"{name}={raw!r} is not a number of seconds") from None
-    return check_seconds(value, f"{name}={raw!r}")
+        raise ValueError("is not a number of seconds") from None
+    if not (math.isfinite(value) and 0 < value <= MAX_SECONDS):
+        raise ValueError(f"must be a number of seconds in (0, {MAX_SECONDS:.0f}]")
+    return value
 
 
-def env_flag(name: str) -> bool:
-    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+def seconds_or_off(raw: str) -> float | None:
+    """A number of seconds, or 0 for "off"."""
+    try:
+        if float(raw) == 0:
+            return None
+    except ValueError:
+        pass
+    return seconds(raw)
+
+
+_SIZE = re.compile(r"^\s*(\d+)\s*([kmgt]?)(i?b)?\s*$", re.IGNORECASE)
+
+
+def byte_size(raw: str) -> int:
+    """Bytes: 65536, 64K, 64KiB, 1M, 1G (binary multiples, as memory sizes usually are)."""
+    match = _SIZE.match(raw)
+    if not match:
+        raise ValueError("is not a size in bytes (e.g. 65536, 64K, 1MiB, 1G)")
+    scale = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}[match.group(2).lower()]
+    return int(match.group(1)) * scale
+
+
+def integer(low: int, high: int) -> Callable[[str], int]:
+    def parse(raw: str) -> int:
+        try:
+            value = int(raw)
+        except ValueError:
+            raise ValueError("is not an integer") from None
+        if not low <= value <= high:
+            raise ValueError(f"must be between {low} and {high}")
+        return value
+    return parse
+
+
+def flag(raw: str) -> bool:
+    value = raw.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise ValueError("is not a flag (1/0, true/false, yes/no, on/off)")
+
+
+def choice(*options: str) -> Callable[[str], str]:
+    def parse(raw: str) -> str:
+        value = raw.strip().lower()
+        if value not in options:
+            raise ValueError(f"choose one of {', '.join(options)}")
+        return value
+    return parse
+
+
+def microseconds(raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError("is not a number of microseconds") from None
+    if not 0 <= value <= 1e6:
+        raise ValueError("must be between 0 and 1000000 microseconds")
+    return value
+
+
+def text(raw: str) -> str:
+    return raw.strip()
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str
+    parse: Callable[[str], Any]
+    default: Any
+    meaning: str
+
+
+SETTINGS: dict[str, Setting] = {s.name: s for s in (
+    # deadlines and diagnostics (every backend)
+    Setting("JACKLRING_TIMEOUT", seconds, DEFAULT_TIMEOUT_S,
+            "per-operation deadline in seconds (init(timeout=...) and torch's timeout take precedence)"),
+    Setting("JACKLRING_CONNECT_TIMEOUT", seconds, DEFAULT_CONNECT_TIMEOUT_S,
+            "deadline in seconds for forming a group (connecting to every peer)"),
+    Setting("JACKLRING_STALL_REPORT", seconds_or_off, 30.0,
+            "log once which peer an operation waits for after this many seconds; 0 turns it off"),
+    Setting("JACKLRING_VERIFY", flag, False,
+            "add a CRC-32 to every message and check it on receipt (guards against accidents, not attackers)"),
+    # ring
+    Setting("JACKLRING_RING_SMALL_BYTES", byte_size, 64 * 1024,
+            "largest reduction sent by the one-pass small-message path"),
+    Setting("JACKLRING_RING_SEGMENT_BYTES", byte_size, 256 * 1024,
+            "pipelining segment of large ring reductions"),
+    Setting("JACKLRING_RING_DIRECTIONS", integer(1, 2), 2,
+            "run large reductions over both ring directions (2) or one (1)"),
+    Setting("JACKLRING_LOCAL_TRANSPORT", choice("unix", "tcp"), "unix",
+            "how ranks on one host connect: unix (abstract Unix sockets on Linux) or tcp"),
+    Setting("JACKLRING_SOCKET_BUFFER_BYTES", byte_size, 4 << 20,
+            "send and receive buffer size requested for every TCP connection"),
+    Setting("JACKLRING_SPIN_US", microseconds, None,
+            "how long a waiting rank busy-polls before sleeping; default 50 us, 0 when ranks outnumber CPUs"),
+    # JACCL
+    Setting("JACKLRING_JACCL_TRANSPORT", choice("auto", "tcp", "rdma"), "auto",
+            "JACCL's links: RDMA when every rank has its devices (auto), always the TCP mesh, or RDMA only"),
+    Setting("JACKLRING_IBV_GID_INDEX", integer(0, 1 << 16), None,
+            "RDMA GID index; default the first IPv4-mapped GID (RoCE v2)"),
+    # MPI
+    Setting("JACKLRING_MPI_MAX_COUNT", integer(1, 2**31 - 1), 2**31 - 1,
+            "largest element count of one MPI call; larger buffers go as several calls"),
+    # NCCL and CUDA buffers
+    Setting("JACKLRING_CUDA_DEVICE", integer(0, 1 << 16), None,
+            "CUDA device ordinal of this rank; default the local rank modulo the visible devices"),
+    Setting("JACKLRING_NCCL_SPLIT", choice("nccl", "bootstrap"), "nccl",
+            "how NCCL sub-groups form: ncclCommSplit, or a fresh bootstrap over TCP"),
+    Setting("JACKLRING_PINNED_CACHE_BYTES", byte_size, 1 << 30,
+            "pinned host memory kept for staging CUDA buffers through the host"),
+    # torch process group
+    Setting("JACKLRING_TORCH_BACKEND", choice("auto", "ring", "jaccl", "mpi", "nccl"), "auto",
+            "what the torch process group runs on; auto: the launcher's backend, else a ring formed through the store"),
+    Setting("JACKLRING_TORCH_HOST", text, None,
+            "address the torch process group's ring listens on; default the address that reaches MASTER_ADDR"),
+)}
+
+
+def get(name: str, environ: Mapping[str, str] | None = None) -> Any:
+    """The setting's value now (from os.environ, or the mapping given): its default when unset
+    or empty, else the parsed value; ConfigError naming the variable when it is malformed."""
+    setting = SETTINGS[name]
+    raw = (os.environ if environ is None else environ).get(name)
+    if raw is None or raw.strip() == "":
+        return setting.default
+    try:
+        return setting.parse(raw.strip())
+    except ValueError as exc:
+        raise ConfigError(f"{name}={raw!r} {exc}") from None
 
 
 def env_rank(world_size: int | None = None) -> int:
@@ -52,11 +192,11 @@ def op_timeout(explicit: float | None = None) -> float:
     """Per-operation deadline: the init() argument, else JACKLRING_TIMEOUT, else 300 s."""
     if explicit is not None:
         return check_seconds(float(explicit), f"timeout={explicit!r}")
-    return env_float("JACKLRING_TIMEOUT", DEFAULT_TIMEOUT_S)
+    return get("JACKLRING_TIMEOUT")
 
 
 def connect_timeout(explicit: float | None = None) -> float:
     """Deadline for forming the group: JACKLRING_CONNECT_TIMEOUT, else 120 s."""
     if explicit is not None:
         return check_seconds(float(explicit), f"connect_timeout={explicit!r}")
-    return env_float("JACKLRING_CONNECT_TIMEOUT", DEFAULT_CONNECT_TIMEOUT_S)
+    return get("JACKLRING_CONNECT_TIMEOUT")

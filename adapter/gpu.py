@@ -16,7 +16,6 @@ Two paths for a cupy array or CUDA torch tensor:
 from __future__ import annotations
 
 import ctypes
-import os
 import threading
 import weakref
 from typing import Any
@@ -24,8 +23,9 @@ from typing import Any
 import numpy as np
 
 from .backends.elements import BFLOAT16, DTYPE_CODES
+
 # Device facts live with the NCCL backend (a backend must not import this upper layer).
-from .backends.nccl_device import DeviceBuffer, cuda_visible_reason, device_count
+from .backends.nccl.device import DeviceBuffer, cuda_visible_reason, device_count
 
 __all__ = ["is_cuda_array", "array_kind", "cuda_visible_reason", "device_count", "numpy_dtype_of",
            "DeviceBuffer", "device_buffer", "empty_like", "copy_of", "PinnedPool", "pinned_pool", "stage_to_host",
@@ -198,10 +198,16 @@ def _allocate_pinned(nbytes: int, library: str) -> tuple[int, Any]:
     return mem.ptr, mem
 
 
-_pool = PinnedPool(int(os.environ.get("JACKLRING_PINNED_CACHE_BYTES", 1 << 30)))
+_pool: PinnedPool | None = None
 
 
 def pinned_pool() -> PinnedPool:
+    """The process's pinned staging pool, sized by JACKLRING_PINNED_CACHE_BYTES on first use."""
+    global _pool
+    if _pool is None:
+        from . import config
+
+        _pool = PinnedPool(config.get("JACKLRING_PINNED_CACHE_BYTES"))
     return _pool
 
 
@@ -211,7 +217,7 @@ def stage_to_host(x: Any) -> np.ndarray:
     dtype = numpy_dtype_of(x)
     shape = tuple(x.shape)
     nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    host = _pool.take(nbytes, kind)
+    host = pinned_pool().take(nbytes, kind)
     if nbytes:
         if kind == "torch":
             import torch
@@ -233,7 +239,7 @@ def host_empty(shape: tuple[int, ...], dtype: np.dtype, like: Any) -> np.ndarray
     """An uninitialised pinned host array for a result that will go back to like's device."""
     dtype = np.dtype(dtype)
     nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    return _pool.take(nbytes, array_kind(like)).view(dtype).reshape(shape)
+    return pinned_pool().take(nbytes, array_kind(like)).view(dtype).reshape(shape)
 
 
 def to_device(out: np.ndarray, like: Any) -> Any:

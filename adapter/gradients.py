@@ -16,8 +16,8 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import itertools
-import threading
 import sys
+import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator
 

@@ -6,18 +6,13 @@ group, creating it on first use.
 """
 from __future__ import annotations
 
-import importlib
 import threading
 
+from .backends import registry
 from .backends.base import Backend
+from .backends.registry import ANY_ORDER
 from .backends.singleton import SingletonBackend
 from .errors import BackendUnavailable, DistributedError
-
-BACKENDS = ("ring", "jaccl", "mpi", "nccl")
-# Order init(backend="any") tries: NCCL first when GPUs are visible (spec), then the backends
-# configured by an explicit file (JACCL's device matrix, the ring hostfile), then MPI, whose
-# environment can be set incidentally by a scheduler that launched a ring job.
-ANY_ORDER = ("nccl", "jaccl", "ring", "mpi")
 
 
 class Group:
@@ -55,33 +50,11 @@ _groups: dict[str, Group] = {}
 _first: Group | None = None
 
 
-def _module(name: str):
-    return importlib.import_module(f"adapter.backends.{name}")
-
-
-def _probe(name: str) -> str | None:
-    """None when the backend's environment is present, else why it cannot start."""
-    try:
-        module = _module(name)
-    except ImportError as exc:
-        return f"cannot import adapter.backends.{name}: {exc}"
-    return module.probe()
-
-
 def is_available(backend: str = "any") -> bool:
     """Whether the named backend (or any backend) can start from this environment."""
-    _check_name(backend)
+    registry.check_name(backend)
     names = ANY_ORDER if backend == "any" else (backend,)
-    return any(_probe(name) is None for name in names)
-
-
-def _check_name(backend: str) -> None:
-    if backend != "any" and backend not in BACKENDS:
-        raise ValueError(f"unknown backend {backend!r}; choose one of any, {', '.join(BACKENDS)}")
-
-
-def _create(name: str, timeout: float | None) -> Group:
-    return Group(_module(name).create(timeout=timeout))
+    return any(registry.probe(name) is None for name in names)
 
 
 def init(strict: bool = False, backend: str = "any", timeout: float | None = None) -> Group:
@@ -95,7 +68,7 @@ def init(strict: bool = False, backend: str = "any", timeout: float | None = Non
     timeout: per-operation deadline in seconds (default JACKLRING_TIMEOUT, else 300).
     """
     global _first
-    _check_name(backend)
+    registry.check_name(backend)
     with _lock:
         if backend == "any" and _first is not None:
             return _first
@@ -104,11 +77,11 @@ def init(strict: bool = False, backend: str = "any", timeout: float | None = Non
         names = ANY_ORDER if backend == "any" else (backend,)
         reasons = []
         for name in names:
-            reason = _probe(name)
+            reason = registry.probe(name)
             if reason is not None:
                 reasons.append(f"{name}: {reason}")
                 continue
-            group = _create(name, timeout)
+            group = Group(registry.create(name, timeout))
             _groups[name] = group
             if _first is None:
                 _first = group

@@ -21,8 +21,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from adapter.bench import free_ports
 
+from adapter.bench import free_ports
 
 REPO = Path(__file__).resolve().parent.parent
 

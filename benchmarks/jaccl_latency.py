@@ -23,18 +23,18 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from adapter.bench import free_ports
 
+from adapter.bench import free_ports
 
 REPO = Path(__file__).resolve().parents[1]
 SIZES = [4, 64, 1024, 4096, 65536, 1 << 20]
 
 
 def open_backends(timeout: float) -> dict:
-    from adapter.backends import jaccl
+    from adapter.backends.jaccl import backend as jaccl
     backends = {"jaccl-tcp": jaccl.create(timeout)}
     try:
-        from adapter.backends import ring
+        from adapter.backends.ring import backend as ring
     except ImportError:
         return backends
     backends["ring"] = ring.create(timeout)
@@ -43,6 +43,7 @@ def open_backends(timeout: float) -> dict:
 
 def rank_main(args) -> None:
     import numpy as np
+
     from adapter.backends.base import ReduceOp
 
     backends = open_backends(60.0)
@@ -96,6 +97,7 @@ def profile(args, backends: dict) -> None:
     import pstats
 
     import numpy as np
+
     from adapter.backends.base import ReduceOp
 
     src = np.ones(max(1, args.profile_bytes // 4), np.float32)

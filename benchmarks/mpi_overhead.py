@@ -56,14 +56,15 @@ def duration(seconds: float) -> str:
 
 
 def main() -> int:
-    from adapter.backends import mpi as mpi_backend
+    from adapter.backends.mpi import backend as mpi_backend
 
     if mpi_backend.probe() is not None:
         return relaunch_under_mpirun()
 
+    from mpi4py import MPI
+
     import adapter
     from adapter import ReduceOp
-    from mpi4py import MPI
 
     group = adapter.init(backend="mpi", strict=True)
     raw_comm = MPI.COMM_WORLD.Dup()

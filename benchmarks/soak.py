@@ -28,8 +28,8 @@ import threading
 import time
 
 import numpy as np
-from adapter.bench import free_ports
 
+from adapter.bench import free_ports
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KINDS = ("sum", "max", "min", "all_gather", "sum_scatter", "broadcast", "barrier", "sendrecv")

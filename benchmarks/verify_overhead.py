@@ -18,8 +18,8 @@ import sys
 import time
 
 import numpy as np
-from adapter.bench import free_ports
 
+from adapter.bench import free_ports
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_SIZES = "4,64,1K,16K,256K,1M,4M,16M,64M"
@@ -46,7 +46,7 @@ def iterations(nbytes: int) -> int:
 def worker(rank: int, addresses: dict, sizes: list[int], rounds: int) -> None:
     sys.path.insert(0, ROOT)
     from adapter.backends.base import ReduceOp
-    from adapter.backends.ring import RingBackend
+    from adapter.backends.ring.backend import RingBackend
 
     groups = {}
     for name, flag in (("plain", "0"), ("verify", "1")):

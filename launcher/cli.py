@@ -18,10 +18,8 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from .environment import (LaunchOptions, RankPlan, ignored_assignments,
-                          parse_env_assignments, plan_ranks)
-from .hostfile import (BACKENDS, Hostfile, HostfileError, check_backend, hosts_from_list,
-                       load_hostfile)
+from .environment import LaunchOptions, RankPlan, ignored_assignments, parse_env_assignments, plan_ranks
+from .hostfile import BACKENDS, Hostfile, HostfileError, check_backend, hosts_from_list, load_hostfile
 from .output import OutputRouter
 from .supervisor import GRACE, Supervisor
 

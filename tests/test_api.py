@@ -1,6 +1,5 @@
 """The public API in one process: init() caching, groups of one, conversions, argument errors."""
 import json
-import os
 
 import ml_dtypes
 import numpy as np

@@ -220,6 +220,7 @@ def large_leaf_travels_alone(ctx):
 @check
 def module_grads_in_place(ctx):
     import torch
+
     import adapter
 
     r = ctx["rank"]
@@ -272,6 +273,7 @@ def communication_type_casts_for_the_wire(ctx):
 def packs_into_few_messages(ctx):
     """One all_reduce per (dtype, ~all_reduce_size bytes), counted on the real backend."""
     import torch
+
     import adapter
 
     group = adapter.init()
@@ -361,6 +363,7 @@ def test_check(outcomes, name: str) -> None:
 
 def test_group_of_one_returns_input_untouched() -> None:
     import torch
+
     import adapter
     from adapter.backends.singleton import SingletonBackend
 

@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from adapter.backends import jaccl, jaccl_config
+from adapter.backends.jaccl import backend as jaccl
+from adapter.backends.jaccl import config as jaccl_config
 from adapter.errors import ConfigError
 
 GOOD = [[None, "rdma_en2", "rdma_en3"], ["rdma_en2", None, ["rdma_en3", "rdma_en4"]], ["rdma_en3", "rdma_en4", None]]

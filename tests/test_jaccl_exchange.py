@@ -15,10 +15,10 @@ import pytest
 
 from adapter.backends.base import ReduceOp
 from adapter.backends.elements import dtype_code
-from adapter.backends.jaccl import Checks, JacclBackend
-from adapter.backends.jaccl_config import MESH
-from adapter.backends.jaccl_exchange import CRC, HEADER, KIND_CODES, VERIFY_FLAG
-from adapter.backends.mesh_tcp import TcpMeshTransport
+from adapter.backends.jaccl.backend import Checks, JacclBackend
+from adapter.backends.jaccl.config import MESH
+from adapter.backends.jaccl.exchange import CRC, HEADER, KIND_CODES, VERIFY_FLAG
+from adapter.backends.transport.tcp_mesh import TcpMeshTransport
 from adapter.errors import CollectiveTimeout, DistributedError, IntegrityError, MismatchError, PeerError
 
 DEVICES = [[None, ["rdma_en3"]], [["rdma_en2"], None]]
@@ -189,7 +189,7 @@ def test_a_peer_that_closed_is_no_error_until_a_message_from_it_is_awaited():
 
 
 def test_stall_report_setting(monkeypatch):
-    from adapter.backends.jaccl import stall_report_seconds
+    from adapter.backends.jaccl.backend import stall_report_seconds
     from adapter.errors import ConfigError
     monkeypatch.delenv("JACKLRING_STALL_REPORT", raising=False)
     assert stall_report_seconds() == 30.0
@@ -203,7 +203,7 @@ def test_stall_report_setting(monkeypatch):
 
 
 def test_spinning_only_when_every_local_rank_has_a_cpu(monkeypatch):
-    from adapter.backends import mesh_tcp
+    from adapter.backends.transport import tcp_mesh as mesh_tcp
     from adapter.errors import ConfigError
     monkeypatch.delenv("JACKLRING_SPIN_US", raising=False)
     cpus = mesh_tcp.available_cpus()

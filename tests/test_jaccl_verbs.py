@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from adapter.backends import verbs
-from adapter.backends.jaccl_transport import RECV, SEND, BufferPool
+from adapter.backends.transport import verbs
+from adapter.backends.transport.slots import RECV, SEND, BufferPool
 from adapter.errors import BackendUnavailable, PeerError
 
 REPO = Path(__file__).resolve().parents[1]

@@ -17,7 +17,7 @@ import pytest
 
 import adapter
 from adapter import group as group_module
-from adapter.backends import mpi as mpi_backend
+from adapter.backends.mpi import backend as mpi_backend
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPTS = REPO / "tests" / "mpi_scripts"
@@ -180,7 +180,8 @@ def test_non_strict_init_outside_mpirun_is_a_group_of_one(outside_mpirun) -> Non
     assert (group.rank(), group.size()) == (0, 1)
 
 
-@pytest.mark.parametrize("variable", ["OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "PMI_SIZE", "MPI_LOCALNRANKS"])
+@pytest.mark.parametrize("variable", [
+    "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "PMI_SIZE", "MPI_LOCALNRANKS"])
 def test_probe_recognises_each_process_manager(outside_mpirun, monkeypatch: pytest.MonkeyPatch, variable: str) -> None:
     monkeypatch.setenv(variable, "0")
     assert mpi_backend.probe() is None

@@ -15,23 +15,34 @@ import time
 
 import numpy as np
 import pytest
-
 from ranks import ROOT, collect, free_ports
 
 from adapter import gpu
-from adapter.backends import nccl, nccl_bootstrap, nccl_device, tcp
 from adapter.backends.base import ReduceOp
 from adapter.backends.elements import BFLOAT16, DTYPE_CODES, reduce_into
-from adapter.backends.nccl_types import (
-    BOOL_OPS, NCCL_BFLOAT16, NCCL_FLOAT32, NCCL_FLOAT64, NCCL_INT32, NCCL_MAX, NCCL_MIN, NCCL_SUM,
-    NCCL_UINT8, NCCL_UINT32, reduce_plan,
+from adapter.backends.nccl import backend as nccl
+from adapter.backends.nccl import bootstrap as nccl_bootstrap
+from adapter.backends.nccl import device as nccl_device
+from adapter.backends.nccl.types import (
+    BOOL_OPS,
+    NCCL_BFLOAT16,
+    NCCL_FLOAT32,
+    NCCL_FLOAT64,
+    NCCL_INT32,
+    NCCL_MAX,
+    NCCL_MIN,
+    NCCL_SUM,
+    NCCL_UINT8,
+    NCCL_UINT32,
+    reduce_plan,
 )
+from adapter.backends.transport import tcp
 from adapter.errors import BackendUnavailable, ConfigError, PeerError
 
 # One rank of the bootstrap: rank 0 serves random bytes, the others fetch; all print the hex.
 RANK_CODE = """
 import os, sys
-from adapter.backends import nccl_bootstrap
+from adapter.backends.nccl import bootstrap as nccl_bootstrap
 rank, world, port = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 uid = nccl_bootstrap.exchange_id(rank, world, "127.0.0.1", port, lambda: os.urandom(128), float(sys.argv[4]))
 print(uid.hex())

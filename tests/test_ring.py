@@ -1,6 +1,5 @@
 """The ring backend with real processes on 127.0.0.1."""
 import pytest
-
 from ranks import assert_all_ok, ring_hostfile, run
 
 

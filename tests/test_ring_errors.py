@@ -7,7 +7,6 @@ import sys
 import time
 
 import pytest
-
 from ranks import ROOT, collect, free_ports, ring_hostfile, run, spawn
 
 EXEC = "ring_scripts/exec.py"
@@ -183,7 +182,7 @@ def test_port_in_use_names_the_rank_and_address():
     blocker.bind(("127.0.0.1", 0))
     blocker.listen(1)
     port = blocker.getsockname()[1]
-    from adapter.backends.ring import RingBackend
+    from adapter.backends.ring.backend import RingBackend
     from adapter.errors import PeerError
     with pytest.raises(PeerError, match=f"rank 0: cannot listen on 127.0.0.1:{port}"):
         RingBackend.from_addresses(0, [[f"127.0.0.1:{port}"], [f"127.0.0.1:{free_ports(1)[0]}"]])

@@ -7,12 +7,12 @@ import warnings
 
 import numpy as np
 import pytest
-
-from adapter.backends.elements import BFLOAT16, reduce_into, reduce_many
-from adapter.backends.base import ReduceOp
-from adapter.backends.ring import validate_addresses
-from adapter.errors import ConfigError
 from ranks import assert_all_ok, free_ports, run
+
+from adapter.backends.base import ReduceOp
+from adapter.backends.elements import BFLOAT16, reduce_into, reduce_many
+from adapter.backends.ring.backend import validate_addresses
+from adapter.errors import ConfigError
 
 
 def _hostfile(tmp_path, data) -> str:

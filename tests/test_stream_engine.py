@@ -6,7 +6,7 @@ import zlib
 
 import pytest
 
-from adapter.backends.stream_engine import Engine, Link
+from adapter.backends.transport.stream_engine import Engine, Link
 from adapter.errors import CollectiveTimeout, IntegrityError, PeerError
 
 

@@ -26,6 +26,9 @@ class Backend(abc.ABC):
     """One communicator: a fixed set of ranks that run collectives together."""
 
     name: str = "?"
+    # True for a backend that reads and writes GPU memory itself (NCCL): the ops layer then hands
+    # it device buffers as they are instead of staging them through host memory.
+    takes_device_buffers: bool = False
 
     @abc.abstractmethod
     def rank(self) -> int: ...
@@ -62,6 +65,10 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def split(self, color: int, key: int) -> "Backend":
         """A new communicator of the ranks that passed the same color, ordered by (key, rank)."""
+
+    @abc.abstractmethod
+    def set_timeout(self, seconds: float) -> None:
+        """The per-operation deadline from now on (the torch process group passes its own)."""
 
     def close(self) -> None:
         """Release sockets and threads. Safe to call twice."""

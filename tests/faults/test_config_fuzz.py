@@ -15,14 +15,14 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from cluster import ROOT, base_env
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 from adapter import config
-from adapter.backends import jaccl_config
-from adapter.backends.ring import load_ring_hostfile, validate_addresses
+from adapter.backends.jaccl import config as jaccl_config
+from adapter.backends.ring.backend import load_ring_hostfile, validate_addresses
 from adapter.errors import ConfigError
-from cluster import ROOT, base_env
 from launcher import cli
 from launcher.environment import LaunchOptions, plan_ranks
 from launcher.hostfile import BACKENDS, HostfileError, check_backend, load_hostfile, parse_hostfile

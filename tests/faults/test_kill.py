@@ -10,8 +10,7 @@ import sys
 import time
 
 import pytest
-
-from cluster import ROOT, RANK_SCRIPT, RankProc, base_env, finish_all, mesh_matrix, reports, start, stop_all
+from cluster import RANK_SCRIPT, ROOT, RankProc, base_env, finish_all, mesh_matrix, reports, start, stop_all
 
 DETECT_LIMIT_S = 5.0
 

@@ -11,7 +11,6 @@ import subprocess
 import time
 
 import pytest
-
 from cluster import finish_all, rank_envs, reports, start, stop_all
 
 OP_TIMEOUT_S = 3.0

@@ -3,7 +3,6 @@ ranks, naming both ranks and both requests."""
 from __future__ import annotations
 
 import pytest
-
 from cluster import finish_all, reports, start, stop_all
 
 # What rank 1 calls differently from rank 0, and words both ranks' messages must contain.

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from cluster import finish_all, rank_envs, reports, start, stop_all
 
 CONNECT_TIMEOUT_S = 2.0

@@ -7,7 +7,6 @@ from __future__ import annotations
 import importlib.util
 
 import pytest
-
 from cluster import ROOT
 
 spec = importlib.util.spec_from_file_location("soak", ROOT / "benchmarks" / "soak.py")

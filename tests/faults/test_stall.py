@@ -7,7 +7,6 @@ import signal
 import time
 
 import pytest
-
 from cluster import finish_all, reports, start, stop_all
 
 STOP_S = 1.5

@@ -5,18 +5,18 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import random
 import socket
 import time
 import zlib
 
 import pytest
-
-from adapter.backends import jaccl_config, tcp
-from adapter.backends.jaccl_side_channel import PURPOSE_SIDE_CHANNEL
-from adapter.backends.ring import PURPOSE_P2P, PURPOSE_RING
 from cluster import finish_all, rank_envs, reports, start, stop_all
+
+from adapter.backends.jaccl import config as jaccl_config
+from adapter.backends.jaccl.side_channel import PURPOSE_SIDE_CHANNEL
+from adapter.backends.ring.backend import PURPOSE_P2P, PURPOSE_RING
+from adapter.backends.transport import tcp
 
 BODY = """
 assert (all_sum(np.ones(5)) == n).all()

@@ -6,7 +6,6 @@ from __future__ import annotations
 import importlib.util
 
 import pytest
-
 from cluster import ROOT, base_env
 from ranks import assert_all_ok, run
 

@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from adapter.backends.nccl_device import cuda_visible_reason, device_count
+from adapter.backends.nccl.device import cuda_visible_reason, device_count
 
 _COUNT = device_count()
 
@@ -36,7 +36,7 @@ def require_cupy():
 
 def nccl_world_of_one(port: int):
     """An NCCL communicator of one rank built through the real environment contract."""
-    from adapter.backends import nccl
+    from adapter.backends.nccl import backend as nccl
 
     env = {"MLX_RANK": "0", "MLX_WORLD_SIZE": "1", "NCCL_HOST_IP": "127.0.0.1", "NCCL_PORT": str(port)}
     old = {k: os.environ.get(k) for k in env}

@@ -6,7 +6,6 @@ import gc
 
 import numpy as np
 import pytest
-
 from gpu_common import needs_gpu, require_cupy
 
 from adapter import gpu

@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-from gpu_common import needs_gpu, nccl_world_of_one, require_cupy
+from gpu_common import nccl_world_of_one, needs_gpu, require_cupy
 from ranks import free_ports
 
 from adapter import gpu
-from adapter.backends import nccl_types
 from adapter.backends.base import ReduceOp
 from adapter.backends.elements import BFLOAT16
+from adapter.backends.nccl import types as nccl_types
 
 pytestmark = [needs_gpu, pytest.mark.timeout(120)]
 cupy = None
@@ -138,8 +137,8 @@ def test_split(comm, monkeypatch, way):
 
 
 def test_ops_layer_passes_cupy_through_a_group_of_one(comm):
-    from adapter.group import Group
     import adapter
+    from adapter.group import Group
 
     x = cupy.arange(6, dtype=cupy.float32)
     y = adapter.all_sum(x, group=Group(comm))

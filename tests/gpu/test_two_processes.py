@@ -8,7 +8,6 @@ import subprocess
 import sys
 
 import pytest
-
 from gpu_common import needs_gpu, needs_two_gpus, require_cupy
 from ranks import ROOT, assert_all_ok, collect, free_ports, run
 

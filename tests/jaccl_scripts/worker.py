@@ -14,9 +14,9 @@ import time
 import ml_dtypes
 import numpy as np
 
-from adapter.backends import jaccl
 from adapter.backends.base import ReduceOp
 from adapter.backends.elements import reduce_many
+from adapter.backends.jaccl import backend as jaccl
 from adapter.errors import MismatchError, PeerError
 
 BF16 = np.dtype(ml_dtypes.bfloat16)

@@ -7,7 +7,6 @@ import sys
 import time
 from pathlib import Path
 
-
 TESTS = Path(__file__).resolve().parents[1]
 if str(TESTS) not in sys.path:
     sys.path.insert(0, str(TESTS))  # for sshd.py

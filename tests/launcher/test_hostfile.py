@@ -2,10 +2,18 @@
 import json
 
 import pytest
-
 from conftest import launch
-from launcher.hostfile import (Host, Hostfile, HostfileError, dump_hostfile, hosts_from_list,
-                               load_hostfile, parse_hostfile, parse_ssh_target)
+
+from launcher.hostfile import (
+    Host,
+    Hostfile,
+    HostfileError,
+    dump_hostfile,
+    hosts_from_list,
+    load_hostfile,
+    parse_hostfile,
+    parse_ssh_target,
+)
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -9,9 +9,7 @@ import sys
 import time
 
 import pytest
-
-from conftest import (LAUNCHER, SCRIPTS, alive, base_env, launch,
-                      rank_envs, start_launcher, wait_for_pids)
+from conftest import LAUNCHER, SCRIPTS, alive, base_env, launch, rank_envs, start_launcher, wait_for_pids
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -7,9 +7,7 @@ import sys
 import time
 
 import pytest
-
-from conftest import (SCRIPTS, assert_all_dead, base_env, launch, rank_envs,
-                      start_launcher, wait_for_pids)
+from conftest import SCRIPTS, assert_all_dead, base_env, launch, rank_envs, start_launcher, wait_for_pids
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -4,9 +4,7 @@ import os
 import signal
 
 import pytest
-
-from conftest import (SCRIPTS, assert_all_dead, base_env, launch, rank_envs, start_launcher,
-                      wait_for_pids)
+from conftest import SCRIPTS, assert_all_dead, base_env, launch, rank_envs, start_launcher, wait_for_pids
 from sshd import write_ssh_config
 
 pytestmark = pytest.mark.timeout(60)

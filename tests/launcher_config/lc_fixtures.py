@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from launcher.discovery import SECTION_MARK, HostFacts, parse_access, parse_probe
+from launcher.config.discovery import SECTION_MARK, HostFacts, parse_access, parse_probe
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

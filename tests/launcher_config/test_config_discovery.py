@@ -5,12 +5,23 @@ import ipaddress
 import json
 
 import pytest
-
-from launcher.discovery import (SECTION_MARK, AccessInfo, ProbeError, choose_ethernet_address,
-                                parse_access, parse_hardware_ports, parse_ibv_devices, parse_ip_addr,
-                                parse_probe, parse_sysfs_rdma, parse_thunderbolt, split_sections,
-                                ssh_server_address)
 from lc_fixtures import host_facts, load
+
+from launcher.config.discovery import (
+    SECTION_MARK,
+    AccessInfo,
+    ProbeError,
+    choose_ethernet_address,
+    parse_access,
+    parse_hardware_ports,
+    parse_ibv_devices,
+    parse_ip_addr,
+    parse_probe,
+    parse_sysfs_rdma,
+    parse_thunderbolt,
+    split_sections,
+    ssh_server_address,
+)
 
 pytestmark = pytest.mark.timeout(30)
 

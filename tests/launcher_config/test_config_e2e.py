@@ -11,18 +11,18 @@ import time
 from pathlib import Path
 
 import pytest
-
-from launcher.config_ssh import RemoteHosts
-from launcher.hostfile import load_hostfile
-from launcher.netplan import Command
 from sshd import ssh_servers, write_ssh_config  # noqa: F401  (ssh_servers is a pytest fixture)
+
+from launcher.config.netplan import Command
+from launcher.config.ssh import RemoteHosts
+from launcher.hostfile import load_hostfile
 
 pytestmark = pytest.mark.timeout(90)
 RUN_TIMEOUT_S = 60
 
 
 def config_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "launcher.config_cli", *args],
+    return subprocess.run([sys.executable, "-m", "launcher.config.cli", *args],
                           capture_output=True, text=True, timeout=RUN_TIMEOUT_S, stdin=subprocess.DEVNULL)
 
 

@@ -5,15 +5,28 @@ import argparse
 import ipaddress
 
 import pytest
-
-from launcher.config_cli import Context, choose_tb_backend
-from launcher.config_output import (OutputError, ethernet_hostfile, jaccl_hostfile, jaccl_ring_hostfile,
-                                    ring_hostfile, to_dot)
-from launcher.hostfile import dump_hostfile, parse_hostfile
-from launcher.netplan import (Command, PlanError, check_no_clash, format_commands, host_commands,
-                              linux_commands, plan_addresses)
-from launcher.topology import TopologyError, find_ring, from_thunderbolt
 from lc_fixtures import host_facts
+
+from launcher.config.cli import Context, choose_tb_backend
+from launcher.config.netplan import (
+    Command,
+    PlanError,
+    check_no_clash,
+    format_commands,
+    host_commands,
+    linux_commands,
+    plan_addresses,
+)
+from launcher.config.output import (
+    OutputError,
+    ethernet_hostfile,
+    jaccl_hostfile,
+    jaccl_ring_hostfile,
+    ring_hostfile,
+    to_dot,
+)
+from launcher.config.topology import TopologyError, find_ring, from_thunderbolt
+from launcher.hostfile import dump_hostfile, parse_hostfile
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -236,13 +249,13 @@ def tb_args(**overrides):
 
 
 def access_report(facts, sudo=True, uid=501):
-    from launcher.config_ssh import HostAccess
-    from launcher.discovery import AccessInfo
+    from launcher.config.discovery import AccessInfo
+    from launcher.config.ssh import HostAccess
     return [HostAccess(f.ssh, AccessInfo("Darwin", uid, f.ethernet_address, sudo)) for f in facts]
 
 
 def test_cli_flow_prints_per_host_commands_and_a_jaccl_hostfile():
-    from launcher.config_cli import configure_thunderbolt
+    from launcher.config.cli import configure_thunderbolt
     facts = host_facts("tb_mesh4")
     hostfile, printed = configure_thunderbolt(tb_args(), None, access_report(facts), facts, ["K=V"])
     assert hostfile.backend == "jaccl" and hostfile.envs == ["K=V"]
@@ -252,7 +265,7 @@ def test_cli_flow_prints_per_host_commands_and_a_jaccl_hostfile():
 
 
 def test_cli_flow_ring_dot_and_sudo_refusal():
-    from launcher.config_cli import UsageError, configure_thunderbolt
+    from launcher.config.cli import UsageError, configure_thunderbolt
     facts = host_facts("tb_ring3_nordma")
     hostfile, printed = configure_thunderbolt(tb_args(), None, access_report(facts, uid=0), facts, [])
     assert hostfile.backend == "ring" and "sudo" not in printed   # root: commands without sudo
@@ -264,7 +277,7 @@ def test_cli_flow_ring_dot_and_sudo_refusal():
 
 
 def test_cli_flow_needs_two_hosts_for_thunderbolt():
-    from launcher.config_cli import UsageError, configure_thunderbolt
+    from launcher.config.cli import UsageError, configure_thunderbolt
     facts = host_facts("tb_ring2")[:1]
     with pytest.raises(UsageError, match="at least two hosts"):
         configure_thunderbolt(tb_args(), None, access_report(facts), facts, [])

@@ -2,10 +2,20 @@
 from __future__ import annotations
 
 import pytest
-
-from launcher.topology import (Cable, Topology, TopologyError, explain_no_mesh, explain_no_ring, find_ring,
-                               from_thunderbolt, is_full_mesh, longest_partial_ring, mesh_connections)
 from lc_fixtures import host_facts
+
+from launcher.config.topology import (
+    Cable,
+    Topology,
+    TopologyError,
+    explain_no_mesh,
+    explain_no_ring,
+    find_ring,
+    from_thunderbolt,
+    is_full_mesh,
+    longest_partial_ring,
+    mesh_connections,
+)
 
 pytestmark = pytest.mark.timeout(30)
 

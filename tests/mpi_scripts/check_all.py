@@ -15,7 +15,7 @@ import torch
 
 import adapter
 from adapter import ReduceOp
-from adapter.backends import mpi as mpi_backend
+from adapter.backends.mpi import backend as mpi_backend
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 DTYPES = [

@@ -1,5 +1,4 @@
 """Point to point with any peer, split, torch tensors, multi-dimensional shapes."""
-import sys
 
 import numpy as np
 

@@ -10,7 +10,6 @@ import re
 import subprocess
 
 import pytest
-
 import torch_harness as harness
 
 pytest.importorskip("torch")
@@ -32,7 +31,7 @@ def test_registration_is_idempotent_and_declares_devices():
 
 def test_pg_options_choose_the_backend_and_reject_nonsense():
     from adapter.errors import ConfigError
-    from adapter.torch_rendezvous import JacklringOptions, backend_choice
+    from adapter.torch_backend.rendezvous import JacklringOptions, backend_choice
     assert backend_choice(JacklringOptions(backend="ring")) == "ring"
     assert backend_choice({"backend": "MPI"}) == "mpi"
     assert backend_choice("any") == "any"
@@ -69,7 +68,8 @@ def test_destroy_and_init_again_over_file_tcp_twice_and_env():
 def test_training_parameters_equal_gloo_ddp_hooks_zero_fsdp2():
     results = harness.run(2, "training.py", timeout=110)
     harness.assert_all_ok(results, marker="training ALL OK")
-    for case in ("ddp", "bucket_view", "unused", "no_sync", "bf16", "static_graph", "fp16_hook", "powersgd", "sparse", "zero", "fsdp2"):
+    for case in ("ddp", "bucket_view", "unused", "no_sync", "bf16", "static_graph",
+                 "fp16_hook", "powersgd", "sparse", "zero", "fsdp2"):
         assert f"{case}: parameters match gloo" in results[0].stdout
 
 

@@ -26,7 +26,6 @@ def one_line(exc):
 say("START")
 from adapter.errors import DistributedError  # noqa: E402  (init's failures are all of this type)
 
-
 if BACKEND == "torch":
     import torch
     import torch.distributed as dist

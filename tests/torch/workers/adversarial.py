@@ -11,7 +11,6 @@ import time
 
 import torch
 import torch.distributed as dist
-
 from common import init
 
 rank, world = init()

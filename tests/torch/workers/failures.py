@@ -10,7 +10,6 @@ import time
 
 import torch
 import torch.distributed as dist
-
 from common import init
 
 mode = sys.argv[4]

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
-from torch.distributed.distributed_c10d import _coalescing_manager
-
 from common import init
+from torch.distributed.distributed_c10d import _coalescing_manager
 
 rank, world = init()
 JL = dist.group.WORLD
@@ -85,7 +84,9 @@ def coalesced(g):
             dist.all_reduce(t, group=g)
     cm.wait()
     return ts
-check("coalescing manager all_reduce", coalesced(JL), [data(torch.float32, 5, i, q=0) * 0 + sum(data(torch.float32, 5, i, q=q) for q in range(world)) for i in range(3)] + [sum(data(torch.int64, 4, 9, q=q) for q in range(world))])
+check("coalescing manager all_reduce", coalesced(JL),
+      [data(torch.float32, 5, i, q=0) * 0 + sum(data(torch.float32, 5, i, q=q) for q in range(world)) for i in range(3)]
+      + [sum(data(torch.int64, 4, 9, q=q) for q in range(world))])
 
 def coalesced_api(g):
     ts = [data(torch.float32, 6, i) for i in range(3)]
@@ -140,7 +141,9 @@ def ag_coalesced(g):
             dist.all_gather_into_tensor(o, i, group=g)
     cm.wait()
     return outs
-check("coalesced all_gather_into_tensor", ag_coalesced(JL), [torch.cat([data(torch.float32, 3, 1, q=q) for q in range(world)]), torch.cat([data(torch.float32, 5, 2, q=q) for q in range(world)])])
+check("coalesced all_gather_into_tensor", ag_coalesced(JL),
+      [torch.cat([data(torch.float32, 3, 1, q=q) for q in range(world)]),
+       torch.cat([data(torch.float32, 5, 2, q=q) for q in range(world)])])
 
 objs = [None] * world
 dist.all_gather_object(objs, {"rank": rank, "s": "x" * rank}, group=JL)
@@ -177,7 +180,8 @@ def rs_coalesced(g):
             dist.reduce_scatter_tensor(o, data(torch.float32, world * o.numel(), o.numel()), group=g)
     cm.wait()
     return outs
-check("coalesced reduce_scatter_tensor", rs_coalesced(JL), [sum(data(torch.float32, world * m, m, q=q) for q in range(world))[rank * m:(rank + 1) * m] for m in (2, 3)])
+check("coalesced reduce_scatter_tensor", rs_coalesced(JL),
+      [sum(data(torch.float32, world * m, m, q=q) for q in range(world))[rank * m:(rank + 1) * m] for m in (2, 3)])
 
 # ---- rooted ops, all_to_all, barrier ---------------------------------------------------------------
 for root in range(world):
@@ -251,7 +255,8 @@ t = torch.ones(2)
 dist.all_reduce(t, group=subgroups)
 check("new_subgroups_by_enumeration", t, torch.full((2,), float(world - 1 if rank < world - 1 else 1)))
 
-from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.device_mesh import init_device_mesh  # noqa: E402  (needs the group formed above)
+
 mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("dp",))
 t = torch.ones(2)
 dist.all_reduce(t, group=mesh.get_group("dp"))

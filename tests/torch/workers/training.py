@@ -8,10 +8,9 @@ import time
 
 import torch
 import torch.distributed as dist
+from common import extra, init
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
-
-from common import extra, init
 
 rank, world = init()
 JL = dist.group.WORLD
@@ -164,7 +163,8 @@ for name in chosen:
         assert torch.allclose(a, b, rtol=1e-5, atol=1e-6), \
             f"rank {rank}: {name}: parameter {i} differs from gloo's by {(a - b).abs().max().item()}"
     exact = all(torch.equal(a, b) for a, b in zip(ours, theirs))
-    moved = name == "sparse" or any(not torch.equal(a, b) for a, b in zip(ours, [p.detach() for p in model().parameters()]))  # sparse_run checks itself
+    fresh = [p.detach() for p in model().parameters()]
+    moved = name == "sparse" or any(not torch.equal(a, b) for a, b in zip(ours, fresh))  # sparse_run checks itself
     assert moved, f"{name}: training did not change the parameters"
     print(f"rank {rank}: {name}: parameters match gloo ({'bit-exact' if exact else 'within 1e-5'})", flush=True)
 

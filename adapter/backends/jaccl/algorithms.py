@@ -1,0 +1,266 @@
+"""JACCL's collectives, written against a Link (framed exchange over any transport).
+
+Mesh (every pair of ranks directly connected):
+  - small all_reduce: one step, every rank sends its data to every peer and reduces all N
+    contributions in rank order, so every rank computes the same bits;
+  - large all_reduce: reduce-scatter (rank j reduces block j from all peers, in rank order) then
+    all-gather of the reduced blocks: each link carries 2/N of the data instead of all of it.
+Ring (links only between neighbours, `jaccl-ring`): the classic ring reduce-scatter and
+all-gather, one block per step; each block is reduced by one chain and then copied, so the
+result is identical on every rank too.
+"""
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from ...errors import DistributedError
+from ..base import ReduceOp
+from ..elements import dtype_code, reduce_into, reduce_many
+from .exchange import KIND_CODES, REDUCE_CODES, Link, Request
+
+# Above this, with more than two ranks, the mesh all_reduce uses reduce-scatter + all-gather.
+MESH_LARGE_BYTES = 64 << 10
+RING_LARGE_BYTES = 64 << 10
+_EMPTY = memoryview(b"")
+
+
+def as_bytes(arr: np.ndarray) -> memoryview:
+    """A flat byte view of a contiguous array (no copy)."""
+    return memoryview(arr.reshape(-1).view(np.uint8))
+
+
+def block_bounds(count: int, parts: int) -> list[int]:
+    return [i * count // parts for i in range(parts + 1)]
+
+
+def _request(kind: str, arr: np.ndarray | None = None, op: ReduceOp | None = None, extra: int = 0) -> Request:
+    if arr is None:
+        return _cached_request(kind, None, 0, op, extra)
+    return _cached_request(kind, arr.dtype, arr.nbytes, op, extra)
+
+
+@functools.lru_cache(maxsize=512)
+def _cached_request(kind: str, dtype, nbytes: int, op: ReduceOp | None, extra: int) -> Request:
+    """Requests repeat (the same op on the same sizes every step): build each once."""
+    return Request(KIND_CODES[kind], REDUCE_CODES[op.value] if op else 0,
+                   dtype_code(dtype) if dtype is not None else 0, nbytes, extra)
+
+
+class _SmallPlan:
+    """Everything the one-step all_reduce of one (dtype, size, op) needs, built once: the
+    request, a row per rank to receive into, the receive views and the list reduce_many takes.
+    Training loops repeat the same few reductions, so the latency path allocates nothing."""
+
+    __slots__ = ("request", "rows", "own", "own_bytes", "targets", "parts")
+
+    def __init__(self, request: Request, dtype: np.dtype, count: int, rank: int, peers: list[int]) -> None:
+        self.request = request
+        self.rows = np.empty((len(peers) + 1, count), dtype)
+        self.own = self.rows[rank]
+        self.own_bytes = as_bytes(self.own)
+        row_bytes = as_bytes(self.rows)
+        width = count * self.rows.itemsize
+        self.targets = {p: row_bytes[p * width:(p + 1) * width] for p in peers}
+        self.parts = list(self.rows)
+
+
+class Algorithms:
+    """Point-to-point operations and checks shared by both topologies."""
+
+    def __init__(self, link: Link, size: int) -> None:
+        self.link = link
+        self.rank = link.rank
+        self.size = size
+
+    def _check_peer(self, peer: int, what: str) -> None:
+        if not 0 <= peer < self.size or peer == self.rank:
+            raise DistributedError(f"rank {self.rank}: {what} rank {peer} is not another rank of this "
+                                   f"group of size {self.size}")
+        if peer not in self.link.sent:
+            raise DistributedError(f"rank {self.rank}: {what} rank {peer} is not a neighbour; in JACCL "
+                                   f"ring mode only ring neighbours {sorted(self.link.sent)} are connected")
+
+    def send(self, buf: np.ndarray, dst: int) -> None:
+        self._check_peer(dst, "send to")
+        self.link.transfer(_request("send", buf, extra=dst), {dst: as_bytes(buf)}, {}, self.link.deadline())
+
+    def recv(self, buf: np.ndarray, src: int) -> None:
+        self._check_peer(src, "recv from")
+        expect = _request("send", buf, extra=self.rank)
+        self.link.transfer(_request("recv", buf, extra=src), {}, {src: as_bytes(buf)}, self.link.deadline(),
+                           expect=expect)
+
+
+class MeshAlgorithms(Algorithms):
+    def __init__(self, link: Link, size: int) -> None:
+        super().__init__(link, size)
+        self._peer_list = [p for p in range(size) if p != self.rank]
+        self._plans: dict[tuple, _SmallPlan] = {}
+
+    def _peers(self) -> list[int]:
+        return self._peer_list
+
+    def all_reduce(self, src: np.ndarray, dst: np.ndarray, op: ReduceOp) -> None:
+        nbytes = src.nbytes
+        if nbytes <= self.link.payload and (self.size <= 2 or nbytes < MESH_LARGE_BYTES):
+            self._all_reduce_small(src, dst, op)
+        elif self.size > 2 and nbytes >= MESH_LARGE_BYTES and src.size >= self.size:
+            self._all_reduce_blocks(_request("all_reduce", src, op), src, dst, op)
+        else:
+            self._all_reduce_one_step(_request("all_reduce", src, op), src, dst, op)
+
+    def _all_reduce_small(self, src: np.ndarray, dst: np.ndarray, op: ReduceOp) -> None:
+        """One frame to and from every peer, then a reduction in rank order."""
+        key = (src.dtype.num, src.size, op)
+        plan = self._plans.get(key)
+        if plan is None:
+            if len(self._plans) >= 64:
+                self._plans.clear()
+            plan = self._plans[key] = _SmallPlan(_request("all_reduce", src, op), src.dtype, src.size,
+                                                 self.rank, self._peer_list)
+        # The own row is a copy: dst may alias src, and reduce_many reads every part after the first.
+        plan.own[...] = src
+        self.link.transfer(plan.request, dict.fromkeys(self._peer_list, plan.own_bytes), plan.targets,
+                           self.link.deadline())
+        reduce_many(dst, plan.parts, op)
+
+    def _gather_rows(self, request: Request, sends: dict[int, memoryview], row_len: int,
+                     own: np.ndarray, deadline: float, phase: int = 0) -> np.ndarray:
+        """Receive a row of row_len elements from every peer; own fills this rank's row."""
+        rows = np.empty((self.size, row_len), own.dtype)
+        rows[self.rank] = own
+        row_bytes = row_len * own.itemsize
+        flat = as_bytes(rows)
+        self.link.transfer(request, sends, {p: flat[p * row_bytes:(p + 1) * row_bytes] for p in self._peers()},
+                           deadline, phase)
+        return rows
+
+    def _all_reduce_one_step(self, request: Request, src: np.ndarray, dst: np.ndarray, op: ReduceOp) -> None:
+        data = as_bytes(src)
+        rows = self._gather_rows(request, {p: data for p in self._peers()}, src.size, src, self.link.deadline())
+        reduce_many(dst, list(rows), op)
+
+    def _all_reduce_blocks(self, request: Request, src: np.ndarray, dst: np.ndarray, op: ReduceOp) -> None:
+        deadline = self.link.deadline()
+        bounds = block_bounds(src.size, self.size)
+        lo, hi = bounds[self.rank], bounds[self.rank + 1]
+        sends = {p: as_bytes(src[bounds[p]:bounds[p + 1]]) for p in self._peers()}
+        rows = self._gather_rows(request, sends, hi - lo, src[lo:hi], deadline, phase=0)
+        mine = np.empty(hi - lo, src.dtype)
+        reduce_many(mine, list(rows), op)
+        # src is no longer read: dst may alias it from here on.
+        item = src.itemsize
+        peers = self._peers()
+        out = as_bytes(dst)
+        self.link.transfer(request, {p: as_bytes(mine) for p in peers},
+                           {p: out[bounds[p] * item:bounds[p + 1] * item] for p in peers}, deadline, phase=1)
+        dst[lo:hi] = mine
+
+    def all_gather(self, src: np.ndarray, dst: np.ndarray) -> None:
+        data = as_bytes(src)
+        peers = self._peers()
+        out, n = as_bytes(dst), src.nbytes
+        self.link.transfer(_request("all_gather", src), {p: data for p in peers},
+                           {p: out[p * n:(p + 1) * n] for p in peers}, self.link.deadline())
+        dst[self.rank * src.size:(self.rank + 1) * src.size] = src
+
+    def reduce_scatter(self, src: np.ndarray, dst: np.ndarray, op: ReduceOp) -> None:
+        n = dst.size
+        sends = {p: as_bytes(src[p * n:(p + 1) * n]) for p in self._peers()}
+        own = src[self.rank * n:(self.rank + 1) * n]
+        rows = self._gather_rows(_request("reduce_scatter", src, op), sends, n, own, self.link.deadline())
+        reduce_many(dst, list(rows), op)
+
+    def broadcast(self, buf: np.ndarray, root: int) -> None:
+        request = _request("broadcast", buf, extra=root)
+        if root == self.rank:
+            peers = self._peers()
+            # Receivers answer with a header-only message so the root also sees a mismatch.
+            self.link.transfer(request, {p: as_bytes(buf) for p in peers}, {p: _EMPTY for p in peers},
+                               self.link.deadline())
+        else:
+            self._check_peer(root, "broadcast root")
+            self.link.transfer(request, {root: _EMPTY}, {root: as_bytes(buf)}, self.link.deadline())
+
+    def barrier(self) -> None:
+        peers = self._peers()
+        self.link.transfer(_request("barrier"), {p: _EMPTY for p in peers}, {p: _EMPTY for p in peers},
+                           self.link.deadline())
+
+
+class RingAlgorithms(Algorithms):
+    def __init__(self, link: Link, size: int) -> None:
+        super().__init__(link, size)
+        self.left = (self.rank - 1) % size
+        self.right = (self.rank + 1) % size
+
+    def _step(self, request: Request, phase: int, send: memoryview, recv_into: memoryview,
+              deadline: float) -> None:
+        """Send to the right neighbour while receiving from the left one."""
+        self.link.transfer(request, {self.right: send}, {self.left: recv_into}, deadline, phase)
+
+    def _ring_all_gather(self, request: Request, blocks: list[memoryview], deadline: float,
+                         first_phase: int = 0) -> None:
+        """blocks[r] (this rank's) is filled; after N-1 steps every block is."""
+        n, r = self.size, self.rank
+        for s in range(n - 1):
+            self._step(request, first_phase + s, blocks[(r - s) % n], blocks[(r - s - 1) % n], deadline)
+
+    def _ring_reduce_scatter(self, request: Request, acc: np.ndarray, bounds: list[int], op: ReduceOp,
+                             deadline: float) -> None:
+        """Reduce acc across ranks so that acc's block `rank` holds the full result."""
+        n, r = self.size, self.rank
+        scratch = np.empty(max(bounds[i + 1] - bounds[i] for i in range(n)), acc.dtype)
+        for s in range(n - 1):
+            out_i, in_i = (r - s - 1) % n, (r - s - 2) % n
+            incoming = scratch[:bounds[in_i + 1] - bounds[in_i]]
+            self._step(request, s, as_bytes(acc[bounds[out_i]:bounds[out_i + 1]]), as_bytes(incoming), deadline)
+            block = acc[bounds[in_i]:bounds[in_i + 1]]
+            reduce_into(block, incoming, block, op)
+
+    def all_reduce(self, src: np.ndarray, dst: np.ndarray, op: ReduceOp) -> None:
+        request = _request("all_reduce", src, op)
+        deadline = self.link.deadline()
+        n = self.size
+        if src.nbytes < RING_LARGE_BYTES or src.size < n:
+            rows = np.empty((n, src.size), src.dtype)
+            rows[self.rank] = src
+            self._ring_all_gather(request, [as_bytes(row) for row in rows], deadline)
+            reduce_many(dst, list(rows), op)
+            return
+        bounds = block_bounds(src.size, n)
+        acc = src.copy()
+        self._ring_reduce_scatter(request, acc, bounds, op, deadline)
+        self._ring_all_gather(request, [as_bytes(acc[bounds[i]:bounds[i + 1]]) for i in range(n)],
+                              deadline, first_phase=n)
+        dst[...] = acc
+
+    def all_gather(self, src: np.ndarray, dst: np.ndarray) -> None:
+        k = src.size
+        dst[self.rank * k:(self.rank + 1) * k] = src
+        self._ring_all_gather(_request("all_gather", src),
+                              [as_bytes(dst[i * k:(i + 1) * k]) for i in range(self.size)], self.link.deadline())
+
+    def reduce_scatter(self, src: np.ndarray, dst: np.ndarray, op: ReduceOp) -> None:
+        k = dst.size
+        acc = src.copy()
+        self._ring_reduce_scatter(_request("reduce_scatter", src, op), acc,
+                                  [i * k for i in range(self.size + 1)], op, self.link.deadline())
+        dst[...] = acc[self.rank * k:(self.rank + 1) * k]
+
+    def broadcast(self, buf: np.ndarray, root: int) -> None:
+        if not 0 <= root < self.size:
+            raise DistributedError(f"rank {self.rank}: broadcast root {root} is not a rank of this group "
+                                   f"of size {self.size}")
+        request = _request("broadcast", buf, extra=root)
+        deadline = self.link.deadline()
+        position = (self.rank - root) % self.size
+        if position > 0:   # receive from the left, answering with a header so it can check us
+            self.link.transfer(request, {self.left: _EMPTY}, {self.left: as_bytes(buf)}, deadline)
+        if position < self.size - 1:   # forward to the right
+            self.link.transfer(request, {self.right: as_bytes(buf)}, {self.right: _EMPTY}, deadline)
+
+    def barrier(self) -> None:
+        self._ring_all_gather(_request("barrier"), [_EMPTY] * self.size, self.link.deadline())

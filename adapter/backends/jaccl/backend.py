@@ -1,0 +1,236 @@
+"""The JACCL backend: a low-latency mesh (or ring) of direct links between ranks.
+
+Environment (identical to MLX): MLX_RANK, MLX_JACCL_COORDINATOR (ip:port where rank 0 listens
+for the side channel), MLX_IBV_DEVICES (N x N JSON of RDMA device names), MLX_JACCL_RING=1 to
+prefer the ring (`launcher --backend jaccl-ring`).
+
+Transport: RDMA through pyverbs when every rank has its devices, else the TCP mesh, chosen
+together by all ranks over the side channel with one log line. JACKLRING_JACCL_TRANSPORT=tcp
+forces TCP; =rdma requires RDMA (and fails, naming the rank and reason, without it).
+
+JACKLRING_VERIFY=1 adds a CRC-32 to every frame, checked on receipt; JACKLRING_STALL_REPORT
+(seconds, default 30, 0 turns it off) logs once when an operation waits that long.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import time
+import zlib
+from typing import NamedTuple
+
+import numpy as np
+
+from ... import config
+from ...errors import BackendUnavailable, ConfigError
+from ..base import Backend, ReduceOp
+from ..singleton import SingletonBackend
+from ..transport import tcp, tcp_mesh, verbs
+from ..transport.slots import Transport
+from . import config as jaccl_config
+from .algorithms import MeshAlgorithms, RingAlgorithms
+from .config import MESH, RING, DeviceMatrix
+from .exchange import Link
+from .side_channel import SideChannel
+
+log = logging.getLogger("jacklring.jaccl")
+
+TRANSPORT_ENV = "JACKLRING_JACCL_TRANSPORT"
+TRANSPORTS = ("auto", "tcp", "rdma")
+STALL_ENV = "JACKLRING_STALL_REPORT"
+DEFAULT_STALL_REPORT_S = 30.0
+
+
+def probe() -> str | None:
+    """None when the JACCL environment is present (validated in create()), else why not."""
+    return jaccl_config.missing_variables()
+
+
+def transport_choice() -> str:
+    return config.get("JACKLRING_JACCL_TRANSPORT")
+
+
+def stall_report_seconds() -> float | None:
+    """JACKLRING_STALL_REPORT in seconds (default 30); None when it is 0 (no report)."""
+    return config.get("JACKLRING_STALL_REPORT")
+
+
+def create(timeout: float | None = None) -> "Backend":
+    """Validate the environment, then form the group through the side channel."""
+    cfg = jaccl_config.load()
+    choice = transport_choice()
+    op_timeout = config.op_timeout(timeout)
+    checks = Checks(config.get("JACKLRING_VERIFY"), stall_report_seconds())
+    if cfg.size == 1:
+        return SingletonBackend()  # `launcher --backend jaccl -n 1`: nobody to connect to
+    deadline = time.monotonic() + config.connect_timeout()
+    token = zlib.crc32(json.dumps([tcp.format_address(cfg.coordinator), cfg.devices]).encode())
+    side = SideChannel(cfg.rank, cfg.size, cfg.coordinator, token, deadline)
+    try:
+        kind = _agree_on_transport(cfg, choice, side)
+        host = side.local_host()
+        transport = _build_transport(kind, cfg.rank, cfg.size, cfg.peers(), cfg.devices[cfg.rank],
+                                     host, side.all_gather, token, deadline)
+        try:
+            side.barrier()  # every queue pair / socket is ready before anyone sends
+        except BaseException:
+            transport.close()
+            raise
+    except Exception as exc:
+        side.abort(f"{type(exc).__name__}: {exc}")  # rank 0 tells the others why (no-op elsewhere)
+        raise
+    finally:
+        side.close()
+    return JacclBackend(transport, cfg.devices, cfg.mode, kind, host, token, op_timeout, checks)
+
+
+class Checks(NamedTuple):
+    verify: bool                    # JACKLRING_VERIFY
+    stall_report_s: float | None    # JACKLRING_STALL_REPORT
+
+
+def _agree_on_transport(cfg: jaccl_config.JacclConfig, choice: str, side: SideChannel) -> str:
+    """Every rank reports whether it can use its RDMA devices; all use RDMA or all use TCP."""
+    if choice == "tcp":
+        reason = f"{TRANSPORT_ENV}=tcp"
+    elif not jaccl_config.lists_devices(cfg.devices):
+        reason = "MLX_IBV_DEVICES names no RDMA device (every cell is null)"
+    else:
+        reason = verbs.probe_devices({d for p in cfg.peers() for d in cfg.devices[cfg.rank][p]})
+    reasons = [json.loads(b)["no_rdma"] for b in side.all_gather(json.dumps({"no_rdma": reason}).encode())]
+    blocked = [(r, why) for r, why in enumerate(reasons) if why is not None]
+    if not blocked:
+        return "rdma"
+    first_rank, first_reason = blocked[0]
+    if choice == "rdma":
+        raise BackendUnavailable(f"{TRANSPORT_ENV}=rdma but rank {first_rank} cannot use RDMA: {first_reason}")
+    if cfg.rank == 0 and choice == "auto":
+        log.warning("JACCL: using the TCP mesh transport (rank %d: %s)", first_rank, first_reason)
+    return "tcp"
+
+
+def _build_transport(kind: str, rank: int, size: int, peers: list[int], device_row: list[list[str]],
+                     host: str, exchange, token: int, deadline: float) -> Transport:
+    """Connect the transport; calls exchange exactly once on every rank.
+
+    peers: the ranks the topology needs; the TCP mesh connects to every rank regardless."""
+    if kind == "rdma":
+        return verbs.connect(rank, size, peers, device_row, exchange, deadline)
+    # TCP links every pair even in ring mode (the ring algorithms use only the neighbours), so
+    # send/recv reach any rank as on every other backend; RDMA ring mode has only its cables.
+    everyone = [p for p in range(size) if p != rank]
+    return tcp_mesh.connect_mesh(rank, size, everyone, host, exchange, token, deadline)
+
+
+class JacclBackend(Backend):
+    name = "jaccl"
+
+    def __init__(self, transport: Transport, devices: DeviceMatrix, mode: str, transport_kind: str,
+                 host: str, token: int, timeout: float, checks: Checks = Checks(False, None)) -> None:
+        self._transport = transport
+        self._devices = devices
+        self.mode = mode
+        self.transport_kind = transport_kind
+        self._host = host
+        self._token = token
+        self._timeout = timeout
+        self._splits = 0
+        self._checks = checks
+        self._link = Link(transport, timeout, checks.verify, checks.stall_report_s)
+        algorithms = MeshAlgorithms if mode == MESH else RingAlgorithms
+        self._algorithms: MeshAlgorithms | RingAlgorithms = algorithms(self._link, transport.size)
+
+    def set_timeout(self, seconds: float) -> None:
+        self._timeout = config.check_seconds(float(seconds), "timeout")
+        self._link.timeout = self._timeout
+
+    def rank(self) -> int:
+        return self._transport.rank
+
+    def size(self) -> int:
+        return self._transport.size
+
+    # Each operation is numbered (the "seq" in timeouts and stall reports).
+
+    def all_reduce(self, src: np.ndarray, dst: np.ndarray, op: ReduceOp) -> None:
+        self._link.op_seq += 1
+        self._algorithms.all_reduce(src, dst, op)
+
+    def all_gather(self, src: np.ndarray, dst: np.ndarray) -> None:
+        self._link.op_seq += 1
+        self._algorithms.all_gather(src, dst)
+
+    def reduce_scatter(self, src: np.ndarray, dst: np.ndarray, op: ReduceOp) -> None:
+        self._link.op_seq += 1
+        self._algorithms.reduce_scatter(src, dst, op)
+
+    def broadcast(self, buf: np.ndarray, root: int) -> None:
+        self._link.op_seq += 1
+        self._algorithms.broadcast(buf, root)
+
+    def barrier(self) -> None:
+        self._link.op_seq += 1
+        self._algorithms.barrier()
+
+    def send(self, buf: np.ndarray, dst: int) -> None:
+        self._link.op_seq += 1
+        self._algorithms.send(buf, dst)
+
+    def recv(self, buf: np.ndarray, src: int) -> None:
+        self._link.op_seq += 1
+        self._algorithms.recv(buf, src)
+
+    def _all_gather_blobs(self, blob: bytes) -> list[bytes]:
+        """Variable-length all-gather over this group (lengths first, then padded bytes)."""
+        n = self.size()
+        lengths = np.empty(n, np.int64)
+        self.all_gather(np.array([len(blob)], np.int64), lengths)
+        width = int(lengths.max())
+        padded = np.zeros(width, np.uint8)
+        padded[:len(blob)] = np.frombuffer(blob, np.uint8)
+        everything = np.empty(n * width, np.uint8)
+        self.all_gather(padded, everything)
+        return [everything[i * width:i * width + int(lengths[i])].tobytes() for i in range(n)]
+
+    def split(self, color: int, key: int) -> Backend:
+        """Ranks with the same color form a new mesh (or ring), ordered by (key, rank): fresh
+        connection details are exchanged over this group, like the ring backend's split."""
+        me = self.rank()
+        pairs = np.empty(2 * self.size(), np.int64)
+        self.all_gather(np.array([color, key], np.int64), pairs)
+        colors, keys = pairs[0::2], pairs[1::2]
+        members = sorted((r for r in range(self.size()) if colors[r] == color), key=lambda r: (keys[r], r))
+        new_rank = members.index(me)
+        self._splits += 1
+        token = zlib.crc32(f"{self._token}:{self._splits}:{color}".encode())
+        devices = [[self._devices[a][b] for b in members] for a in members]
+        mode = self.mode
+        if len(members) > 1 and mode == RING:
+            missing = jaccl_config.missing_ring_links(devices)
+            if missing and self.transport_kind == "rdma":
+                raise ConfigError(f"rank {me}: split(color={color}) ranks {members} do not form a ring of "
+                                  f"RDMA links (missing cells {missing} of the sub-matrix)")
+        peers = ([p for p in range(len(members)) if p != new_rank] if mode == MESH
+                 else sorted({(new_rank - 1) % len(members), (new_rank + 1) % len(members)} - {new_rank}))
+
+        def exchange(blob: bytes) -> list[bytes]:
+            everyone = self._all_gather_blobs(blob)
+            return [everyone[m] for m in members]
+
+        deadline = time.monotonic() + config.connect_timeout()
+        if len(members) == 1:
+            exchange(b"")   # every parent rank takes part in the same exchanges
+            self.barrier()
+            return SingletonBackend()
+        transport = _build_transport(self.transport_kind, new_rank, len(members), peers,
+                                     devices[new_rank], self._host, exchange, token, deadline)
+        try:
+            self.barrier()  # every new connection is ready before the new group is used
+        except BaseException:
+            transport.close()
+            raise
+        return JacclBackend(transport, devices, mode, self.transport_kind, self._host, token, self._timeout,
+                            self._checks)
+
+    def close(self) -> None:
+        self._transport.close()

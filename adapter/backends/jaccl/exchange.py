@@ -1,0 +1,380 @@
+"""Framed, checked, pipelined message exchange over a JACCL transport.
+
+Every message an algorithm sends is cut into frames that fit one transport slot; every frame
+starts with a header naming the request it belongs to (operation, reduction, dtype, byte
+count, root), the message's sequence number on that link and the frame's index. The receiver
+compares each frame's header with what it expects, so two ranks that issued different
+operations both raise MismatchError naming both requests instead of corrupting data or hanging.
+
+With JACKLRING_VERIFY=1 every frame also ends with the CRC-32 (zlib) of its header and data,
+checked on receipt (IntegrityError naming the peer); a flag in the header tells a rank whose
+peer disagrees about verification. A transfer waiting longer than JACKLRING_STALL_REPORT logs
+once which peers still owe frames; at its deadline it raises CollectiveTimeout naming the
+operation and the peers.
+
+`Link.transfer` moves one message to each of several peers and one from each of several peers at
+once; messages that fit one frame take a short path (the latency path), larger ones keep
+`slots` frames in flight per peer and direction.
+"""
+from __future__ import annotations
+
+import logging
+import struct
+import time
+import zlib
+from dataclasses import dataclass
+
+from ...errors import CollectiveTimeout, DistributedError, IntegrityError, MismatchError, PeerError
+from ..elements import CODE_NAMES
+from ..transport.slots import SEND, Transport
+
+log = logging.getLogger("jacklring.jaccl")
+
+# kind (| VERIFY_FLAG), reduce op, dtype code, phase, sequence, frame index, extra (root / peer), request bytes
+HEADER = struct.Struct("<BBBBIIiQ")
+CRC = struct.Struct("<I")
+VERIFY_FLAG = 0x80
+SEQ_MASK = 0xFFFFFFFF
+_HS = HEADER.size
+
+KIND_NAMES = {1: "all_reduce", 2: "all_gather", 3: "reduce_scatter", 4: "broadcast",
+              5: "barrier", 6: "send", 7: "split", 8: "recv"}
+KIND_CODES = {name: code for code, name in KIND_NAMES.items()}
+REDUCE_CODES = {"sum": 1, "prod": 2, "max": 3, "min": 4, "band": 5, "bor": 6, "bxor": 7}
+REDUCE_NAMES = {code: name for name, code in REDUCE_CODES.items()}
+_EMPTY = memoryview(b"")
+
+
+@dataclass(frozen=True)
+class Request:
+    """What one rank asked for; every rank taking part must ask for the same thing."""
+    kind: int
+    reduce: int = 0
+    dtype: int = 0
+    nbytes: int = 0
+    extra: int = 0
+
+    def _name(self) -> str:
+        return KIND_NAMES.get(self.kind, f"unknown operation {self.kind}")
+
+    def _dtype(self) -> str:
+        return CODE_NAMES.get(self.dtype, "bytes") if self.dtype else "bytes"
+
+    def _peer_text(self) -> str:
+        if self.kind == KIND_CODES["broadcast"]:
+            return f" from root {self.extra}"
+        if self.kind == KIND_CODES["send"]:
+            return f" to rank {self.extra}"
+        if self.kind == KIND_CODES["recv"]:
+            return f" from rank {self.extra}"
+        return ""
+
+    def describe(self) -> str:
+        """For mismatch messages: 'all_reduce(sum) of 16 bytes (float32)'."""
+        name = self._name()
+        if self.reduce:
+            name += f"({REDUCE_NAMES.get(self.reduce, self.reduce)})"
+        return f"{name} of {self.nbytes} bytes ({self._dtype()}){self._peer_text()}"
+
+    def label(self, seq: int) -> str:
+        """For timeouts and stall reports: 'all_reduce(sum, float32, 4096 bytes, seq 7)'."""
+        reduce = f"{REDUCE_NAMES.get(self.reduce, self.reduce)}, " if self.reduce else ""
+        return f"{self._name()}({reduce}{self._dtype()}, {self.nbytes} bytes, seq {seq}){self._peer_text()}"
+
+
+class Link:
+    """One rank's view of its connections: a transport plus per-peer message counters."""
+
+    def __init__(self, transport: Transport, timeout: float, verify: bool = False,
+                 stall_report_s: float | None = None) -> None:
+        self.t = transport
+        self.rank = transport.rank
+        self.timeout = timeout
+        self.verify = verify
+        self.flag = VERIFY_FLAG if verify else 0
+        self.trailer = CRC.size if verify else 0
+        # Reported only when it comes before the deadline.
+        self.stall_report_s = stall_report_s if stall_report_s and stall_report_s < timeout else None
+        self.sent = {p: 0 for p in transport.peers}
+        self.received = {p: 0 for p in transport.peers}
+        self.broken: str | None = None
+        self.payload = transport.frame_bytes - _HS - self.trailer
+        self.op_seq = 0        # operations started on this group by this rank (the backend counts)
+        self._stalled_op = -1  # the operation whose stall was already reported
+
+    def deadline(self) -> float:
+        return time.monotonic() + self.timeout
+
+    def check_usable(self) -> None:
+        if self.broken is not None:
+            raise DistributedError(f"rank {self.rank}: this JACCL group is unusable after an earlier "
+                                   f"error ({self.broken}); create a new one")
+
+    def frames(self, nbytes: int) -> int:
+        return max(1, -(-nbytes // self.payload))
+
+    def transfer(self, request: Request, sends: dict[int, memoryview], targets: dict[int, memoryview],
+                 deadline: float, phase: int = 0, expect: Request | None = None) -> None:
+        """Send sends[peer] (bytes) to each peer and receive exactly len(targets[peer]) bytes from
+        each peer into targets[peer]. `expect` is the request the senders should have made
+        (default: the same as ours)."""
+        if self.broken is not None:
+            self.check_usable()
+        payload = self.payload
+        single = True
+        for v in sends.values():
+            if len(v) > payload:
+                single = False
+                break
+        if single:
+            for v in targets.values():
+                if len(v) > payload:
+                    single = False
+                    break
+        try:
+            if single:
+                self._one_frame(request, expect or request, phase, sends, targets, deadline)
+            else:
+                _Transfer(self, request, expect or request, phase, sends, targets, deadline).run()
+        except PeerError as exc:
+            self.broken = f"{type(exc).__name__}: {exc}"
+            raise PeerError(f"rank {self.rank}: {request.label(self.op_seq)}: {exc}") from None
+        except BaseException as exc:
+            self.broken = f"{type(exc).__name__}: {exc}"
+            raise
+
+    # ---- the latency path: every message fits one frame -----------------------------------
+
+    def _one_frame(self, request: Request, expect: Request, phase: int, sends: dict[int, memoryview],
+                   targets: dict[int, memoryview], deadline: float) -> None:
+        t = self.t
+        sent, received = self.sent, self.received
+        for p in targets:
+            t.post_recv(p, 0)
+        kind, reduce, dtype, extra, total = request.kind | self.flag, request.reduce, request.dtype, \
+            request.extra, request.nbytes
+        pack_into, verify = HEADER.pack_into, self.verify
+        for p, data in sends.items():
+            buf = t.send_buffer(p, 0)
+            pack_into(buf, 0, kind, reduce, dtype, phase, sent[p] & SEQ_MASK, 0, extra, total)
+            n = len(data)
+            if n:
+                buf[_HS:_HS + n] = data
+            n += _HS
+            if verify:
+                CRC.pack_into(buf, n, zlib.crc32(buf[:n]))
+                n += CRC.size
+            t.post_send(p, 0, n)
+            sent[p] += 1
+        sending = list(sends)
+        waiting = list(targets)
+        wake = self._first_wake(deadline)
+        while sending or waiting:
+            try:
+                done = t.poll(wake)
+            except CollectiveTimeout:
+                wake = self._late(request, deadline, self._pending_messages(sending, waiting))
+                continue
+            for c_kind, peer, _slot, nbytes in done:
+                if c_kind == SEND:
+                    sending.remove(peer)
+                    continue
+                buf = t.recv_buffer(peer, 0)
+                target = targets[peer]
+                want = len(target)
+                self._check(request, expect, phase, peer, 0, buf, nbytes, want)
+                if want:
+                    target[:] = buf[_HS:_HS + want]
+                received[peer] += 1
+                waiting.remove(peer)
+
+    def _pending_messages(self, sending: list[int], waiting: list[int]) -> str:
+        parts = [f"1 message(s) from {self.t.peer_label(p)}, its message #{self.received[p]} to rank {self.rank}"
+                 for p in waiting]
+        parts += [f"{self.t.peer_label(p)} to take 1 message(s)" for p in sending]
+        return ", ".join(parts) or "nothing"
+
+    # ---- deadlines and stall reports -------------------------------------------------------
+
+    def _first_wake(self, deadline: float) -> float:
+        """When poll should first give up: the stall-report moment (once per operation), else
+        the deadline."""
+        if self.stall_report_s is None or self._stalled_op == self.op_seq:
+            return deadline
+        return deadline - self.timeout + self.stall_report_s
+
+    def _late(self, request: Request, deadline: float, pending: str) -> float:
+        """poll gave up: at the deadline raise naming the operation and the peers; before it,
+        report the stall once and return the deadline as the next wake-up."""
+        now = time.monotonic()
+        if now >= deadline:
+            raise CollectiveTimeout(f"rank {self.rank}: {request.label(self.op_seq)} timed out: "
+                                    f"waiting for {pending}") from None
+        if self._stalled_op != self.op_seq:
+            self._stalled_op = self.op_seq
+            waited = now - (deadline - self.timeout)
+            log.warning("rank %d: %s is stalled (%.1f s so far, deadline in %.1f s): waiting for %s",
+                        self.rank, request.label(self.op_seq), waited, deadline - now, pending)
+        return deadline
+
+    # ---- checks ------------------------------------------------------------------------------
+
+    def _check(self, request: Request, expect: Request, phase: int, peer: int, frame: int, buf: memoryview,
+               nbytes: int, want: int) -> None:
+        """Raise unless buf[:nbytes] is frame `frame` of the expected message from peer, carrying
+        `want` data bytes (and a matching checksum when verifying)."""
+        if nbytes >= _HS:
+            kind, reduce, dtype, their_phase, seq, index, extra, total = HEADER.unpack_from(buf, 0)
+            if (kind == expect.kind | self.flag and reduce == expect.reduce and dtype == expect.dtype
+                    and their_phase == phase and extra == expect.extra and total == expect.nbytes
+                    and seq == self.received[peer] & SEQ_MASK and index == frame
+                    and nbytes == _HS + want + self.trailer
+                    and (not self.verify or CRC.unpack_from(buf, nbytes - CRC.size)[0]
+                         == zlib.crc32(buf[:nbytes - CRC.size]))):
+                return
+        self._explain(request, expect, phase, peer, frame, buf, nbytes, want)
+
+    def _explain(self, request: Request, expect: Request, phase: int, peer: int, frame: int, buf: memoryview,
+                 nbytes: int, want: int) -> None:
+        """The slow path of _check: work out what is wrong and raise it."""
+        rank, who = self.rank, self.t.peer_label(peer)
+        if nbytes < _HS:
+            raise MismatchError(f"rank {rank}: a {nbytes}-byte message from {who} has no JACCL header "
+                                f"(while running {request.describe()})")
+        kind, reduce, dtype, their_phase, seq, index, extra, total = HEADER.unpack_from(buf, 0)
+        if (kind & VERIFY_FLAG) != self.flag:
+            mine, theirs = ("on", "off") if self.verify else ("off", "on")
+            raise MismatchError(f"rank {rank} has JACKLRING_VERIFY {mine} but {who} has it {theirs}: "
+                                "set it alike on every rank")
+        if self.verify and nbytes >= _HS + CRC.size:
+            (expected,) = CRC.unpack_from(buf, nbytes - CRC.size)
+            actual = zlib.crc32(buf[:nbytes - CRC.size])
+            if actual != expected:
+                raise IntegrityError(f"rank {rank}: checksum mismatch on a {nbytes}-byte message from {who} "
+                                     f"during {request.label(self.op_seq)}: crc32 {actual:#010x}, "
+                                     f"sender's {expected:#010x}")
+        kind &= ~VERIFY_FLAG
+        e = expect
+        if (kind, reduce, dtype, total, extra, their_phase) != (e.kind, e.reduce, e.dtype, e.nbytes, e.extra, phase):
+            theirs = Request(kind, reduce, dtype, total, extra)
+            steps = "" if their_phase == phase else f" (at step {phase}; rank {peer} at step {their_phase})"
+            raise MismatchError(
+                f"mismatched operations on rank {rank} and rank {peer}: rank {rank} called "
+                f"{request.describe()}, rank {peer} called {theirs.describe()}{steps} "
+                f"[message #{seq} from rank {peer}]")
+        expected_seq = self.received[peer] & SEQ_MASK
+        raise MismatchError(
+            f"rank {rank}: out-of-step message from rank {peer} during {request.describe()}: got "
+            f"message #{seq} frame {index} with {nbytes - _HS - self.trailer} bytes, expected message "
+            f"#{expected_seq} frame {frame} with {want} bytes")
+
+
+class _Transfer:
+    """Messages of several frames: `slots` frames in flight per peer and direction."""
+
+    def __init__(self, link: Link, request: Request, expect: Request, phase: int,
+                 sends: dict[int, memoryview], targets: dict[int, memoryview], deadline: float) -> None:
+        self.link = link
+        self.t = link.t
+        self.request = request
+        self.expect = expect
+        self.phase = phase
+        self.sends = {p: memoryview(v).cast("B") for p, v in sends.items()}
+        self.targets = targets
+        self.deadline = deadline
+        self.seq_out = {p: link.sent[p] for p in sends}
+        self.next_send = {p: 0 for p in sends}          # next frame index to post
+        self.unacked = {p: 0 for p in sends}            # posted send frames not yet completed
+        self.total_out = {p: link.frames(len(v)) for p, v in self.sends.items()}
+        self.total_in = {p: link.frames(len(v)) for p, v in targets.items()}
+        self.next_post = {p: 0 for p in targets}        # next frame index to post a receive for
+        self.next_recv = {p: 0 for p in targets}        # next frame index to consume
+        self.ready: dict[tuple[int, int], int] = {}     # (peer, slot) -> completed bytes
+
+    def run(self) -> None:
+        slots = self.t.slots
+        for p in self.targets:
+            while self.next_post[p] < min(slots, self.total_in[p]):
+                self._post_recv(p)
+        for p in self.sends:
+            while self.next_send[p] < min(slots, self.total_out[p]):
+                self._post_send(p)
+        link = self.link
+        wake = link._first_wake(self.deadline)
+        while self._busy():
+            try:
+                done = self.t.poll(wake)
+            except CollectiveTimeout:
+                wake = link._late(self.request, self.deadline, self._pending())
+                continue
+            for c in done:
+                if c.kind == SEND:
+                    self.unacked[c.peer] -= 1
+                    if self.next_send[c.peer] < self.total_out[c.peer]:
+                        self._post_send(c.peer)
+                else:
+                    self.ready[(c.peer, c.slot)] = c.nbytes
+                    self._consume(c.peer)
+        for p in self.sends:
+            link.sent[p] += 1
+        for p in self.targets:
+            link.received[p] += 1
+
+    def _busy(self) -> bool:
+        return (any(self.next_recv[p] < self.total_in[p] for p in self.targets)
+                or any(self.next_send[p] < self.total_out[p] or self.unacked[p] for p in self.sends))
+
+    def _pending(self) -> str:
+        label = self.t.peer_label
+        parts = [f"{self.total_in[p] - self.next_recv[p]} frame(s) from {label(p)}, of its message "
+                 f"#{self.link.received[p]} to rank {self.rank}"
+                 for p in self.targets if self.next_recv[p] < self.total_in[p]]
+        parts += [f"{label(p)} to take {self.total_out[p] - self.next_send[p] + self.unacked[p]} frame(s)"
+                  for p in self.sends if self.next_send[p] < self.total_out[p] or self.unacked[p]]
+        return ", ".join(parts) or "nothing"
+
+    def _post_recv(self, peer: int) -> None:
+        self.t.post_recv(peer, self.next_post[peer] % self.t.slots)
+        self.next_post[peer] += 1
+
+    def _post_send(self, peer: int) -> None:
+        link = self.link
+        frame = self.next_send[peer]
+        slot = frame % self.t.slots
+        start = frame * link.payload
+        chunk = self.sends[peer][start:start + link.payload]
+        buf = self.t.send_buffer(peer, slot)
+        r = self.request
+        HEADER.pack_into(buf, 0, r.kind | link.flag, r.reduce, r.dtype, self.phase, self.seq_out[peer] & SEQ_MASK,
+                         frame, r.extra, r.nbytes)
+        n = len(chunk)
+        buf[_HS:_HS + n] = chunk
+        n += _HS
+        if link.verify:
+            CRC.pack_into(buf, n, zlib.crc32(buf[:n]))
+            n += CRC.size
+        self.t.post_send(peer, slot, n)
+        self.next_send[peer] += 1
+        self.unacked[peer] += 1
+
+    def _consume(self, peer: int) -> None:
+        """Handle this peer's received frames in frame order (slots may complete out of order
+        when they travel on different devices)."""
+        link = self.link
+        slots = self.t.slots
+        target = self.targets[peer]
+        while self.next_recv[peer] < self.total_in[peer]:
+            frame = self.next_recv[peer]
+            slot = frame % slots
+            nbytes = self.ready.pop((peer, slot), None)
+            if nbytes is None:
+                return
+            buf = self.t.recv_buffer(peer, slot)
+            offset = frame * link.payload
+            want = min(link.payload, max(0, len(target) - offset))
+            link._check(self.request, self.expect, self.phase, peer, frame, buf, nbytes, want)
+            if want > 0:
+                target[offset:offset + want] = buf[_HS:_HS + want]
+            self.next_recv[peer] += 1
+            if self.next_post[peer] < self.total_in[peer]:
+                self._post_recv(peer)

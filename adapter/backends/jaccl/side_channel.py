@@ -1,0 +1,135 @@
+"""JACCL's side channel: a star of TCP connections around rank 0 at MLX_JACCL_COORDINATOR.
+
+It carries only set-up traffic: each rank's connection details (queue pair numbers and GIDs for
+verbs, a listening ip:port for the TCP mesh) are all-gathered through rank 0, and an all-gather
+of nothing is a barrier. Every frame is length-prefixed and every wait has a deadline.
+
+When rank 0 gives up (a rank never connected by the deadline), it sends every connected rank an
+abort frame with its reason, so they fail naming the missing rank instead of timing out on
+rank 0; they wait ABORT_GRACE_S past the deadline for that verdict.
+"""
+from __future__ import annotations
+
+import socket
+import struct
+import time
+
+from ...errors import DistributedError, PeerError
+from ..transport import tcp
+
+PURPOSE_SIDE_CHANNEL = 0x4A43  # "JC": rejects connections meant for other backends
+_LEN = struct.Struct("<I")
+_ABORT = 0xFFFFFFFF            # in place of a length: an abort frame (text length, text) follows
+ABORT_GRACE_S = 1.0
+_ABORT_SEND_S = 0.5
+
+
+class SideChannel:
+    """all_gather(bytes) -> list[bytes] in rank order, and barrier(), among `size` ranks."""
+
+    def __init__(self, rank: int, size: int, coordinator: tuple[str, int], token: int,
+                 deadline: float) -> None:
+        self.rank = rank
+        self.size = size
+        self.coordinator = coordinator
+        self._peers: dict[int, socket.socket] = {}
+        self._deadline = deadline
+        where = self._where = tcp.format_address(coordinator)
+        if rank == 0:
+            listener = tcp.listen(coordinator[0], coordinator[1])
+            try:
+                while len(self._peers) < size - 1:
+                    waiting = sorted(set(range(1, size)) - set(self._peers))
+                    sock, hello = tcp.accept(
+                        listener, deadline,
+                        lambda h: (h.purpose == PURPOSE_SIDE_CHANNEL and h.token == token
+                                   and h.receiver == 0 and 0 < h.sender < size
+                                   and h.sender not in self._peers),
+                        f"JACCL ranks {waiting} (side channel)")
+                    self._peers[hello.sender] = sock
+            except PeerError as exc:
+                self.abort(str(exc))
+                self.close()
+                raise
+            finally:
+                listener.close()
+        else:
+            hello = tcp.Hello(PURPOSE_SIDE_CHANNEL, rank, 0, 0, token)
+            self._peers[0] = tcp.connect(coordinator, hello, deadline,
+                                         f"JACCL coordinator (rank 0, MLX_JACCL_COORDINATOR={where})")
+
+    def local_host(self) -> str:
+        """The address of this host on the network that reaches the coordinator."""
+        if self.rank == 0:
+            return self.coordinator[0]
+        return self._peers[0].getsockname()[0]
+
+    def _who(self, peer: int) -> str:
+        return f"rank {peer} (JACCL side channel, rank {self.rank})"
+
+    def _send(self, peer: int, data: bytes) -> None:
+        tcp.send_all(self._peers[peer], _LEN.pack(len(data)) + data, self._deadline, self._who(peer))
+
+    def _recv(self, peer: int) -> bytes:
+        # Rank 0 works to the same deadline: give its verdict (an abort frame) time to arrive.
+        deadline = self._deadline + (ABORT_GRACE_S if peer == 0 else 0.0)
+        sock, who = self._peers[peer], self._who(peer)
+        head = bytearray(_LEN.size)
+        tcp.recv_exact(sock, memoryview(head), deadline, who)
+        (length,) = _LEN.unpack(head)
+        if length == _ABORT and peer == 0:
+            tcp.recv_exact(sock, memoryview(head), deadline, who)
+            text = bytearray(_LEN.unpack(head)[0])
+            tcp.recv_exact(sock, memoryview(text), deadline, who)
+            raise PeerError(f"rank {self.rank}: the JACCL coordinator (rank 0 at {self._where}) stopped forming "
+                            f"the group: {text.decode(errors='replace')}")
+        body = bytearray(length)
+        tcp.recv_exact(sock, memoryview(body), deadline, who)
+        return bytes(body)
+
+    def abort(self, reason: str) -> None:
+        """Rank 0 only: tell every connected rank why the group cannot form (best effort: a
+        rank that is gone already does not delay the others)."""
+        if self.rank != 0:
+            return
+        text = reason.encode()[:60000]
+        frame = _LEN.pack(_ABORT) + _LEN.pack(len(text)) + text
+        for peer, sock in self._peers.items():
+            try:
+                tcp.send_all(sock, frame, time.monotonic() + _ABORT_SEND_S, self._who(peer))
+            except (OSError, DistributedError):
+                pass
+
+    def all_gather(self, blob: bytes) -> list[bytes]:
+        if self.rank != 0:
+            self._send(0, blob)
+            packed = self._recv(0)
+            return _unpack_list(packed, self.size)
+        blobs = [blob] + [self._recv(peer) for peer in range(1, self.size)]
+        packed = b"".join(_LEN.pack(len(b)) + b for b in blobs)
+        for peer in range(1, self.size):
+            self._send(peer, packed)
+        return blobs
+
+    def barrier(self) -> None:
+        self.all_gather(b"")
+
+    def close(self) -> None:
+        for sock in self._peers.values():
+            try:
+                sock.close()
+            except OSError:
+                pass
+        self._peers.clear()
+
+
+def _unpack_list(packed: bytes, count: int) -> list[bytes]:
+    out, offset = [], 0
+    for _ in range(count):
+        (n,) = _LEN.unpack_from(packed, offset)
+        offset += _LEN.size
+        out.append(packed[offset:offset + n])
+        offset += n
+    if len(out) != count or offset != len(packed):
+        raise PeerError(f"malformed all-gather reply from the JACCL coordinator (expected {count} entries)")
+    return out

@@ -1,0 +1,667 @@
+"""The ring backend: collectives over TCP connections between ring neighbours.
+
+Environment (same as MLX): MLX_RANK, and MLX_HOSTFILE, a JSON list with, for each rank,
+the "ip:port" addresses it listens on. Rank r connects to every address of rank r+1 (one
+connection each) and accepts the same number from rank r-1.
+
+Large reductions run reduce-scatter then all-gather with the buffer split across every
+connection and both directions of the ring, segments pipelined (see ring_algorithms).
+Small messages take a one-pass path: a ring all-gather of the whole inputs followed by a
+reduction in rank order, which costs one hop per rank instead of two phases.
+
+send/recv reach ANY rank: a direct connection to the peer's first address is opened on
+first use (beyond MLX, whose ring only talks to neighbours).
+
+Every collective starts with a 24-byte header (operation, dtype, byte count, sequence
+number) exchanged with the neighbours, so a mismatch between ranks raises MismatchError
+on both sides instead of corrupting data or hanging.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import socket
+import struct
+import threading
+import time
+import zlib
+
+import numpy as np
+
+from ... import config
+from ...config import connect_timeout as default_connect_timeout
+from ...config import env_rank, op_timeout
+from ...errors import (
+    CollectiveTimeout,
+    ConfigError,
+    DistributedError,
+    IntegrityError,
+    MismatchError,
+    PeerError,
+)
+from ..base import Backend, ReduceOp
+from ..elements import CODE_NAMES, DTYPE_CODES, dtype_code, reduce_many
+from ..transport import tcp
+from ..transport.stream_engine import CRC, Engine, Link
+from .algorithms import (
+    Channel,
+    bytes_of,
+    chain_broadcast,
+    reduce_scatter_all_gather,
+    split_evenly,
+)
+from .algorithms import (
+    all_gather as ring_all_gather,
+)
+
+log = logging.getLogger("jacklring.ring")
+
+PURPOSE_RING = 1
+PURPOSE_P2P = 2
+PURPOSE_PING = 3  # "are you alive?" from a rank waiting on recv(); closed without a word
+
+HEADER = struct.Struct("<HBBIQq")  # magic, op, dtype code, sequence, byte count, extra (reduce op / root)
+HEADER_MAGIC = 0x4A4B
+OP_ALL_REDUCE, OP_ALL_GATHER, OP_REDUCE_SCATTER, OP_BROADCAST, OP_BARRIER, OP_SEND, OP_SPLIT = range(1, 8)
+OP_NAMES = {OP_ALL_REDUCE: "all_reduce", OP_ALL_GATHER: "all_gather", OP_REDUCE_SCATTER: "reduce_scatter",
+            OP_BROADCAST: "broadcast", OP_BARRIER: "barrier", OP_SEND: "send", OP_SPLIT: "split"}
+REDUCE_CODES = {op: i for i, op in enumerate(ReduceOp)}
+REDUCE_NAMES = {i: op.value for op, i in REDUCE_CODES.items()}
+
+# Below this many bytes moved per rank, one all-gather pass beats reduce-scatter + all-gather.
+
+
+def describe_header(raw: bytes) -> str:
+    magic, op, dt, seq, nbytes, extra = HEADER.unpack(raw)
+    if magic != HEADER_MAGIC:
+        return f"garbage header {raw[:8].hex()}"
+    name = OP_NAMES.get(op, f"op{op}")
+    detail = ""
+    if op in (OP_ALL_REDUCE, OP_REDUCE_SCATTER):
+        detail = f"{REDUCE_NAMES.get(extra, extra)}, "
+    elif op == OP_BROADCAST:
+        detail = f"root {extra}, "
+    return f"{name}({detail}{CODE_NAMES.get(dt, dt)}, {nbytes} bytes, seq {seq})"
+
+
+def probe() -> str | None:
+    missing = [name for name in ("MLX_RANK", "MLX_HOSTFILE") if not os.environ.get(name)]
+    if missing:
+        return f"{' and '.join(missing)} not set"
+    return None
+
+
+def create(timeout: float | None = None) -> "RingBackend":
+    path = os.environ["MLX_HOSTFILE"]
+    addresses = load_ring_hostfile(path)
+    rank = env_rank(len(addresses))
+    return RingBackend.from_addresses(rank, addresses, timeout=timeout)
+
+
+def load_ring_hostfile(path: str) -> list[list[str]]:
+    """Read and validate MLX_HOSTFILE: a JSON list, per rank, of "ip:port" strings."""
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except OSError as exc:
+        raise ConfigError(f"MLX_HOSTFILE {path!r} cannot be read: {exc.strerror or exc}") from None
+    except (ValueError, RecursionError) as exc:  # bad JSON, undecodable bytes, absurd nesting
+        raise ConfigError(f"MLX_HOSTFILE {path!r} is not valid JSON: {exc}") from None
+    return validate_addresses(data, f"MLX_HOSTFILE {path!r}")
+
+
+def validate_addresses(data: object, where: str) -> list[list[str]]:
+    if not isinstance(data, list) or not data:
+        raise ConfigError(f"{where} must be a non-empty JSON list with one list of 'ip:port' per rank")
+    for rank, entry in enumerate(data):
+        if isinstance(entry, str):
+            entry = data[rank] = [entry]
+        if not isinstance(entry, list) or not entry:
+            raise ConfigError(f"{where}: entry {rank} must be a non-empty list of 'ip:port' strings, got {entry!r}")
+        for addr in entry:
+            tcp.parse_address(addr, f"{where}: rank {rank} address")
+    _reject_duplicates(data, where)
+    return data
+
+
+def _reject_duplicates(data: list[list[str]], where: str) -> None:
+    """Two listeners on one ip:port cannot both exist: fail on every rank at once instead of
+    one rank failing to listen while its neighbour waits out the connect deadline.
+    Port 0 (any free port) may repeat."""
+    owner: dict[tuple[str, int], int] = {}
+    for rank, entry in enumerate(data):
+        for addr in entry:
+            host, port = tcp.parse_address(addr)
+            if port == 0:
+                continue
+            first = owner.setdefault((host, port), rank)
+            if first != rank or _listed_twice(entry, (host, port)):
+                raise ConfigError(f"{where}: rank {first} and rank {rank} both listen on "
+                                  f"{tcp.format_address((host, port))}; every address must be distinct")
+
+
+def _listed_twice(entry: list[str], key: tuple[str, int]) -> bool:
+    return sum(tcp.parse_address(a) == key for a in entry) > 1
+
+
+class _Described:
+    """Formats a header only when an error message needs it (off the hot path)."""
+
+    __slots__ = ("header",)
+
+    def __init__(self, header: bytes) -> None:
+        self.header = header
+
+    def __str__(self) -> str:
+        return describe_header(self.header)
+
+
+def _copy(src: np.ndarray, dst: np.ndarray) -> None:
+    if dst is not src:
+        dst[...] = src
+
+
+class RingBackend(Backend):
+    name = "ring"
+
+    @classmethod
+    def from_addresses(cls, rank: int, addresses: list[list[str]], timeout: float | None = None,
+                       connect_timeout: float | None = None) -> "RingBackend":
+        """Listen on this rank's addresses and connect the ring (the constructor a store-based
+        rendezvous, such as torch's, uses)."""
+        addresses = validate_addresses([list(a) if not isinstance(a, str) else [a] for a in addresses], "addresses")
+        if not 0 <= rank < len(addresses):
+            raise ConfigError(f"rank {rank} is out of range for {len(addresses)} ranks")
+        listeners = []
+        try:
+            if len(addresses) > 1:
+                for addr in addresses[rank]:
+                    host, port = tcp.parse_address(addr)
+                    listeners.append(tcp.Listener(host, port))
+        except PeerError as exc:
+            for sock in listeners:
+                sock.close()
+            raise PeerError(f"rank {rank}: {exc}") from None
+        return cls(rank, addresses, listeners, timeout, connect_timeout)
+
+    def __init__(self, rank: int, addresses: list[list[str]], listeners: list[tcp.Listener],
+                 timeout: float | None, connect_timeout: float | None) -> None:
+        self._rank = rank
+        self._size = len(addresses)
+        self._addresses = addresses
+        self._listeners = listeners
+        self.timeout = op_timeout(timeout)
+        self._connect_timeout = default_connect_timeout(connect_timeout)
+        self._token = int.from_bytes(hashlib.sha256(json.dumps(addresses).encode()).digest()[:8], "little")
+        self._seq = 0
+        self._verify = config.get("JACKLRING_VERIFY")
+        self._small_limit = config.get("JACKLRING_RING_SMALL_BYTES")
+        self._segment_bytes = config.get("JACKLRING_RING_SEGMENT_BYTES")
+        self._both_directions = config.get("JACKLRING_RING_DIRECTIONS") == 2
+        self._broken: BaseException | None = None
+        self._pool: dict[tuple, np.ndarray] = {}
+        self._small_view: memoryview | None = None
+        self._p2p_out: dict[int, socket.socket] = {}
+        self._p2p_in: dict[int, socket.socket] = {}
+        self._p2p_lock = threading.Lock()
+        self._accept_lock = threading.Lock()
+        # One message at a time per peer and direction: two threads writing (or reading) one
+        # connection at once would interleave their bytes.
+        self._send_locks = {q: threading.Lock() for q in range(self._size)}
+        self._recv_locks = {q: threading.Lock() for q in range(self._size)}
+        self._lock = threading.Lock()  # one collective at a time on the ring links
+        self.right: list[Link] = []
+        self.left: list[Link] = []
+        self.engine: Engine | None = None
+        if os.environ.get("MLX_RING_VERBOSE", "").strip().lower() in ("1", "true", "yes", "on"):
+            logging.basicConfig()
+            log.setLevel(logging.INFO)
+        if self._size > 1:
+            self._connect_ring()
+
+    # ---- set-up ---------------------------------------------------------------------------
+
+    def _who(self, rank: int, index: int = 0) -> str:
+        return f"rank {rank} ({self._addresses[rank][index]})"
+
+    def _connect_ring(self) -> None:
+        n, r = self._size, self._rank
+        nxt, prv = (r + 1) % n, (r - 1) % n
+        # Every rank must use the same number of connections per neighbour pair.
+        k = min(len(a) for a in self._addresses)
+        deadline = time.monotonic() + self._connect_timeout
+        right = []
+        for c in range(k):
+            addr = tcp.parse_address(self._addresses[nxt][c])
+            hello = tcp.Hello(PURPOSE_RING, r, nxt, c, self._token)
+            try:
+                sock = tcp.connect(addr, hello, deadline, f"rank {nxt}")
+            except PeerError as exc:
+                raise PeerError(f"rank {r}: {exc}") from None
+            right.append(Link(sock, nxt, self._who(nxt, c), self._verify))
+        left: list[Link | None] = [None] * k
+        for c in range(k):
+            sock = self._accept(  # type: ignore[assignment]
+                self._listeners[c], deadline,
+                lambda h, c=c: h.purpose == PURPOSE_RING and h.sender == prv and h.receiver == r and h.channel == c,
+                f"rank {r}: rank {prv} (connection {c} of {k})")
+            left[c] = Link(sock, prv, self._who(prv, c), self._verify)
+        self.right, self.left = right, left  # type: ignore[assignment]
+        self.engine = Engine(right + left, r)  # type: ignore[operator]
+        self.engine.stall_report_s = config.get("JACKLRING_STALL_REPORT")
+        self.engine.spin_s = tcp.spin_seconds(
+            tcp.local_rank_count([a[0] for a in self._addresses], self._addresses[r][0]))
+        log.info("rank %d: ring connected (%d connection(s) to rank %d and from rank %d)", r, k, nxt, prv)
+
+    def _accept(self, listener: tcp.Listener, deadline: float, wanted, who: str) -> socket.socket | None:
+        """Accept until a connection whose handshake satisfies wanted(); a point-to-point
+        connection arriving meanwhile is kept for recv(); anything else is rejected.
+        With wanted=None, accept point-to-point connections until the deadline, then return None."""
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                if wanted is None:
+                    return None
+                raise PeerError(f"{who} did not connect to "
+                                f"{tcp.format_address(listener.getsockname())} before the deadline")
+            try:
+                sock, peer = listener.accept(min(remaining, 0.5))
+            except (socket.timeout, InterruptedError):
+                continue
+            hello = tcp.read_hello(sock, min(tcp.HELLO_TIMEOUT_S, max(0.1, remaining)))
+            if hello is not None and hello.token == self._token and hello.receiver == self._rank:
+                if hello.purpose == PURPOSE_PING:
+                    sock.close()
+                    continue
+                if wanted is not None and wanted(hello):
+                    tcp.tune(sock)
+                    sock.settimeout(None)
+                    return sock
+                if hello.purpose == PURPOSE_P2P and 0 <= hello.sender < self._size:
+                    tcp.tune(sock)
+                    sock.settimeout(None)
+                    with self._p2p_lock:
+                        self._p2p_in[hello.sender] = sock
+                    continue
+            log.warning("rank %d: rejected a connection from %s: %s", self._rank, peer,
+                        "bad handshake" if hello is None else f"unexpected handshake {hello}")
+            sock.close()
+
+    # ---- Backend interface ----------------------------------------------------------------
+
+    def rank(self) -> int:
+        return self._rank
+
+    def size(self) -> int:
+        return self._size
+
+    def all_reduce(self, src: np.ndarray, dst: np.ndarray, op: ReduceOp) -> None:
+        if self._size == 1:
+            return _copy(src, dst)
+        header = self._header(OP_ALL_REDUCE, src, REDUCE_CODES[op])
+        n = self._size
+        if src.nbytes <= self._small_limit:
+            self._collective(header, lambda: self._small_all_reduce(header, src, dst, op))
+            return
+        blocks = split_evenly(src.size, n)
+        self._collective(header, lambda: self._large(header, src, dst, blocks, op, gather=True))
+
+    def reduce_scatter(self, src: np.ndarray, dst: np.ndarray, op: ReduceOp) -> None:
+        if self._size == 1:
+            return _copy(src, dst)
+        header = self._header(OP_REDUCE_SCATTER, src, REDUCE_CODES[op])
+        n = self._size
+        if src.nbytes <= self._small_limit:
+            def run() -> None:
+                full = self._buffer("rs-small", src.dtype, src.size)
+                self._small_all_reduce(header, src, full, op)
+                dst[...] = full[self._rank * dst.size:(self._rank + 1) * dst.size]
+            self._collective(header, run)
+            return
+        blocks = [(i * dst.size, (i + 1) * dst.size) for i in range(n)]
+        self._collective(header, lambda: self._large(header, src, dst, blocks, op, gather=False))
+
+    def set_timeout(self, seconds: float) -> None:
+        self.timeout = config.check_seconds(float(seconds), "timeout")
+
+    def all_gather(self, src: np.ndarray, dst: np.ndarray) -> None:
+        if self._size == 1:
+            return _copy(src, dst)
+        header = self._header(OP_ALL_GATHER, src, 0)
+        if src.nbytes <= self._small_limit:
+            def run() -> None:
+                parts = self._small_gather(header, bytes_of(src))
+                for q, part in enumerate(parts):
+                    dst[q * src.size:(q + 1) * src.size] = np.frombuffer(part, src.dtype)
+            self._collective(header, run)
+            return
+        self._collective(header, lambda: self._large_gather(header, src, dst))
+
+    def broadcast(self, buf: np.ndarray, root: int) -> None:
+        if not 0 <= root < self._size:
+            raise ValueError(f"broadcast root {root} is out of range for {self._size} ranks")
+        if self._size == 1:
+            return
+        header = self._header(OP_BROADCAST, buf, root)
+        self._collective(header, lambda: self._broadcast(header, buf, root))
+
+    def barrier(self) -> None:
+        if self._size == 1:
+            return
+        header = HEADER.pack(HEADER_MAGIC, OP_BARRIER, 0, self._seq, 0, 0)
+        self._collective(header, lambda: self._small_gather(header, memoryview(b"")))
+
+    def send(self, buf: np.ndarray, dst: int) -> None:
+        with self._send_locks[dst]:
+            self._send(buf, dst)
+
+    def _send(self, buf: np.ndarray, dst: int) -> None:
+        self._check_usable()
+        deadline = time.monotonic() + self.timeout
+        header = HEADER.pack(HEADER_MAGIC, OP_SEND, dtype_code(buf.dtype), 0, buf.nbytes, 0)
+        sock = self._p2p_out_socket(dst, deadline)
+        who = f"rank {self._rank}: send to {self._who(dst)}"
+        trailer = CRC.pack(zlib.crc32(bytes_of(buf))) if self._verify else b""
+        if buf.nbytes <= self._small_limit:
+            tcp.send_all(sock, header + bytes_of(buf).tobytes() + trailer, deadline, who)
+        else:
+            tcp.send_all(sock, header, deadline, who)
+            tcp.send_all(sock, bytes_of(buf), deadline, who)
+            tcp.send_all(sock, trailer, deadline, who)
+
+    def recv(self, buf: np.ndarray, src: int) -> None:
+        with self._recv_locks[src]:
+            self._recv(buf, src)
+
+    def _recv(self, buf: np.ndarray, src: int) -> None:
+        self._check_usable()
+        deadline = time.monotonic() + self.timeout
+        sock = self._p2p_in_socket(src, deadline)
+        who = f"rank {self._rank}: recv from {self._who(src)}"
+        raw = bytearray(HEADER.size)
+        tcp.recv_exact(sock, memoryview(raw), deadline, who)
+        mine = HEADER.pack(HEADER_MAGIC, OP_SEND, dtype_code(buf.dtype), 0, buf.nbytes, 0)
+        if bytes(raw) != mine:
+            raise MismatchError(f"rank {self._rank}: recv from rank {src} expected "
+                                f"{describe_header(mine).replace('send', 'a message', 1)} but rank {src} "
+                                f"sent {describe_header(bytes(raw))}")
+        tcp.recv_exact(sock, bytes_of(buf), deadline, who)
+        if self._verify:
+            trailer = bytearray(CRC.size)
+            tcp.recv_exact(sock, memoryview(trailer), deadline, who)
+            if CRC.unpack(trailer)[0] != zlib.crc32(bytes_of(buf)):
+                raise IntegrityError(f"rank {self._rank}: checksum mismatch on a {buf.nbytes}-byte message "
+                                     f"from {self._who(src)}")
+
+    def split(self, color: int, key: int) -> "RingBackend":
+        """Form sub-rings: fresh listeners, addresses exchanged over this ring."""
+        self._check_usable()
+        if self._size == 1:
+            return RingBackend(0, self._addresses, [], self.timeout, self._connect_timeout)
+        k = min(len(a) for a in self._addresses)
+        # Sub-ring connection c listens on the host of this rank's address c, so a sub-ring
+        # uses the same interfaces as its parent.
+        hosts = [tcp.parse_address(a)[0] for a in self._addresses[self._rank][:k]]
+        listeners = [tcp.Listener(host, 0) for host in hosts]
+        mine = json.dumps({"color": color, "key": key, "rank": self._rank,
+                           "addrs": [tcp.format_address(s.getsockname()[:2]) for s in listeners]}).encode()
+        # Same size on every rank (k is): room for k of the longest "[ipv6]:port" plus the ints.
+        record = np.zeros(128 + 56 * k, np.uint8)
+        if len(mine) > record.size:
+            raise ConfigError(f"rank {self._rank}: split record too long ({len(mine)} bytes)")
+        record[:len(mine)] = np.frombuffer(mine, np.uint8)
+        table = np.empty(record.size * self._size, np.uint8)
+        header = HEADER.pack(HEADER_MAGIC, OP_SPLIT, dtype_code(np.uint8), self._seq, record.nbytes, 0)
+
+        def run() -> None:
+            for q, part in enumerate(self._small_gather(header, bytes_of(record))):
+                table[q * record.size:(q + 1) * record.size] = np.frombuffer(part, np.uint8)
+        self._collective(header, run)
+        size = record.size
+        entries = [json.loads(bytes(table[q * size:(q + 1) * size]).rstrip(b"\0")) for q in range(self._size)]
+        members = sorted((e for e in entries if e["color"] == color), key=lambda e: (e["key"], e["rank"]))
+        new_rank = [e["rank"] for e in members].index(self._rank)
+        if len(members) == 1:
+            for s in listeners:
+                s.close()
+            listeners = []
+        return RingBackend(new_rank, [e["addrs"] for e in members], listeners, self.timeout, self._connect_timeout)
+
+    def close(self) -> None:
+        for link in self.right + self.left:
+            link.close()
+        self.right, self.left = [], []
+        with self._p2p_lock:
+            for sock in list(self._p2p_out.values()) + list(self._p2p_in.values()):
+                sock.close()
+            self._p2p_out.clear()
+            self._p2p_in.clear()
+        for sock in self._listeners:
+            sock.close()
+        self._listeners = []
+        if self._broken is None:
+            self._broken = DistributedError(f"rank {self._rank}: the ring group was closed")
+
+    # ---- collective plumbing --------------------------------------------------------------
+
+    def _header(self, op: int, arr: np.ndarray, extra: int) -> bytes:
+        code = DTYPE_CODES.get(arr.dtype) or dtype_code(arr.dtype)
+        return HEADER.pack(HEADER_MAGIC, op, code, self._seq, arr.nbytes, extra)
+
+    def _check_usable(self) -> None:
+        if self._broken is not None:
+            raise DistributedError(f"rank {self._rank}: the ring group is unusable after an earlier error: "
+                                   f"{self._broken}")
+
+    def _collective(self, header: bytes, body) -> None:
+        """Run one collective: serialised, sequence-numbered, and fatal to the group on error
+        (the links are closed so the neighbours fail fast instead of waiting for the deadline)."""
+        with self._lock:
+            self._check_usable()
+            self._seq += 1
+            self._deadline = time.monotonic() + self.timeout
+            self._what = _Described(header)
+            try:
+                body()
+            except BaseException as exc:
+                self._broken = exc
+                for link in self.right + self.left:
+                    link.reset()
+                    link.close()
+                raise
+
+    def _run(self) -> None:
+        self.engine.run(self._deadline, self._what)  # type: ignore[union-attr]
+
+    def _buffer(self, tag: str, dtype: np.dtype, count: int) -> np.ndarray:
+        """Reusable scratch memory (allocated once per tag and dtype, grown when needed)."""
+        key = (tag, dtype)
+        buf = self._pool.get(key)
+        if buf is None or buf.size < count:
+            buf = np.empty(max(count, 1), dtype)
+            self._pool[key] = buf
+        return buf[:count]
+
+    def _small_bytes(self, nbytes: int) -> memoryview:
+        """A reusable byte buffer for small messages (its memoryview is cached: this is the hot path)."""
+        view = self._small_view
+        if view is None or len(view) < nbytes:
+            view = self._small_view = memoryview(bytearray(max(nbytes, 4096)))
+        return view[:nbytes]
+
+    def _check_header(self, mine: bytes, raw: memoryview, sender: int) -> None:
+        if raw[:HEADER.size] != mine:
+            theirs = bytes(raw[:HEADER.size])
+            raise MismatchError(
+                f"rank {self._rank}: collective mismatch with rank {sender}: this rank called "
+                f"{describe_header(mine)} but rank {sender} called {describe_header(theirs)}")
+
+    def _small_gather(self, header: bytes, data: memoryview) -> list[memoryview]:
+        """Ring all-gather of header+data messages along the forward direction; each message
+        keeps its origin's header, so every rank checks every other rank's request."""
+        n, r = self._size, self._rank
+        size = HEADER.size + len(data)
+        gathered = self._small_bytes(size * n)
+        mine = gathered[r * size:(r + 1) * size]
+        mine[:HEADER.size] = header
+        mine[HEADER.size:] = data
+        out, inp = self.right[0], self.left[0]
+        out.post_send(mine)
+        for step in range(n - 1):
+            q = (r - step - 1) % n
+            view = gathered[q * size:(q + 1) * size]
+
+            def done(view=view, q=q, forward=step < n - 2) -> None:
+                self._check_header(header, view, q)
+                if forward:
+                    out.post_send(view)
+
+            def truncated(got: int, view=view, q=q) -> None:
+                if got >= HEADER.size:
+                    self._check_header(header, view, q)
+            inp.post_recv(view, done, truncated)
+        self._run()
+        return [gathered[q * size + HEADER.size:(q + 1) * size] for q in range(n)]
+
+    def _small_all_reduce(self, header: bytes, src: np.ndarray, dst: np.ndarray, op: ReduceOp) -> None:
+        parts = self._small_gather(header, bytes_of(src))
+        reduce_many(dst, [np.frombuffer(p, src.dtype) for p in parts], op)
+
+    def _channels(self) -> list[Channel]:
+        n, r = self._size, self._rank
+        forward = [Channel(out, inp, r) for out, inp in zip(self.right, self.left)]
+        if not self._both_directions:
+            return forward
+        backward = [Channel(out, inp, n - 1 - r) for out, inp in zip(self.left, self.right)]
+        return forward + backward
+
+    @staticmethod
+    def _rank_at(ch_index: int, n_forward: int, n: int, pos: int) -> int:
+        return pos if ch_index < n_forward else n - 1 - pos
+
+    def _exchange_headers(self, header: bytes) -> None:
+        """Each link carries this rank's header out and the neighbour's header in."""
+        for link in self.right + self.left:
+            link.post_send(memoryview(header))
+            raw = bytearray(HEADER.size)
+            link.post_recv(memoryview(raw), lambda raw=raw, peer=link.peer: self._check_header(header, memoryview(raw), peer))
+
+    def _large(self, header: bytes, src: np.ndarray, dst: np.ndarray, blocks: list[tuple[int, int]],
+               op: ReduceOp, gather: bool) -> None:
+        """Reduce-scatter (+ all-gather when gather) over every channel. blocks[i] is rank i's
+        block of src; without gather, dst is this rank's block only."""
+        n = self._size
+        channels = self._channels()
+        n_forward = len(self.right)
+        seg = max(1, self._segment_bytes // src.itemsize)
+        work = dst if gather else self._buffer("rs-work", src.dtype, src.size)
+        self._exchange_headers(header)
+        for ci, ch in enumerate(channels):
+            s_chunks, a_chunks = [], []
+            for pos in range(n):
+                owner = self._rank_at(ci, n_forward, n, pos)
+                lo, hi = blocks[owner]
+                plo, phi = split_evenly(hi - lo, len(channels))[ci]
+                s_chunks.append(src[lo + plo:lo + phi])
+                if not gather and owner == self._rank:
+                    a_chunks.append(dst[plo:phi])
+                else:
+                    a_chunks.append(work[lo + plo:lo + phi])
+            scratch = self._buffer(f"scratch{ci}", src.dtype, seg)
+            reduce_scatter_all_gather(ch, n, s_chunks, a_chunks, a_chunks if gather else None, op, scratch, seg)
+        self._run()
+
+    def _large_gather(self, header: bytes, src: np.ndarray, dst: np.ndarray) -> None:
+        n, m = self._size, src.size
+        channels = self._channels()
+        n_forward = len(self.right)
+        seg = max(1, self._segment_bytes // src.itemsize)
+        dst[self._rank * m:(self._rank + 1) * m] = src
+        self._exchange_headers(header)
+        for ci, ch in enumerate(channels):
+            plo, phi = split_evenly(m, len(channels))[ci]
+            chunks = []
+            for pos in range(n):
+                owner = self._rank_at(ci, n_forward, n, pos)
+                chunks.append(dst[owner * m + plo:owner * m + phi])
+            ring_all_gather(ch, n, chunks, seg)
+        self._run()
+
+    def _broadcast(self, header: bytes, buf: np.ndarray, root: int) -> None:
+        n = self._size
+        channels = self._channels()
+        n_forward = len(self.right)
+        seg = max(1, self._segment_bytes // max(1, buf.itemsize))
+        self._exchange_headers(header)
+        for ci, ch in enumerate(channels):
+            plo, phi = split_evenly(buf.size, len(channels))[ci]
+            root_pos = root if ci < n_forward else n - 1 - root
+            chain_broadcast(ch, n, root_pos, buf[plo:phi], seg)
+        self._run()
+
+    # ---- point to point -------------------------------------------------------------------
+
+    def _p2p_out_socket(self, dst: int, deadline: float) -> socket.socket:
+        with self._p2p_lock:
+            sock = self._p2p_out.get(dst)
+        if sock is None:
+            addr = tcp.parse_address(self._addresses[dst][0])
+            hello = tcp.Hello(PURPOSE_P2P, self._rank, dst, 0, self._token)
+            try:
+                sock = tcp.connect(addr, hello, deadline, f"rank {dst}")
+            except PeerError as exc:
+                raise PeerError(f"rank {self._rank}: send: {exc}") from None
+            with self._p2p_lock:
+                self._p2p_out[dst] = sock
+        return sock
+
+    def _check_alive(self, peer: int) -> None:
+        """Raise PeerError if peer is gone: its ring link (for a neighbour) reads end-of-file, or
+        its listening address refuses connections. Used while waiting for a message from it."""
+        gone = f"rank {self._rank}: recv: rank {peer} ({self._addresses[peer][0]}) exited before sending"
+        for link in self.right + self.left:
+            if link.peer != peer:
+                continue
+            try:
+                if link.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b"":
+                    raise PeerError(gone + " (its ring connection closed)")
+            except (BlockingIOError, InterruptedError):
+                pass
+            except OSError as exc:
+                if not isinstance(exc, PeerError):
+                    raise PeerError(f"{gone} ({exc.strerror or exc})") from None
+                raise
+        host, port = tcp.parse_address(self._addresses[peer][0])
+        try:
+            with socket.create_connection((host, port), timeout=1.0) as probe:
+                probe.sendall(tcp.Hello(PURPOSE_PING, self._rank, peer, 0, self._token).pack())
+        except ConnectionRefusedError:
+            raise PeerError(gone + " (nothing listens on its address any more)") from None
+        except OSError:
+            pass  # unreachable or slow is not proof of death; the deadline still applies
+
+    def _p2p_in_socket(self, src: int, deadline: float) -> socket.socket:
+        next_liveness_check = time.monotonic() + 0.2
+        while True:
+            with self._p2p_lock:
+                sock = self._p2p_in.get(src)
+            if sock is not None:
+                return sock
+            now = time.monotonic()
+            if now >= deadline:
+                # The peer is alive (checked below) but sent nothing: a deadline, not a death.
+                raise CollectiveTimeout(f"rank {self._rank}: recv: no message from rank {src} "
+                                        f"({self._addresses[src][0]}) within the {self.timeout:g} s deadline; "
+                                        f"it is alive but never connected to send")
+            if now >= next_liveness_check:
+                self._check_alive(src)
+                next_liveness_check = now + 1.0
+            # Accept in short slices so several threads waiting on different peers take turns.
+            with self._accept_lock:
+                with self._p2p_lock:
+                    if src in self._p2p_in:
+                        continue
+                self._accept(self._listeners[0], min(deadline, time.monotonic() + 0.2), None,
+                             f"rank {self._rank}: rank {src}")

@@ -1,0 +1,233 @@
+"""A single-threaded progress engine for byte streams over non-blocking sockets.
+
+Algorithms post sends and receives on Links; run() moves bytes on every link at once,
+calling each receive's callback as soon as it completes (a callback may post more sends,
+which is how segments are pipelined: reduce one while the next is on the wire). One thread
+and no locks: the kernel does the copies, the two cores of a small machine stay busy with
+the two processes, and the ordering of each stream is the order of posting.
+"""
+from __future__ import annotations
+
+import logging
+import select
+import socket
+import struct
+import time
+import zlib
+from collections import deque
+from typing import Callable, Iterable
+
+from ...errors import CollectiveTimeout, IntegrityError, PeerError
+
+log = logging.getLogger("jacklring.engine")
+
+CRC = struct.Struct("<I")
+Callback = Callable[[], None]
+Truncated = Callable[[int], None]
+
+
+class Link:
+    """One TCP connection to a peer, with queues of pending sends and receives."""
+
+    __slots__ = ("sock", "fd", "peer", "label", "sendq", "recvq", "recv_got", "bytes_in", "bytes_out", "verify")
+
+    def __init__(self, sock: socket.socket, peer: int, label: str, verify: bool = False) -> None:
+        sock.setblocking(False)
+        self.sock = sock
+        self.fd = sock.fileno()
+        self.peer = peer
+        self.label = label  # e.g. "rank 1 (127.0.0.1:5001)", used in every error message
+        self.sendq: deque[memoryview] = deque()
+        self.recvq: deque[tuple[memoryview, Callback | None, Truncated | None]] = deque()
+        self.recv_got = 0
+        self.bytes_in = 0
+        self.bytes_out = 0
+        # JACKLRING_VERIFY=1: every message is followed by its CRC-32, checked on receipt.
+        self.verify = verify
+
+    def post_send(self, view: memoryview) -> None:
+        """Queue view for sending; it must not change until sent (its checksum is taken now)."""
+        if len(view):
+            self.sendq.append(view)
+            if self.verify:
+                self.sendq.append(memoryview(CRC.pack(zlib.crc32(view))))
+
+    def post_recv(self, view: memoryview, on_done: Callback | None = None,
+                  on_truncated: Truncated | None = None) -> None:
+        """Fill view, then call on_done. If the peer hangs up part-way, on_truncated(bytes_received)
+        may raise a more telling error (e.g. a mismatch visible in the header already received)."""
+        if not len(view):
+            if on_done is not None:
+                on_done()
+        elif self.verify:
+            trailer = bytearray(CRC.size)
+            self.recvq.append((view, None, on_truncated))
+            self.recvq.append((memoryview(trailer), lambda: self._check(view, trailer, on_done), None))
+        else:
+            self.recvq.append((view, on_done, on_truncated))
+
+    def _check(self, view: memoryview, trailer: bytearray, on_done: Callback | None) -> None:
+        (expected,) = CRC.unpack(trailer)
+        actual = zlib.crc32(view)
+        if actual != expected:
+            raise IntegrityError(f"checksum mismatch on a {len(view)}-byte message from {self.label}: "
+                                 f"crc32 {actual:#010x}, sender's {expected:#010x}")
+        if on_done is not None:
+            on_done()
+
+    def pending(self) -> bool:
+        return bool(self.sendq or self.recvq)
+
+    def describe_pending(self) -> str:
+        parts = []
+        if self.recvq:
+            missing = sum(len(entry[0]) for entry in self.recvq) - self.recv_got
+            parts.append(f"{missing} bytes still to receive from {self.label}")
+        if self.sendq:
+            parts.append(f"{sum(len(v) for v in self.sendq)} bytes still to send to {self.label}")
+        return "; ".join(parts)
+
+    def reset(self) -> None:
+        self.sendq.clear()
+        self.recvq.clear()
+        self.recv_got = 0
+
+    def close(self) -> None:
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.sock.close()
+
+
+class Engine:
+    """Drives the posted operations of a set of links to completion under a deadline."""
+
+    def __init__(self, links: Iterable[Link], rank: int) -> None:
+        self.links = list(links)
+        self.rank = rank
+        self._poll = select.poll()
+        self._registered: dict[int, int] = {}
+        self.stall_report_s: float | None = None
+        # Busy-poll this long before sleeping in poll(): waking a sleeping process costs more
+        # than a small message's whole trip on many machines (what MPI libraries do too).
+        # The owner sets it from tcp.spin_seconds (no spinning when ranks outnumber CPUs).
+        self.spin_s = 0.0
+
+    def run(self, deadline: float, what: str) -> None:
+        """Progress every link until all their queues are empty; raise on a dead peer or the deadline."""
+        all_links = self.links
+        links = [link for link in all_links if link.sendq or link.recvq]
+        stall_at = time.monotonic() + self.stall_report_s if self.stall_report_s else None
+        spin_until = time.monotonic() + self.spin_s
+        while links:
+            progressed = False
+            try:
+                for link in links:
+                    if link.sendq and self._push(link, what):
+                        progressed = True
+                    if link.recvq and self._pull(link, what):
+                        progressed = True
+            except PeerError:
+                self._drain_others(links, what)
+                raise
+            # A callback may have posted work on any link, not only the ones still busy.
+            links = [link for link in all_links if link.sendq or link.recvq]
+            if progressed or not links:
+                continue
+            now = time.monotonic()
+            if now < spin_until:
+                continue
+            if now >= deadline:
+                raise CollectiveTimeout(
+                    f"rank {self.rank}: {what} timed out: " + "; ".join(l.describe_pending() for l in links)
+                )
+            wait = deadline - now
+            if stall_at is not None:
+                if now >= stall_at:
+                    log.warning("rank %d: %s is stalled: %s", self.rank, what,
+                                "; ".join(l.describe_pending() for l in links))
+                    stall_at = None
+                else:
+                    wait = min(wait, stall_at - now)
+            self._wait(links, wait)
+
+    def _drain_others(self, links: list[Link], what: str) -> None:
+        """A peer hung up: first read whatever already arrived on the other links, so that a
+        mismatch it reveals (the usual reason a peer gives up) is reported instead."""
+        for link in links:
+            if link.recvq:
+                try:
+                    self._pull(link, what)
+                except PeerError:
+                    pass
+
+    def _wait(self, links: list[Link], seconds: float) -> None:
+        poll = self._poll
+        registered = self._registered
+        wanted = {}
+        for link in links:
+            mask = (select.POLLOUT if link.sendq else 0) | (select.POLLIN if link.recvq else 0)
+            wanted[link.fd] = mask
+        for fd, mask in wanted.items():
+            if registered.get(fd) != mask:
+                poll.register(fd, mask)
+                registered[fd] = mask
+        for fd in [fd for fd in registered if fd not in wanted]:
+            poll.unregister(fd)
+            del registered[fd]
+        poll.poll(max(1, int(min(seconds, 60.0) * 1000) + 1))  # the caller re-checks the deadline
+
+    def _push(self, link: Link, what: str) -> bool:
+        sock_send = link.sock.send
+        queue = link.sendq
+        progressed = False
+        while queue:
+            view = queue[0]
+            try:
+                sent = sock_send(view)
+            except BlockingIOError:
+                return progressed
+            except OSError as exc:
+                raise PeerError(f"rank {self.rank}: {what}: sending to {link.label} failed: "
+                                f"{exc.strerror or exc}") from None
+            progressed = True
+            link.bytes_out += sent
+            if sent < len(view):
+                queue[0] = view[sent:]
+                return progressed
+            queue.popleft()
+        return progressed
+
+    def _pull(self, link: Link, what: str) -> bool:
+        recv_into = link.sock.recv_into
+        queue = link.recvq
+        progressed = False
+        while queue:
+            view, on_done, on_truncated = queue[0]
+            got = link.recv_got
+            try:
+                n = recv_into(view[got:] if got else view)
+            except BlockingIOError:
+                return progressed
+            except OSError as exc:
+                raise PeerError(f"rank {self.rank}: {what}: connection to {link.label} failed: "
+                                f"{exc.strerror or exc}") from None
+            if n == 0:
+                if on_truncated is not None:
+                    on_truncated(got)
+                raise PeerError(
+                    f"rank {self.rank}: {what}: {link.label} closed the connection "
+                    f"({len(view) - got} bytes of the current message still expected; the peer died or raised)"
+                )
+            progressed = True
+            link.bytes_in += n
+            got += n
+            if got < len(view):
+                link.recv_got = got
+                return progressed
+            link.recv_got = 0
+            queue.popleft()
+            if on_done is not None:
+                on_done()
+        return progressed

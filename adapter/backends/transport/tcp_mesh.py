@@ -1,0 +1,366 @@
+"""The TCP mesh transport: JACCL's transport interface over one TCP connection per peer pair.
+
+Used where no RDMA device exists, so the same mesh and ring algorithms run (and are tested)
+on any machine. Sockets are non-blocking and progressed by poll(): every posted send and
+receive advances whenever its socket is ready, so ranks that all send to each other at once
+never deadlock on full kernel buffers. Each message is an 8-byte length and the bytes, sent
+with one send() call; reads go into a per-peer read-ahead buffer, so one recv_into usually
+brings a whole small message (or several).
+
+This is the latency path of the TCP backend, so the per-message work is kept to a few
+attribute reads: buffers and their views are made once per slot, completions are tuples, and
+each socket stays registered for reading (a message that arrives early is simply read ahead).
+"""
+from __future__ import annotations
+
+import json
+import select
+import socket
+import struct
+import time
+from collections import deque
+from typing import Callable
+
+from ...errors import CollectiveTimeout, PeerError
+from . import tcp
+from .slots import RECV, SEND, BufferPool, Completion, Transport
+from .tcp import available_cpus, spin_seconds  # noqa: F401  (shared with the ring)
+
+PURPOSE_MESH = 0x4A4D  # "JM"
+FRAME_BYTES = 1 << 20
+SLOTS = 2
+_LEN = struct.Struct("<Q")
+_LS = _LEN.size
+_INBUF_BYTES = 64 << 10
+_READ = select.POLLIN | select.POLLPRI
+_new = tuple.__new__
+
+Exchange = Callable[[bytes], list[bytes]]
+
+
+class _Peer:
+    """One connection, its slot buffers and its queues of posted work, in posting order."""
+
+    __slots__ = ("rank", "sock", "fd", "label", "sends", "recvs", "inbuf", "inview", "in_start", "in_end",
+                 "body_len", "body_got", "mask", "gone", "send_raw", "send_views", "recv_views")
+
+    def __init__(self, rank: int, sock: socket.socket, label: str, slots: int) -> None:
+        self.rank = rank
+        self.sock = sock
+        self.fd = sock.fileno()
+        self.label = label
+        self.sends: deque[list] = deque()      # [slot, memoryview still to send, nbytes]
+        self.recvs: deque[int] = deque()       # slots waiting for the next message
+        self.inbuf = bytearray(_INBUF_BYTES)
+        self.inview = memoryview(self.inbuf)
+        self.in_start = 0
+        self.in_end = 0
+        self.body_len = -1                     # >= 0: reading a large body straight into its slot
+        self.body_got = 0
+        self.mask = 0
+        self.gone: str | None = None           # why the connection ended; an error once a message is awaited
+        self.send_raw: list[memoryview | None] = [None] * slots   # length prefix + body
+        self.send_views: list[memoryview | None] = [None] * slots  # the body part
+        self.recv_views: list[memoryview | None] = [None] * slots
+
+
+class TcpMeshTransport(Transport):
+    name = "tcp"
+
+    def __init__(self, rank: int, size: int, sockets: dict[int, socket.socket],
+                 frame_bytes: int = FRAME_BYTES, slots: int = SLOTS, labels: dict[int, str] | None = None,
+                 spin_s: float | None = None) -> None:
+        self.rank = rank
+        self.size = size
+        self.peers = sorted(sockets)
+        self.frame_bytes = frame_bytes
+        self.slots = slots
+        labels = labels or {}
+        self._peers: list[_Peer | None] = [None] * size
+        for p, s in sockets.items():
+            s.setblocking(False)
+            self._peers[p] = _Peer(p, s, labels.get(p, f"rank {p} (JACCL TCP mesh)"), slots)
+        self._by_fd = {state.fd: state for state in self._peers if state is not None}
+        # Buffers carry 8 spare bytes in front so the length prefix and body go out in one send.
+        self._pool = BufferPool(frame_bytes, lambda n, key: bytearray(n + _LS))
+        self._poller = select.poll()
+        for state in self._by_fd.values():
+            self._set_mask(state, _READ)
+        self._done: list[Completion] = []
+        self._closed = False
+        self.spin_s = spin_seconds(size) if spin_s is None else spin_s
+
+    def peer_label(self, peer: int) -> str:
+        state = self._peers[peer] if 0 <= peer < self.size else None
+        return state.label if state is not None else f"rank {peer}"
+
+    # ---- buffers ---------------------------------------------------------------------------
+
+    def _make_send(self, state: _Peer, slot: int) -> memoryview:
+        raw = memoryview(self._pool.get(state.rank, SEND, slot))
+        state.send_raw[slot] = raw
+        view = state.send_views[slot] = raw[_LS:]
+        return view
+
+    def _make_recv(self, state: _Peer, slot: int) -> memoryview:
+        view = state.recv_views[slot] = memoryview(self._pool.get(state.rank, RECV, slot))[:self.frame_bytes]
+        return view
+
+    def send_buffer(self, peer: int, slot: int) -> memoryview:
+        state = self._peers[peer]
+        return state.send_views[slot] or self._make_send(state, slot)
+
+    def recv_buffer(self, peer: int, slot: int) -> memoryview:
+        state = self._peers[peer]
+        return state.recv_views[slot] or self._make_recv(state, slot)
+
+    # ---- posting ---------------------------------------------------------------------------
+
+    def post_send(self, peer: int, slot: int, nbytes: int) -> None:
+        if not 0 <= nbytes <= self.frame_bytes:
+            raise ValueError(f"message of {nbytes} bytes does not fit a {self.frame_bytes}-byte slot")
+        state = self._peers[peer]
+        raw = state.send_raw[slot]
+        if raw is None:
+            self._make_send(state, slot)
+            raw = state.send_raw[slot]
+        _LEN.pack_into(raw, 0, nbytes)
+        view = raw[:_LS + nbytes]
+        if not state.sends:  # the usual case: the whole message leaves in this one call
+            try:
+                sent = state.sock.send(view)
+            except (BlockingIOError, InterruptedError):
+                sent = 0
+            except OSError as exc:
+                raise PeerError(f"sending to {state.label} failed: {exc.strerror or exc}") from None
+            if sent == len(view):
+                self._done.append(_new(Completion, (SEND, peer, slot, nbytes)))
+                return
+            view = view[sent:]
+        state.sends.append([slot, view, nbytes])
+        self._set_mask(state, state.mask | select.POLLOUT)
+
+    def post_recv(self, peer: int, slot: int) -> None:
+        state = self._peers[peer]
+        if state.recv_views[slot] is None:
+            self._make_recv(state, slot)
+        state.recvs.append(slot)
+        if state.in_end > state.in_start:
+            # A message may already sit in the read-ahead buffer: the socket will not signal it again.
+            while state.recvs and state.body_len < 0 and self._parse(state):
+                pass
+        if state.recvs:
+            if state.gone is not None:
+                raise PeerError(state.gone)
+            if not state.mask & select.POLLIN:
+                self._set_mask(state, state.mask | _READ)
+
+    # ---- progress ----------------------------------------------------------------------------
+
+    def poll(self, deadline: float) -> list[Completion]:
+        done = self._done
+        if done:
+            self._done = []
+            return done
+        poll, by_fd = self._poller.poll, self._by_fd
+        now = time.monotonic()
+        spin_until = now + self.spin_s
+        while True:
+            remaining = deadline - now
+            # Busy-poll briefly before sleeping (see spin_seconds): a sleeping receiver must be
+            # woken by the sender, and on an idle machine that costs more than a small message's
+            # trip. Past the deadline, one last look without waiting (the process may have been
+            # stopped while the data arrived).
+            wait_ms = 0 if now < spin_until or remaining <= 0 else (remaining if remaining < 1.0 else 1.0) * 1000.0
+            for fd, mask in poll(wait_ms):
+                state = by_fd[fd]
+                if state.sends:
+                    self._progress_send(state)
+                if mask != select.POLLOUT:
+                    self._progress_recv(state)
+            done = self._done
+            if done:
+                self._done = []
+                return done
+            if remaining <= 0:
+                raise CollectiveTimeout(f"rank {self.rank}: timed out waiting for {self._pending_text()}")
+            now = time.monotonic()
+
+    def _pending_text(self) -> str:
+        parts = []
+        for state in self._by_fd.values():
+            if state.recvs:
+                parts.append(f"{len(state.recvs)} message(s) from {state.label}")
+            if state.sends:
+                parts.append(f"{state.label} to take {len(state.sends)} message(s)")
+        return ", ".join(parts) or "nothing"
+
+    def _progress_send(self, state: _Peer) -> None:
+        sends = state.sends
+        while sends:
+            item = sends[0]
+            try:
+                sent = state.sock.send(item[1])
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                raise PeerError(f"sending to {state.label} failed: {exc.strerror or exc}") from None
+            item[1] = item[1][sent:]
+            if len(item[1]):
+                return
+            sends.popleft()
+            self._done.append(_new(Completion, (SEND, state.rank, item[0], item[2])))
+        self._set_mask(state, state.mask & ~select.POLLOUT)
+
+    def _progress_recv(self, state: _Peer) -> None:
+        """Complete as many posted receives as the bytes available allow and read ahead what
+        fits in the buffer, without blocking."""
+        recv_into = state.sock.recv_into
+        # A read that leaves room in its buffer drained the socket: parse what came and return
+        # (poll reports the socket again if more arrives) instead of paying for an EAGAIN.
+        drained = False
+        try:
+            while True:
+                if state.body_len >= 0:   # a large body goes straight into its slot
+                    if drained:
+                        return
+                    view = state.recv_views[state.recvs[0]][state.body_got:state.body_len]
+                    n = recv_into(view)
+                    if n == 0:
+                        raise PeerError(self._closed_text(state))
+                    state.body_got += n
+                    if state.body_got == state.body_len:
+                        self._finish_recv(state, state.body_len)
+                        state.body_len = -1
+                    drained = n < len(view)
+                    continue
+                if state.recvs and self._parse(state):
+                    continue
+                if drained:
+                    return
+                if state.in_start:  # keep the unparsed tail at the front
+                    tail = state.in_end - state.in_start
+                    state.inbuf[:tail] = state.inview[state.in_start:state.in_end]
+                    state.in_start, state.in_end = 0, tail
+                space = _INBUF_BYTES - state.in_end
+                if not space:
+                    # Full and nobody waiting on this peer yet: stop reading until a recv is posted.
+                    self._set_mask(state, state.mask & ~_READ)
+                    return
+                n = recv_into(state.inview[state.in_end:])
+                if n == 0:
+                    self._connection_ended(state, self._closed_text(state))
+                    return
+                state.in_end += n
+                drained = n < space
+        except (BlockingIOError, InterruptedError):
+            return
+        except PeerError:  # an OSError too: it already names the peer
+            raise
+        except OSError as exc:
+            self._connection_ended(state, f"receiving from {state.label} failed: {exc.strerror or exc}")
+
+    def _parse(self, state: _Peer) -> bool:
+        """Take one message (or the start of a large one) out of the read-ahead buffer."""
+        start = state.in_start
+        have = state.in_end - start
+        if have < _LS:
+            return False
+        (length,) = _LEN.unpack_from(state.inbuf, start)
+        if length > self.frame_bytes:
+            raise PeerError(f"{state.label} sent a {length}-byte message, larger than the "
+                            f"{self.frame_bytes}-byte slot (different jacklring versions?)")
+        body = start + _LS
+        if have - _LS >= length:
+            slot = state.recvs.popleft()
+            state.recv_views[slot][:length] = state.inview[body:body + length]
+            end = body + length
+            if end == state.in_end:
+                state.in_start = state.in_end = 0
+            else:
+                state.in_start = end
+            self._done.append(_new(Completion, (RECV, state.rank, slot, length)))
+            return True
+        if length <= _INBUF_BYTES - _LS:
+            return False  # a small message still arriving: read more into the buffer
+        got = state.in_end - body
+        state.recv_views[state.recvs[0]][:got] = state.inview[body:state.in_end]
+        state.in_start = state.in_end = 0
+        state.body_len, state.body_got = length, got
+        return True
+
+    def _finish_recv(self, state: _Peer, nbytes: int) -> None:
+        self._done.append(_new(Completion, (RECV, state.rank, state.recvs.popleft(), nbytes)))
+
+    def _connection_ended(self, state: _Peer, why: str) -> None:
+        """End of stream or a reset. An error only once a message from this peer is awaited: a
+        peer that finished and closed while this rank talks to others is no failure."""
+        state.gone = why
+        self._set_mask(state, state.mask & ~_READ)
+        if state.recvs:
+            raise PeerError(why)
+
+    @staticmethod
+    def _closed_text(state: _Peer) -> str:
+        return f"{state.label} closed the connection (the process exited or failed)"
+
+    def _set_mask(self, state: _Peer, mask: int) -> None:
+        if mask == state.mask:
+            return
+        if state.mask == 0:
+            self._poller.register(state.fd, mask)
+        elif mask == 0:
+            self._poller.unregister(state.fd)
+        else:
+            self._poller.modify(state.fd, mask)
+        state.mask = mask
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for state in self._by_fd.values():
+            try:
+                state.sock.close()
+            except OSError:
+                pass
+        self._pool.clear()
+
+
+def connect_mesh(rank: int, size: int, peers: list[int], host: str, exchange: Exchange,
+                 token: int, deadline: float) -> TcpMeshTransport:
+    """Form the TCP mesh: every rank listens, the addresses are all-gathered with `exchange`
+    (called exactly once, on every rank), then each rank connects to its lower peers and accepts
+    its higher ones. Listening happens before the exchange, so no connect can arrive early."""
+    listener = tcp.listen(host, 0)
+    try:
+        address = tcp.format_address(listener.getsockname()[:2])
+        blobs = exchange(json.dumps({"addr": address}).encode())
+        everyone = [json.loads(blob)["addr"] for blob in blobs]
+        addresses = {p: everyone[p] for p in peers}
+        sockets: dict[int, socket.socket] = {}
+        try:
+            for p in peers:
+                if p < rank:
+                    hello = tcp.Hello(PURPOSE_MESH, rank, p, 0, token)
+                    sockets[p] = tcp.connect(tcp.parse_address(addresses[p], f"rank {p}'s mesh address"),
+                                             hello, deadline, f"rank {p} (JACCL TCP mesh)")
+            higher = {p for p in peers if p > rank}
+            while higher - set(sockets):
+                waiting = sorted(higher - set(sockets))
+                sock, hello = tcp.accept(
+                    listener, deadline,
+                    lambda h: (h.purpose == PURPOSE_MESH and h.token == token and h.receiver == rank
+                               and h.sender in higher and h.sender not in sockets),
+                    f"JACCL ranks {waiting} (TCP mesh, rank {rank})")
+                sockets[hello.sender] = sock
+        except BaseException:
+            for s in sockets.values():
+                s.close()
+            raise
+    finally:
+        listener.close()
+    my_host = tcp.parse_address(address)[0]
+    local_ranks = sum(1 for a in everyone if tcp.parse_address(a)[0] == my_host)
+    labels = {p: f"rank {p} (JACCL TCP mesh, {addresses[p]})" for p in peers}
+    return TcpMeshTransport(rank, size, sockets, labels=labels, spin_s=spin_seconds(local_ranks))

@@ -1,0 +1,73 @@
+"""The torch.distributed backend "jacklring": registration and the creator torch calls.
+
+    import torch
+    import adapter.torch_backend        # registers (so does `import torch` when jacklring is pip-installed)
+    torch.distributed.init_process_group("jacklring")
+
+This module imports nothing from torch at import time: torch's plugin loader calls
+autoload() while `import torch` is still running, and the process group class (which
+subclasses torch.distributed.ProcessGroup) is imported only when a group is created.
+"""
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Any
+
+from .rendezvous import JacklringOptions
+
+log = logging.getLogger("jacklring.torch")
+
+BACKEND_NAME = "jacklring"
+DEVICES = ["cpu", "cuda"]  # CUDA tensors are staged through host memory
+
+_registered = False
+
+
+def register_backend() -> bool:
+    """Register "jacklring" with torch.distributed (idempotent). False when torch has no
+    distributed support."""
+    global _registered
+    if _registered:
+        return True
+    import torch.distributed as dist
+
+    if not dist.is_available():
+        return False
+    if BACKEND_NAME.upper() not in dist.Backend._plugins:
+        dist.Backend.register_backend(BACKEND_NAME, _create_process_group, extended_api=True, devices=DEVICES)
+    _registered = True
+    return True
+
+
+def autoload() -> None:
+    """Entry point of the "torch.backends" plugin group: torch calls it during `import torch`,
+    after torch.distributed is imported. It must be cheap and must never raise (an exception
+    here would break `import torch` for every program in the environment)."""
+    try:
+        if "torch.distributed" in sys.modules:
+            register_backend()
+    except Exception as exc:  # pragma: no cover - defensive: never break `import torch`
+        log.debug("jacklring: could not register the torch backend: %s", exc)
+
+
+def _create_process_group(common: Any, pg_options: Any) -> Any:
+    """torch's creator (extended API): common carries store, group_rank, group_size, timeout,
+    group_id and global_ranks_in_group; pg_options is what the user passed to
+    init_process_group / new_group."""
+    from .process_group import JacklringProcessGroup
+    from .rendezvous import backend_choice, create_backend, deadline_seconds
+
+    rank, size = int(common.group_rank), int(common.group_size)
+    timeout_s = deadline_seconds(common.timeout)
+    choice = backend_choice(pg_options)
+    is_default = not list(common.global_ranks_in_group or [])
+    comm, origin = create_backend(common.store, rank, size, timeout_s, choice, is_default)
+    return JacklringProcessGroup(common.store, rank, size, comm, timeout_s, group_id=str(common.group_id or ""),
+                                 rendezvous=origin)
+
+
+__all__ = ["register_backend", "autoload", "BACKEND_NAME", "JacklringOptions"]
+
+# Importing this module registers the backend when torch.distributed is already loaded.
+autoload()

@@ -1,0 +1,210 @@
+"""Forming the adapter communicator behind a torch "jacklring" process group.
+
+Which backend runs underneath: pg_options (a JacklringOptions, a dict {"backend": ...} or a
+string) else JACKLRING_TORCH_BACKEND, else "auto":
+  auto  the MPI backend when launched by mpirun, else the ring
+  ring  under our launcher (MLX_RANK / MLX_HOSTFILE agreeing with the group's rank and size)
+        the launcher's hostfile; otherwise a ring whose addresses are exchanged through the
+        c10d store torch hands the creator (torchrun, env://, tcp://, file://)
+  mpi, jaccl, nccl, any   that adapter backend from its environment (adapter.init)
+Environment-configured backends serve the default group only, and only when their rank and
+size agree with torch's; subgroups (new_group, device meshes) always form a store ring.
+"""
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import json
+import logging
+import os
+import socket
+from dataclasses import dataclass
+
+from .. import config
+from ..backends import registry
+from ..backends.base import Backend
+from ..backends.singleton import SingletonBackend
+from ..backends.transport import tcp
+from ..errors import ConfigError, DistributedError
+
+log = logging.getLogger("jacklring.torch")
+
+CHOICES = ("auto", "ring", "mpi", "jaccl", "nccl", "any")
+ENV_BACKEND = "JACKLRING_TORCH_BACKEND"
+ENV_HOST = "JACKLRING_TORCH_HOST"
+KEY_PREFIX = "jacklring/addr/"
+JOIN_COUNTER = "jacklring/joins"
+
+
+@dataclass
+class JacklringOptions:
+    """pg_options for init_process_group / new_group: which adapter backend runs underneath."""
+
+    backend: str = "auto"
+
+
+def backend_choice(pg_options: object) -> str:
+    if pg_options is None:
+        choice = config.get(ENV_BACKEND)
+        where = ENV_BACKEND
+    elif isinstance(pg_options, str):
+        choice, where = pg_options, "pg_options"
+    elif isinstance(pg_options, dict):
+        choice, where = pg_options.get("backend", "auto"), "pg_options['backend']"
+    elif hasattr(pg_options, "backend"):
+        choice, where = getattr(pg_options, "backend"), "pg_options.backend"
+    else:
+        raise ConfigError(f"jacklring: pg_options must be a JacklringOptions, a dict or a backend name, "
+                          f"not {type(pg_options).__name__}")
+    choice = str(choice).strip().lower()
+    if choice not in CHOICES:
+        raise ConfigError(f"jacklring: {where}={choice!r}; choose one of {', '.join(CHOICES)}")
+    return choice
+
+
+def create_backend(store, rank: int, size: int, timeout_s: float, choice: str,
+                   is_default: bool) -> tuple[Backend, str]:
+    """The communicator for one torch process group of `size` ranks, and where it came from
+    ("single rank", "environment" or "store")."""
+    if size == 1:
+        return SingletonBackend(), "single rank"
+    if is_default:
+        from_env = _from_environment(rank, size, timeout_s, choice)
+        if from_env is not None:
+            return from_env, "environment"
+    elif choice not in ("auto", "ring", "any"):
+        log.info("jacklring: subgroup of %d ranks uses a store ring (%s serves the default group only)", size, choice)
+    return store_ring(store, rank, size, timeout_s), "store"
+
+
+def _environment_backend(choice: str) -> str | None:
+    """The adapter backend to start from the environment, or None for a store ring."""
+    if choice == "ring":
+        return "ring" if registry.probe("ring") is None else None
+    if choice == "auto":
+        if registry.probe("mpi") is None:
+            return "mpi"
+        return "ring" if registry.probe("ring") is None else None
+    if choice == "any":
+        for name in registry.ANY_ORDER:
+            if registry.probe(name) is None:
+                return name
+        return None
+    reason = registry.probe(choice)
+    if reason is not None:
+        raise ConfigError(f"jacklring: the {choice} backend was requested but cannot start: {reason}")
+    return choice
+
+
+def _from_environment(rank: int, size: int, timeout_s: float, choice: str) -> Backend | None:
+    from .. import group
+
+    name = _environment_backend(choice)
+    if name is None:
+        return None
+    if name == "ring" and not _ring_env_agrees(rank, size):
+        return None
+    # adapter.init caches the group, so the numpy API and torch share one set of connections;
+    # torch gets a private split so the two never interleave collectives.
+    base = group.init(backend=name, timeout=timeout_s).backend
+    if base.rank() != rank or base.size() != size:
+        if choice in ("auto", "ring", "any"):
+            return None
+        raise ConfigError(f"jacklring: the {name} environment says rank {base.rank()} of {base.size()} but "
+                          f"init_process_group was given rank {rank} of {size}")
+    backend = base.split(0, rank)
+    backend.set_timeout(timeout_s)
+    return backend
+
+
+def _ring_env_agrees(rank: int, size: int) -> bool:
+    try:
+        with open(os.environ["MLX_HOSTFILE"]) as f:
+            hosts = json.load(f)
+        return int(os.environ["MLX_RANK"]) == rank and isinstance(hosts, list) and len(hosts) == size
+    except (OSError, ValueError, KeyError):
+        return False
+
+
+# ---- store ring -------------------------------------------------------------------------------
+
+def store_ring(store, rank: int, size: int, timeout_s: float) -> Backend:
+    """Every rank listens on a free port, publishes ip:port in the store, reads everyone's."""
+    from ..backends.ring.backend import RingBackend
+    from ..config import connect_timeout
+
+    host = listen_host(store)
+    listener = tcp.Listener(host, 0)  # TCP, plus a Unix socket that same-host peers use
+    try:
+        mine = tcp.format_address(listener.getsockname()[:2])
+        # A store can outlive a group: torch keeps one TCPStore server per port in a process
+        # and names the groups of a new init like the old ones, so after destroy_process_group
+        # and init again the previous group's addresses are still there. Every group formation
+        # on this store adds `size` joins, so the count numbers the incarnations.
+        generation = (int(store.add(JOIN_COUNTER, 1)) - 1) // size
+        prefix = f"{KEY_PREFIX}{generation}/"
+        store.set(f"{prefix}{rank}", mine)
+        keys = [f"{prefix}{q}" for q in range(size)]
+        wait_s = min(timeout_s, connect_timeout())
+        try:
+            store.wait(keys, datetime.timedelta(seconds=wait_s))
+        except Exception as exc:
+            missing = [q for q in range(size) if not store.check([keys[q]])]
+            raise DistributedError(f"rank {rank}: jacklring rendezvous: ranks {missing} did not publish "
+                                   f"their address within {wait_s:g} s ({exc})") from None
+        addresses = [[store.get(k).decode()] for k in keys]
+        log.info("rank %d: jacklring ring addresses %s", rank, addresses)
+        return RingBackend(rank, addresses, [listener], timeout_s, wait_s)
+    except BaseException:
+        listener.close()
+        raise
+
+
+def listen_host(store) -> str:
+    """JACKLRING_TORCH_HOST, else 127.0.0.1 when the rendezvous host is loopback, else the local
+    address this machine uses to reach the rendezvous host."""
+    explicit = config.get(ENV_HOST)
+    if explicit:
+        return explicit
+    master = _rendezvous_host(store)
+    if master is None:
+        return "127.0.0.1"
+    try:
+        infos = socket.getaddrinfo(master, None, socket.AF_INET, socket.SOCK_STREAM)
+        ip = infos[0][4][0]
+    except OSError:
+        return "127.0.0.1"
+    if ipaddress.ip_address(ip).is_loopback:
+        return "127.0.0.1"
+    # Connecting a UDP socket sends nothing; it only asks the kernel for the route's source address.
+    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        probe.connect((ip, 9))
+        return probe.getsockname()[0]
+    except OSError:
+        return socket.gethostbyname(socket.gethostname())
+    finally:
+        probe.close()
+
+
+def _rendezvous_host(store) -> str | None:
+    seen = 0
+    while store is not None and seen < 16:
+        host = getattr(store, "host", None)
+        if isinstance(host, str) and host:
+            return host
+        store = getattr(store, "underlying_store", None)
+        seen += 1
+    return os.environ.get("MASTER_ADDR") or None
+
+
+def deadline_seconds(timeout: object) -> float:
+    if timeout is None:
+        from ..config import op_timeout
+
+        return op_timeout()
+    seconds = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else float(timeout)
+    if not seconds > 0:
+        raise ConfigError(f"jacklring: timeout {timeout!r} must be positive")
+    return seconds
+
