@@ -142,7 +142,7 @@ class JacclBackend(Backend):
 
     def set_timeout(self, seconds: float) -> None:
         self._timeout = config.check_seconds(float(seconds), "timeout")
-        self._link.timeout = self._timeout
+        self._link.set_timeout(self._timeout)
 
     def rank(self) -> int:
         return self._transport.rank

@@ -89,18 +89,23 @@ class Link:
                  stall_report_s: float | None = None) -> None:
         self.t = transport
         self.rank = transport.rank
-        self.timeout = timeout
         self.verify = verify
         self.flag = VERIFY_FLAG if verify else 0
         self.trailer = CRC.size if verify else 0
-        # Reported only when it comes before the deadline.
-        self.stall_report_s = stall_report_s if stall_report_s and stall_report_s < timeout else None
+        self._stall_setting = stall_report_s
+        self.set_timeout(timeout)
         self.sent = {p: 0 for p in transport.peers}
         self.received = {p: 0 for p in transport.peers}
         self.broken: str | None = None
         self.payload = transport.frame_bytes - _HS - self.trailer
         self.op_seq = 0        # operations started on this group by this rank (the backend counts)
         self._stalled_op = -1  # the operation whose stall was already reported
+
+    def set_timeout(self, timeout: float) -> None:
+        self.timeout = timeout
+        # A stall is reported only when the report comes before the deadline.
+        stall = self._stall_setting
+        self.stall_report_s = stall if stall and stall < timeout else None
 
     def deadline(self) -> float:
         return time.monotonic() + self.timeout
