@@ -93,10 +93,6 @@ def view(tensor: torch.Tensor, fill: bool = True) -> Staged:
     return Staged(tensor, fill)
 
 
-def empty_like_flat(tensor: torch.Tensor, numel: int) -> torch.Tensor:
-    return torch.empty(numel, dtype=tensor.dtype)
-
-
 # ---- reductions -------------------------------------------------------------------------------
 
 def all_reduce(comm: Backend, tensors: Sequence[torch.Tensor], name: str) -> None:
