@@ -59,7 +59,8 @@ from ... import config
 from ...config import connect_timeout, op_timeout
 from ...errors import BackendUnavailable, DistributedError, MismatchError
 from ..base import Backend, ReduceOp
-from ..elements import CODE_NAMES, dtype_code
+from ..elements import dtype_code
+from ..protocol import RECV, SEND, Request, mismatch_message
 from .watchdog import Watchdog, describe
 
 # Any one of these means a process manager started us as part of an MPI job.
@@ -351,12 +352,10 @@ class MPIBackend(Backend):
             return
         # Drain the mismatched message so the next recv from this peer starts clean.
         self._run(what, message.Recv, [bytearray(max(got_bytes, 0)), MPI.BYTE])
-        sent = CODE_NAMES.get(status.Get_tag() - _TAG_BASE, f"MPI tag {status.Get_tag()}")
-        where = "" if (lo, hi) == (0, buf.size) else f" (piece {lo}:{hi})"
-        raise MismatchError(
-            f"{self._label}: recv from rank {src} expected {buf.size} x {buf.dtype} ({buf.nbytes} bytes){where} "
-            f"but rank {src} sent {got_bytes} bytes of {sent}"
-        )
+        where = "" if (lo, hi) == (0, buf.size) else f" (piece {lo}:{hi} of {buf.size} elements)"
+        mine = Request(RECV, dtype=dtype_code(buf.dtype), nbytes=piece.nbytes, extra=src)
+        theirs = Request(SEND, dtype=status.Get_tag() - _TAG_BASE, nbytes=got_bytes, extra=self.rank())
+        raise MismatchError(mismatch_message(self.rank(), src, mine, theirs, where))
 
     # -- communicators -----------------------------------------------------------------------
 

@@ -11,17 +11,15 @@ from __future__ import annotations
 import logging
 import select
 import socket
-import struct
 import time
-import zlib
 from collections import deque
 from typing import Callable, Iterable
 
-from ...errors import CollectiveTimeout, IntegrityError, PeerError
+from ...errors import CollectiveTimeout, PeerError
+from ..protocol import CHECKSUM, checksum, checksum_error
 
 log = logging.getLogger("jacklring.engine")
 
-CRC = struct.Struct("<I")
 Callback = Callable[[], None]
 Truncated = Callable[[int], None]
 
@@ -50,7 +48,7 @@ class Link:
         if len(view):
             self.sendq.append(view)
             if self.verify:
-                self.sendq.append(memoryview(CRC.pack(zlib.crc32(view))))
+                self.sendq.append(memoryview(CHECKSUM.pack(checksum(view))))
 
     def post_recv(self, view: memoryview, on_done: Callback | None = None,
                   on_truncated: Truncated | None = None) -> None:
@@ -60,18 +58,17 @@ class Link:
             if on_done is not None:
                 on_done()
         elif self.verify:
-            trailer = bytearray(CRC.size)
+            trailer = bytearray(CHECKSUM.size)
             self.recvq.append((view, None, on_truncated))
             self.recvq.append((memoryview(trailer), lambda: self._check(view, trailer, on_done), None))
         else:
             self.recvq.append((view, on_done, on_truncated))
 
     def _check(self, view: memoryview, trailer: bytearray, on_done: Callback | None) -> None:
-        (expected,) = CRC.unpack(trailer)
-        actual = zlib.crc32(view)
+        (expected,) = CHECKSUM.unpack(trailer)
+        actual = checksum(view)
         if actual != expected:
-            raise IntegrityError(f"checksum mismatch on a {len(view)}-byte message from {self.label}: "
-                                 f"crc32 {actual:#010x}, sender's {expected:#010x}")
+            raise checksum_error(len(view), self.label, actual, expected)
         if on_done is not None:
             on_done()
 
