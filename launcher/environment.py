@@ -1,4 +1,4 @@
-"""What each rank's environment holds, per backend (the contract in DESIGN.md).
+"""What each rank's environment holds, per backend (the contract in docs/environment.md).
 
 Pure planning: no process is started here. Files (MLX_HOSTFILE, MLX_IBV_DEVICES) are
 returned as contents; whoever starts the rank writes them on the rank's own host.

@@ -10,7 +10,7 @@ in adapter.backends.registry.ANY_ORDER (nccl, jaccl, ring, mpi), so under mpirun
 explicit NCCL, JACCL or ring environment (MLX_HOSTFILE + MLX_RANK, ...) is also present.
 
 Buffers go to MPI through the buffer protocol with an explicit MPI datatype: no copies and
-nothing is pickled. float16 and bfloat16 use user-defined MPI ops (see mpi_types), and so do
+nothing is pickled. float16 and bfloat16 use user-defined MPI ops (see types.py), and so do
 MAX/MIN of float32/float64, so that a NaN propagates as on every other backend.
 MPI-3 counts are C ints (Open MPI 5 reports MPI 3.1): a buffer of more than 2**31-1 elements
 is moved by several calls (JACKLRING_MPI_MAX_COUNT lowers that limit, for tests).
@@ -21,14 +21,13 @@ What happens when things go wrong, honestly:
   other rank of the job; mpirun exits non-zero. Ranks get no Python exception. MPICH's
   Hydra behaves the same way by default.
 - A peer that is alive but never joins (a hang, a different code path): MPI calls block and
-  cannot be cancelled. A watchdog thread (mpi_watchdog) enforces the per-operation deadline
+  cannot be cancelled. A watchdog thread (watchdog.py) enforces the per-operation deadline
   (init(timeout=...), else JACKLRING_TIMEOUT, default 300 s): past it, it prints
   "CollectiveTimeout: rank R: <op> did not finish within T s" to stderr and calls MPI_Abort,
   which stops the whole job with exit code 124. It cannot raise CollectiveTimeout in the
-  caller: a nonblocking Iallreduce polled with Test could, but measured 20-65% slower than
-  the blocking call from 1 to 4 MiB on Open MPI 5 (2 ranks, shared memory; it was faster
-  from 16 MiB up), and after such a timeout the communicator would still hold the
-  unfinished collective, so the job could not continue anyway.
+  caller: a nonblocking Iallreduce polled with Test could, but it is slower for mid-sized
+  messages (docs/architecture.md, MPI), and after such a timeout the communicator would
+  still hold the unfinished collective, so the job could not continue anyway.
 - A rank that never initializes: MPI_Init (run by create()) waits for every rank of the job
   and holds the GIL, so faulthandler's C-level timer bounds it instead: past
   JACKLRING_CONNECT_TIMEOUT (default 120 s) it dumps the stack, whose innermost jacklring

@@ -1,7 +1,7 @@
 """The NCCL backend over cupy.cuda.nccl: collectives between CUDA devices.
 
 Environment (as MLX): MLX_RANK, MLX_WORLD_SIZE, NCCL_HOST_IP and NCCL_PORT (where rank 0
-serves the NCCL unique id, see nccl_bootstrap), CUDA_VISIBLE_DEVICES. Each rank uses one
+serves the NCCL unique id, see bootstrap.py), CUDA_VISIBLE_DEVICES. Each rank uses one
 device: JACKLRING_CUDA_DEVICE, else local rank modulo the visible device count.
 
 Two kinds of buffers, in every method of the Backend interface:

@@ -5,7 +5,7 @@ the "ip:port" addresses it listens on. Rank r connects to every address of rank 
 connection each) and accepts the same number from rank r-1.
 
 Large reductions run reduce-scatter then all-gather with the buffer split across every
-connection and both directions of the ring, segments pipelined (see ring_algorithms).
+connection and both directions of the ring, segments pipelined (see algorithms.py).
 Small messages take a one-pass path: a ring all-gather of the whole inputs followed by a
 reduction in rank order, which costs one hop per rank instead of two phases.
 
