@@ -6,7 +6,6 @@ from __future__ import annotations
 import pytest
 
 from .backends import VARIANTS, Variant
-from .checks import CHECKS
 from .launches import LAUNCH_TIMEOUT_S, Launches
 
 # Checks a backend fails today, by (Group.backend_name, check): real bugs, left for the lead to
@@ -46,7 +45,7 @@ def _cases() -> list:
     for variant in VARIANTS:
         for size in variant.sizes:
             missing = variant.missing(size)
-            for name in variant.checks or tuple(CHECKS):
+            for name in variant.checks_at(size):
                 marks = [pytest.mark.skip(reason=missing)] if missing else []
                 bug = KNOWN_BUGS.get((variant.expected_backend, name))
                 if bug:
