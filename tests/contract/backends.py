@@ -14,8 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from ranks import local_hostfile
+
 from .checks import CHECKS, TORCH_CHECKS
-from .harness import local_hostfile
 
 # Checks that move data through every collective: what a transport or algorithm setting changes.
 DATA_PATH = ("all_sum_max_min_every_dtype_and_count", "sum_scatter_and_reduce_scatter_every_op_and_dtype",
@@ -117,6 +118,8 @@ VARIANTS = [
     Variant("ring-mixed-transport", "ring", (2,), checks=(
         "send_recv_any_pair_in_both_orders_and_sizes", "send_recv_edge_inputs", "split_every_way"),
         rank_wrapper='if [ "$MLX_RANK" = 0 ]; then export JACKLRING_LOCAL_TRANSPORT=tcp; fi; exec "$@"'),
+    # Checksums on every message (JACKLRING_VERIFY=1), one-pass and pipelined paths.
+    Variant("ring-checksums", "ring", (3,), env={"JACKLRING_VERIFY": "1"}, checks=DATA_PATH),
     # Every MPI call cut at 7 elements: the path buffers beyond MPI's 2**31-1 count take.
     Variant("mpi-chunked", "mpi", (3,), env={"JACKLRING_MPI_MAX_COUNT": "7"}, missing=_mpirun_missing, checks=(
         "init_returns_the_launched_backend", "all_reduce_every_op_and_dtype", "backend_all_reduce_in_place_and_into_dst",

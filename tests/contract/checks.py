@@ -7,6 +7,7 @@ leave a backend unusable (deadlock, closed groups) come last.
 """
 from __future__ import annotations
 
+import os
 import threading
 import time
 import traceback
@@ -94,6 +95,8 @@ def init_returns_the_launched_backend(c: Context) -> None:
     c.expect(adapter.init(backend=c.backend) is c.group, f"init(backend={c.backend!r}) returned a new group")
     c.expect(adapter.is_available(c.backend), f"is_available({c.backend!r}) is False inside the launch")
     c.same(adapter.all_gather(np.array([c.rank], np.int64)), np.arange(c.n, dtype=np.int64), "ranks 0..n-1")
+    launched_as = os.environ.get("MLX_RANK") or os.environ.get("OMPI_COMM_WORLD_RANK")
+    c.expect(launched_as is None or int(launched_as) == c.rank, f"rank {c.rank}, launched as rank {launched_as}")
     x = adapter.all_sum(np.ones(10))  # the spec's example
     c.same(x, np.full(10, float(c.n)), "all_sum(ones(10))")
 

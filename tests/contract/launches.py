@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from ranks import launch, output_tail
 
 from .backends import Variant
-from .harness import launch, output_tail
 
 WORKER = Path(__file__).resolve().parent / "worker.py"
 LAUNCH_TIMEOUT_S = 240
