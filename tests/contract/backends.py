@@ -20,7 +20,7 @@ from .checks import CHECKS, TORCH_CHECKS
 
 # Checks that move data through every collective: what a transport or algorithm setting changes.
 DATA_PATH = ("all_sum_max_min_every_dtype_and_count", "sum_scatter_and_reduce_scatter_every_op_and_dtype",
-             "all_gather_every_dtype_and_shape", "broadcast_from_every_root",
+             "all_gather_every_dtype_and_shape", "every_dtype_above_the_pipelining_threshold", "broadcast_from_every_root",
              "counts_around_the_algorithm_thresholds", "large_uneven_prime_counts",
              "send_recv_any_pair_in_both_orders_and_sizes")
 
@@ -122,7 +122,9 @@ VARIANTS = [
     Variant("ring-checksums", "ring", (3,), env={"JACKLRING_VERIFY": "1"}, checks=DATA_PATH),
     # Every MPI call cut at 7 elements: the path buffers beyond MPI's 2**31-1 count take.
     Variant("mpi-chunked", "mpi", (3,), env={"JACKLRING_MPI_MAX_COUNT": "7"}, missing=_mpirun_missing, checks=(
-        "init_returns_the_launched_backend", "all_reduce_every_op_and_dtype", "backend_all_reduce_in_place_and_into_dst",
+        "init_returns_the_launched_backend", "all_sum_max_min_every_dtype_and_count", "all_reduce_every_op_and_dtype",
+        "reductions_a_dtype_does_not_define_raise_TypeError", "backend_all_reduce_in_place_and_into_dst",
+        "sum_scatter_and_reduce_scatter_every_op_and_dtype", "all_gather_every_dtype_and_shape", "broadcast_from_every_root",
         "send_recv_every_dtype_between_every_pair", "send_recv_edge_inputs", "zero_d_inputs", "empty_inputs",
         "recv_of_the_wrong_size_or_dtype_is_a_MismatchError_naming_both_ranks",
         "split_every_way")),
