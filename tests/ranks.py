@@ -48,10 +48,22 @@ def launch_env(**extra: str) -> dict[str, str]:
 
 
 def launch(args: Sequence[str], timeout: float = 120, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    """`launcher *args` from the repository root, output captured; raises
-    subprocess.TimeoutExpired past timeout."""
-    return subprocess.run([*LAUNCHER, *args], capture_output=True, text=True, timeout=timeout,
-                          env=launch_env(**(env or {})), cwd=ROOT)
+    """`launcher *args` from the repository root, output captured. Past timeout the launcher
+    gets SIGTERM (it stops its ranks and says which were running), then SIGKILL (its ranks die
+    with it), and subprocess.TimeoutExpired is raised with the output so far."""
+    proc = subprocess.Popen([*LAUNCHER, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=launch_env(**(env or {})), cwd=ROOT)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.terminate()
+        try:
+            out, err = proc.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+        raise subprocess.TimeoutExpired(proc.args, timeout, out, err) from None
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 def rank_lines(result: subprocess.CompletedProcess, marker: str) -> list[str]:

@@ -55,7 +55,8 @@ def _run(variant: Variant, size: int, folder: Path, mode: str) -> Outcome:
         result = launch(args + worker, timeout=LAUNCH_TIMEOUT_S, env=env)
         output = output_tail(result)
     except subprocess.TimeoutExpired as exc:
-        output = f"launch killed after {LAUNCH_TIMEOUT_S} s\n{exc.stdout!r:.3000}\n{exc.stderr!r:.3000}"
+        output = f"launch stopped after {LAUNCH_TIMEOUT_S} s\n--- stdout\n{(exc.stdout or '')[-3000:]}\n" \
+                 f"--- stderr\n{(exc.stderr or '')[-3000:]}"
     ranks = []
     for r in range(size):
         path = folder / f"rank{r}.json"
