@@ -1,9 +1,11 @@
 """The backend contract: every check every backend must pass, run by worker.py on each rank.
 
-A check takes a Context and runs the same sequence of operations on every rank. Wrong results
-are recorded with Context.same / Context.raises instead of raised, so one wrong value does not
-leave the ranks out of step; the worker reports them when the check returns. Checks that can
-leave a backend unusable (deadlock, closed groups) come last.
+A check (a function decorated with @check; the registry keeps their order) takes a Context and
+runs the same sequence of operations on every rank. Wrong results are recorded with
+Context.same / expect / raises / value instead of raised, so one wrong value does not leave
+the ranks out of step; the worker reports them when the check returns. Checks that can spoil
+a group on a backend that gets them wrong (mismatched recvs, threads, deadlocks) run on a
+sub-group of their own with a short deadline, so the checks after them keep a working world.
 """
 from __future__ import annotations
 
