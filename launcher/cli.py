@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from .environment import LaunchOptions, RankPlan, ignored_assignments, parse_env_assignments, plan_ranks
+from .environment import LaunchOptions, RankPlan, ignored_assignments, parse_env_assignments, plan_ranks, threads_notice
 from .hostfile import BACKENDS, Hostfile, HostfileError, check_backend, hosts_from_list, load_hostfile
 from .output import OutputRouter
 from .supervisor import GRACE, Supervisor
@@ -214,6 +214,9 @@ def launch(args) -> int:
         connections_per_ip=args.connections_per_ip, nccl_port=args.nccl_port,
         verbose=args.verbose, columns=(cols, lines) if cols > 0 and os.isatty(1) else None)
     plans = plan_ranks(hosts, options)
+    notice = threads_notice(plans)
+    if notice:
+        print(f"launcher: {notice}", file=sys.stderr)
     ignored = ignored_assignments(plans, options.envs)
     if ignored:
         print(f"launcher: warning: not setting {', '.join(ignored)} from --env/envs: the "

@@ -7,6 +7,7 @@ grads            adapter.average_gradients(model) with rank-valued gradients, no
 torch-first      init_process_group(ENGINE_TEST_PG_BACKEND) first, then the numpy API over it
 ddp              init_process_group("jacklring"), a DDP step, then the numpy API beside it
 torch-pg         init_process_group("jacklring") alone (rank and size from wherever torch finds them)
+all              numpy API, then average_gradients, then init_process_group("jacklring") and a DDP step
 """
 import json
 import os
@@ -19,8 +20,43 @@ def result(**fields) -> None:
     print("RESULT " + json.dumps(fields), flush=True)
 
 
+def ddp_step(rank: int, size: int) -> bool:
+    """One DDP step from different initial weights; True when every replica ends equal."""
+    import torch
+    import torch.distributed as dist
+
+    torch.manual_seed(rank)  # DDP's broadcast must make the replicas equal
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model(torch.full((8, 4), float(rank))).sum().backward()
+    opt.step()
+    flat = torch.cat([p.detach().flatten() for p in model.parameters()])
+    gathered = [torch.zeros_like(flat) for _ in range(size)]
+    dist.all_gather(gathered, flat)
+    return all(torch.equal(gathered[0], t) for t in gathered)
+
+
 def main(mode: str) -> None:
     import adapter
+
+    if mode == "all":
+        import torch
+        import torch.distributed as dist
+
+        g = adapter.init(strict=True)
+        fields = {"rank": g.rank(), "size": g.size(), "backend": g.backend_name,
+                  "sum": float(adapter.all_sum(np.array([float(g.rank())]))[0])}
+        model = torch.nn.Linear(3, 1)
+        for p in model.parameters():
+            p.grad = torch.full_like(p, float(g.rank()))
+        adapter.average_gradients(model)
+        fields["grads"] = sorted({float(v) for p in model.parameters() for v in p.grad.flatten()})
+        dist.init_process_group("jacklring")
+        fields.update(torch_rank=dist.get_rank(), torch_size=dist.get_world_size(),
+                      replicas_equal=ddp_step(dist.get_rank(), dist.get_world_size()))
+        dist.destroy_process_group()
+        result(**fields)
+        return
 
     if mode == "numpy":
         g = adapter.init(strict=True)
@@ -46,15 +82,7 @@ def main(mode: str) -> None:
         rank, size = dist.get_rank(), dist.get_world_size()
         fields = {"rank": rank, "size": size}
         if mode == "ddp":
-            torch.manual_seed(rank)  # DDP's broadcast must make the replicas equal
-            model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 2))
-            opt = torch.optim.SGD(model.parameters(), lr=0.1)
-            model(torch.full((8, 4), float(rank))).sum().backward()
-            opt.step()
-            flat = torch.cat([p.detach().flatten() for p in model.parameters()])
-            gathered = [torch.zeros_like(flat) for _ in range(size)]
-            dist.all_gather(gathered, flat)
-            fields["replicas_equal"] = all(torch.equal(gathered[0], t) for t in gathered)
+            fields["replicas_equal"] = ddp_step(rank, size)
         if mode != "torch-pg":
             g = adapter.init(strict=True)
             fields.update(adapter_rank=g.rank(), adapter_size=g.size(),

@@ -1,0 +1,65 @@
+"""Under a real Slurm (tests/engines/slurm_cluster.py): srun with no wrapper script, and the
+job script of docs/launching.md exactly as written there."""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from engine_harness import RANK_SCRIPT, ROOT, VENV_BIN, clean_env, describe, results
+
+DOC = Path(ROOT, "docs", "launching.md")
+
+
+def slurm_env(cluster, **extra: str) -> dict[str, str]:
+    # The venv first on PATH: the documented recipe says `python`.
+    return clean_env(PATH=f"{VENV_BIN}:{os.environ['PATH']}", **cluster.env, **extra)
+
+
+@pytest.mark.timeout(90)
+def test_srun_three_tasks_numpy_api_average_gradients_and_ddp(slurm):
+    proc = subprocess.run(["srun", "-n", "3", "--overcommit", sys.executable, RANK_SCRIPT, "all"],
+                          env=slurm_env(slurm), cwd=ROOT, capture_output=True, text=True, timeout=80)
+    assert proc.returncode == 0, describe([proc]) + slurm.logs()
+    found = results(proc.stdout)
+    assert [(r["rank"], r["size"], r["sum"], r["grads"]) for r in found] == \
+        [(r, 3, 3.0, [1.0]) for r in range(3)], proc.stdout
+    assert [(r["torch_rank"], r["torch_size"], r["replicas_equal"]) for r in found] == \
+        [(r, 3, True) for r in range(3)]
+
+
+def documented_job_script() -> str:
+    """The Slurm job script in docs/launching.md (the block after the 'tested-slurm-job' marker)."""
+    text = DOC.read_text()
+    match = re.search(r"<!-- tested-slurm-job -->\s*```(?:sh|bash)\n(.*?)```", text, re.S)
+    assert match, "docs/launching.md has no Slurm job script after <!-- tested-slurm-job -->"
+    return match.group(1)
+
+
+TRAIN = '''
+import numpy as np, torch, adapter
+world = adapter.init()
+model = torch.nn.Linear(3, 1)
+for p in model.parameters():
+    p.grad = torch.full_like(p, float(world.rank()))
+adapter.average_gradients(model)
+print("RESULT", {"rank": world.rank(), "size": world.size(),
+                 "grad": float(model.bias.grad[0])}, flush=True)
+'''
+
+
+@pytest.mark.timeout(90)
+def test_documented_job_script_under_sbatch(slurm, tmp_path):
+    script = tmp_path / "job.sh"
+    script.write_text(documented_job_script())
+    (tmp_path / "train.py").write_text(TRAIN)
+    proc = subprocess.run(["sbatch", "--wait", "--parsable", str(script)], env=slurm_env(slurm),
+                          cwd=tmp_path, capture_output=True, text=True, timeout=80)
+    outputs = {p.name: p.read_text() for p in tmp_path.glob("*.out")}
+    assert proc.returncode == 0, f"{describe([proc])}\n{outputs}\n{slurm.logs()}"
+    text = "".join(outputs.values())
+    lines = sorted(line for line in text.splitlines() if line.startswith("RESULT"))
+    assert lines == [f"RESULT {{'rank': {r}, 'size': 3, 'grad': 1.0}}" for r in range(3)], text
