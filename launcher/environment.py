@@ -97,10 +97,11 @@ def local_cores() -> int:
         return os.cpu_count() or 1
 
 
-def threads_notice(plans: list[RankPlan]) -> Optional[str]:
+def threads_notice(plans: list[RankPlan], options: LaunchOptions) -> Optional[str]:
     """The one line the launcher prints when it chose OMP_NUM_THREADS (torchrun prints one too)."""
     chosen = sorted({p.env["OMP_NUM_THREADS"] for p in plans if "OMP_NUM_THREADS" in p.env})
-    if not chosen or "OMP_NUM_THREADS" in os.environ:
+    user_set = "OMP_NUM_THREADS" in os.environ or "OMP_NUM_THREADS" in parse_env_assignments(options.envs)
+    if not chosen or user_set:
         return None
     local = [p for p in plans if p.host.is_local]
     basis = (f" ({local_cores()} cores / {local[0].local_world_size} local ranks)" if local else "")

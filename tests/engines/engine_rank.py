@@ -8,6 +8,8 @@ torch-first      init_process_group(ENGINE_TEST_PG_BACKEND) first, then the nump
 ddp              init_process_group("jacklring"), a DDP step, then the numpy API beside it
 torch-pg         init_process_group("jacklring") alone (rank and size from wherever torch finds them)
 all              numpy API, then average_gradients, then init_process_group("jacklring") and a DDP step
+elastic          torchrun --max-restarts: in the first attempt rank 1 fails after the group formed;
+                 the restarted workers form the group again
 """
 import json
 import os
@@ -39,6 +41,18 @@ def ddp_step(rank: int, size: int) -> bool:
 def main(mode: str) -> None:
     import adapter
 
+    if mode == "elastic":
+        attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+        g = adapter.init(strict=True)
+        total = float(adapter.all_sum(np.array([float(g.rank())]))[0])
+        if attempt == 0 and g.rank() == 1:
+            raise SystemExit("rank 1 fails in the first attempt")
+        if attempt == 0:
+            import time
+
+            time.sleep(30)  # torchrun stops this worker when rank 1 fails
+        result(rank=g.rank(), size=g.size(), sum=total, attempt=attempt)
+        return
     if mode == "all":
         import torch
         import torch.distributed as dist

@@ -41,6 +41,15 @@ def test_torchrun_numpy_api_and_average_gradients():
     assert [r["grads"] for r in results(proc.stdout)] == [[0.5] * 4] * 2  # mean of 0.0 and 1.0
 
 
+@pytest.mark.timeout(90)
+def test_torchrun_elastic_restart_forms_the_group_again():
+    proc = run([TORCHRUN, "--nproc-per-node", "2", "--max-restarts", "1", "--master-port", str(free_ports(1)[0]),
+                RANK_SCRIPT, "elastic"], clean_env(), timeout=80)
+    assert proc.returncode == 0, describe([proc])
+    assert [(r["rank"], r["size"], r["sum"], r["attempt"]) for r in results(proc.stdout)] == \
+        [(0, 2, 1.0, 1), (1, 2, 1.0, 1)], proc.stdout
+
+
 @pytest.mark.timeout(60)
 def test_plain_torch_variables_three_ranks():
     procs = spawn_ranks(3, "numpy", plain_torch_env(3))
