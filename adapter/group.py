@@ -11,6 +11,7 @@ import threading
 from . import engines
 from .backends import registry
 from .backends.base import Backend
+from .backends.registry import ANY_ORDER  # noqa: F401  (the backends' order, kept importable here)
 from .backends.singleton import SingletonBackend
 from .errors import BackendUnavailable, DistributedError
 
