@@ -107,7 +107,8 @@ def _probe_torchrun(env: Mapping[str, str]) -> str | None:
     if env.get("WORLD_SIZE") and _int(env, "WORLD_SIZE") == 1:
         return "WORLD_SIZE=1"
     mpi = mpi_world(env)
-    if mpi is not None and env.get("RANK") and mpi == (_int(env, "RANK"), _int(env, "WORLD_SIZE")):
+    if mpi is not None and env.get("RANK") and env.get("WORLD_SIZE") \
+            and mpi == (_int(env, "RANK"), _int(env, "WORLD_SIZE")):
         return "RANK and WORLD_SIZE describe the MPI world: the mpi backend forms it"
     return None
 
