@@ -6,6 +6,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -31,6 +32,20 @@ def test_srun_three_tasks_numpy_api_average_gradients_and_ddp(slurm):
         [(r, 3, True) for r in range(3)]
 
 
+def wait_for_job(job_id: str, env: dict[str, str], deadline_s: float) -> str:
+    """The job's final state. Polled here: `sbatch --wait` polls at seconds-long intervals."""
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        out = subprocess.run(["scontrol", "show", "job", "-o", job_id], env=env, capture_output=True,
+                             text=True, timeout=10).stdout
+        state = re.search(r"JobState=(\S+)", out)
+        if state and state.group(1) not in ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING"):
+            return state.group(1)
+        time.sleep(0.2)
+    subprocess.run(["scancel", job_id], env=env, timeout=10)
+    raise AssertionError(f"job {job_id} did not end within {deadline_s} s")
+
+
 def documented_job_script() -> str:
     """The Slurm job script in docs/launching.md (the block after the 'tested-slurm-job' marker)."""
     text = DOC.read_text()
@@ -40,13 +55,16 @@ def documented_job_script() -> str:
 
 
 TRAIN = '''
-import numpy as np, torch, adapter
-world = adapter.init()
+# torch's group first (its RANK/WORLD_SIZE/MASTER_* come from Slurm's variables), then the
+# numpy API over it: the other order from test_srun_three_tasks_...
+import torch, torch.distributed as dist, adapter
+dist.init_process_group("jacklring")
 model = torch.nn.Linear(3, 1)
 for p in model.parameters():
-    p.grad = torch.full_like(p, float(world.rank()))
+    p.grad = torch.full_like(p, float(dist.get_rank()))
 adapter.average_gradients(model)
-print("RESULT", {"rank": world.rank(), "size": world.size(),
+world = adapter.init()
+print("RESULT", {"rank": world.rank(), "size": world.size(), "torch_size": dist.get_world_size(),
                  "grad": float(model.bias.grad[0])}, flush=True)
 '''
 
@@ -56,10 +74,13 @@ def test_documented_job_script_under_sbatch(slurm, tmp_path):
     script = tmp_path / "job.sh"
     script.write_text(documented_job_script())
     (tmp_path / "train.py").write_text(TRAIN)
-    proc = subprocess.run(["sbatch", "--wait", "--parsable", str(script)], env=slurm_env(slurm),
-                          cwd=tmp_path, capture_output=True, text=True, timeout=80)
+    env = slurm_env(slurm)
+    proc = subprocess.run(["sbatch", "--parsable", str(script)], env=env, cwd=tmp_path, capture_output=True,
+                          text=True, timeout=20)
+    assert proc.returncode == 0, f"{describe([proc])}\n{slurm.logs()}"
+    state = wait_for_job(proc.stdout.strip().split(";")[0], env, deadline_s=80)
     outputs = {p.name: p.read_text() for p in tmp_path.glob("*.out")}
-    assert proc.returncode == 0, f"{describe([proc])}\n{outputs}\n{slurm.logs()}"
+    assert state == "COMPLETED", f"job ended {state}\n{outputs}\n{slurm.logs()}"
     text = "".join(outputs.values())
     lines = sorted(line for line in text.splitlines() if line.startswith("RESULT"))
-    assert lines == [f"RESULT {{'rank': {r}, 'size': 3, 'grad': 1.0}}" for r in range(3)], text
+    assert lines == [f"RESULT {{'rank': {r}, 'size': 3, 'torch_size': 3, 'grad': 1.0}}" for r in range(3)], text
