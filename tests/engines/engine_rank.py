@@ -3,7 +3,7 @@
     engine_rank.py MODE     prints one line: RESULT {"rank": r, "size": n, ...}
 
 numpy            adapter.init(strict=True) and an all_sum of the ranks
-grads            adapter.average_gradients(model) with rank-valued gradients, no torch group
+grads            adapter.average_gradients(model) with rank-valued gradients, no torch group; an all_sum
 torch-first      init_process_group(ENGINE_TEST_PG_BACKEND) first, then the numpy API over it
 ddp              init_process_group("jacklring"), a DDP step, then the numpy API beside it
 torch-pg         init_process_group("jacklring") alone (rank and size from wherever torch finds them)
@@ -19,7 +19,10 @@ import numpy as np
 
 
 def result(**fields) -> None:
-    print("RESULT " + json.dumps(fields), flush=True)
+    # One write of less than PIPE_BUF: ranks sharing a pipe (torchrun, srun) never split it.
+    # (print() writes the text and the newline separately, so lines of two ranks could merge.)
+    sys.stdout.write("RESULT " + json.dumps(fields) + "\n")
+    sys.stdout.flush()
 
 
 def ddp_step(rank: int, size: int) -> bool:
@@ -84,7 +87,8 @@ def main(mode: str) -> None:
             p.grad = torch.full_like(p, float(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0"))))
         adapter.average_gradients(model)
         g = adapter.init()
-        result(rank=g.rank(), size=g.size(), grads=[float(v) for p in model.parameters() for v in p.grad.flatten()])
+        result(rank=g.rank(), size=g.size(), grads=[float(v) for p in model.parameters() for v in p.grad.flatten()],
+               sum=float(adapter.all_sum(np.array([float(g.rank())]))[0]))
     elif mode in ("torch-first", "ddp", "torch-pg"):
         import torch
         import torch.distributed as dist

@@ -57,15 +57,17 @@ def documented_job_script() -> str:
 TRAIN = '''
 # torch's group first (its RANK/WORLD_SIZE/MASTER_* come from Slurm's variables), then the
 # numpy API over it: the other order from test_srun_three_tasks_...
-import torch, torch.distributed as dist, adapter
+import sys, torch, torch.distributed as dist, adapter
 dist.init_process_group("jacklring")
 model = torch.nn.Linear(3, 1)
 for p in model.parameters():
     p.grad = torch.full_like(p, float(dist.get_rank()))
 adapter.average_gradients(model)
 world = adapter.init()
-print("RESULT", {"rank": world.rank(), "size": world.size(), "torch_size": dist.get_world_size(),
-                 "grad": float(model.bias.grad[0])}, flush=True)
+line = {"rank": world.rank(), "size": world.size(), "torch_size": dist.get_world_size(),
+        "grad": float(model.bias.grad[0])}
+sys.stdout.write(f"RESULT {line}\\n")  # one write: the tasks share the output file
+sys.stdout.flush()
 '''
 
 

@@ -1,5 +1,6 @@
 """The Accelerate recipe of docs/launching.md: the jacklring group first, then Accelerator(cpu=True)."""
 import json
+import sys
 
 import torch
 import torch.distributed as dist
@@ -22,7 +23,8 @@ flat = torch.cat([p.detach().flatten() for p in model.parameters()])
 gathered = [torch.zeros_like(flat) for _ in range(accelerator.num_processes)]
 dist.all_gather(gathered, flat)
 world = adapter.init()
-print("RESULT " + json.dumps({
+sys.stdout.write("RESULT " + json.dumps({
     "rank": rank, "size": accelerator.num_processes, "backend": dist.get_backend(),
     "replicas_equal": all(torch.equal(gathered[0], t) for t in gathered),
-    "adapter_size": world.size()}), flush=True)
+    "adapter_size": world.size()}) + "\n")  # one write: ranks share the pipe
+sys.stdout.flush()
