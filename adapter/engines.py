@@ -95,7 +95,11 @@ def _create_torch_group(env: Mapping[str, str], timeout: float | None) -> Backen
     rank, size = dist.get_rank(), dist.get_world_size()
     if size == 1:
         return SingletonBackend()
-    store = dist.distributed_c10d._get_default_store()
+    try:
+        store = dist.distributed_c10d._get_default_store()
+    except Exception as exc:  # a group created without a store (e.g. a fake or custom one)
+        raise DistributedError(f"rank {rank}: the torch process group of {size} ranks has no store to form "
+                               f"the numpy API's group through ({exc})") from None
     return _store_ring(store, rank, size, timeout, "the torch process group's store")
 
 

@@ -42,6 +42,14 @@ def _compact(pending: bytes) -> bytes:
     return b"\r" + segments[last] + (b"\r" if last < len(segments) - 1 else b"")
 
 
+def _same_file(fd_a: int, fd_b: int) -> bool:
+    try:
+        a, b = os.fstat(fd_a), os.fstat(fd_b)
+    except OSError:
+        return False
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
 def _is_terminal(fd: int) -> bool:
     try:
         return os.isatty(fd)
@@ -71,6 +79,8 @@ class OutputRouter:
         # A terminal shows carriage-return updates in place; a pipe or file gets only the
         # final state of each line.
         self.terminal = {fd: _is_terminal(target) for fd, target in self.targets.items()}
+        # stdout and stderr on one terminal (or file) share its current line
+        self.same_target = _same_file(stdout_fd, stderr_fd)
         self.broken: set[int] = set()
         self.streams: dict[tuple, _Stream] = {}
         self.logs: dict = {}
@@ -185,12 +195,14 @@ class OutputRouter:
         return b"".join(parts)
 
     def _claim(self, fd: int, key: tuple) -> None:
-        """Before `key` writes to fd, end another rank's partial line so text never glues."""
-        owner = self.open_line[fd]
-        if owner is not None and owner != key:
-            self._emit(fd, b"\n")
-            self.streams[owner].mid_line = False
-            self.open_line[fd] = None
+        """Before `key` writes to fd, end another stream's partial line so text never glues
+        (a bar on stderr and a line on stdout meet on one terminal line too)."""
+        for other in ((1, 2) if self.same_target else (fd,)):
+            owner = self.open_line[other]
+            if owner is not None and owner != key:
+                self._emit(other, b"\n")
+                self.streams[owner].mid_line = False
+                self.open_line[other] = None
 
     @staticmethod
     def _tag(rank) -> bytes:
