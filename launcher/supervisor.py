@@ -204,9 +204,15 @@ class Supervisor:
         for proc in self.ranks:
             proc.cleanup()
         self._finish_output(writer)
+        late = self._late_log_failures()  # while writing the ranks' last output
+        if late and self.stop_on_log_error and log_error is None:
+            log_error = late[0]
         if log_error is not None and failure is None and interrupted is None:
-            self.log(f"stopped all {len(self.ranks)} ranks: a --log-dir file could not be written "
-                     f"(--log-errors stop)")
+            if stop_at is not None:
+                self.log(f"stopped all {len(self.ranks)} ranks: a --log-dir file could not be written "
+                         f"(--log-errors stop)")
+            else:
+                self.log("a --log-dir file could not be written (--log-errors stop); the ranks had already ended")
             return 1
         if failure is not None and first_end is not None and first_end[0] is not failure[0]:
             # The failure is often a consequence (a peer raised because this rank was gone).
@@ -214,6 +220,18 @@ class Supervisor:
             self.log(f"{proc.describe()} ended first: it {how} while {left} other "
                      f"rank{'s were' if left != 1 else ' was'} still running")
         return self._summarize(failure, interrupted)
+
+    def _late_log_failures(self) -> list[str]:
+        """Log failures the writer reported after the control loop ended: said here, once."""
+        late = []
+        while True:
+            try:
+                event = self.events.get_nowait()
+            except queue.Empty:
+                return late
+            if event[0] == "log-failed":
+                self.log(event[1])
+                late.append(event[1])
 
     def _running_procs(self) -> list[RankProcess]:
         return [p for p in self.ranks if p.index in self.running]

@@ -87,6 +87,17 @@ def test_a_log_file_on_a_full_disk_is_reported_once_and_output_keeps_flowing(tmp
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize("mode", ["continue", "stop"])
+def test_a_log_failure_in_a_job_that_ends_at_once_is_still_said_once(tmp_path, mode):
+    """The last lines may be written after every rank has exited: the report must not be lost."""
+    os.symlink("/dev/full", tmp_path / "rank0.log")
+    r = launch("-n", 2, "--log-dir", tmp_path, "--log-errors", mode, "chatty.py", "1")
+    assert r.returncode == (0 if mode == "continue" else 1), r.stderr
+    assert r.stderr.count("cannot write") == 1, r.stderr
+    assert sum(line.startswith("[0] line 0") for line in r.stdout.splitlines()) == 1
+
+
+@pytest.mark.timeout(60)
 def test_log_errors_stop_ends_the_job_with_a_clear_error(tmp_path):
     os.symlink("/dev/full", tmp_path / "rank1.log")
     start = time.monotonic()
