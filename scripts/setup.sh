@@ -14,14 +14,15 @@ if ! [ -x /usr/sbin/sshd ] || ! command -v ip >/dev/null; then
     fi
 fi
 
-# Slurm and munge: tests/engines starts a real one-node Slurm (munged, slurmctld, slurmd) by hand.
-if ! [ -x /usr/sbin/slurmctld ] || ! [ -x /usr/sbin/munged ]; then
+# Slurm and munge: tests/engines starts a real one-node Slurm (munged, slurmctld, slurmd) by hand;
+# libpmix-dev lets Slurm's PMIx plugin load (srun --mpi=pmix).
+if ! [ -x /usr/sbin/slurmctld ] || ! [ -x /usr/sbin/munged ] || ! [ -e /usr/lib/x86_64-linux-gnu/libpmix.so ]; then
     if [ "$(id -u)" = 0 ]; then
         export DEBIAN_FRONTEND=noninteractive
         apt-get update -qq
-        apt-get install -y -qq slurm-wlm munge >/dev/null
+        apt-get install -y -qq slurm-wlm munge libpmix-dev >/dev/null
     else
-        echo "setup: slurm-wlm and munge are missing; install them (sudo apt-get install slurm-wlm munge) or the Slurm tests skip" >&2
+        echo "setup: slurm-wlm and munge are missing; install them (sudo apt-get install slurm-wlm munge libpmix-dev) or the Slurm tests skip" >&2
     fi
 fi
 

@@ -2,6 +2,7 @@
 job script of docs/launching.md exactly as written there."""
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import subprocess
@@ -30,6 +31,30 @@ def test_srun_three_tasks_numpy_api_average_gradients_and_ddp(slurm):
         [(r, 3, 3.0, [1.0]) for r in range(3)], proc.stdout
     assert [(r["torch_rank"], r["torch_size"], r["replicas_equal"]) for r in found] == \
         [(r, 3, True) for r in range(3)]
+
+
+def pmix_missing(cluster) -> str | None:
+    listed = subprocess.run(["srun", "--mpi=list"], env=slurm_env(cluster), capture_output=True, text=True,
+                            timeout=20)
+    if "pmix" not in listed.stdout + listed.stderr:
+        return "Slurm's PMIx plugin is not usable (apt-get install libpmix-dev)"
+    if importlib.util.find_spec("mpi4py") is None:
+        return "mpi4py is not installed (pip install jacklring[mpi])"
+    return None
+
+
+@pytest.mark.timeout(60)
+def test_srun_mpi_pmix_uses_mpi(slurm):
+    reason = pmix_missing(slurm)
+    if reason:
+        pytest.skip(reason)
+    env = slurm_env(slurm, OMPI_MCA_btl_tcp_if_include="lo")
+    proc = subprocess.run(["srun", "--mpi=pmix", "-n", "2", sys.executable, RANK_SCRIPT, "numpy"], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=50)
+    assert proc.returncode == 0, describe([proc]) + slurm.logs()
+    # the MPI world, not a Slurm store ring (Slurm's variables give way to MPI's)
+    assert [(r["rank"], r["size"], r["sum"], r["backend"]) for r in results(proc.stdout)] == \
+        [(0, 2, 1.0, "mpi"), (1, 2, 1.0, "mpi")]
 
 
 def wait_for_job(job_id: str, env: dict[str, str], deadline_s: float) -> str:
