@@ -238,9 +238,9 @@ def _torch_distributed(what: str):
     try:
         import torch.distributed as dist
     except ImportError:
-        raise ConfigError(f"{what} need torch for their store (pip install torch)") from None
+        raise ConfigError(f"{what}: forming the group needs torch for its store (pip install torch)") from None
     if not dist.is_available():
-        raise ConfigError(f"{what} need torch.distributed, which this torch build lacks")
+        raise ConfigError(f"{what}: forming the group needs torch.distributed, which this torch build lacks")
     return dist
 
 

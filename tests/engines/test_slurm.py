@@ -12,8 +12,23 @@ from pathlib import Path
 
 import pytest
 from engine_harness import RANK_SCRIPT, ROOT, VENV_BIN, clean_env, describe, results
+from slurm_cluster import SlurmCluster, missing
 
 DOC = Path(ROOT, "docs", "launching.md")
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory):
+    """A running one-node Slurm; skipped with the reason when Slurm cannot run here."""
+    reason = missing()
+    if reason:
+        pytest.skip(reason)
+    cluster = SlurmCluster(tmp_path_factory.mktemp("slurm"))
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()
 
 
 def slurm_env(cluster, **extra: str) -> dict[str, str]:
