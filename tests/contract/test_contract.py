@@ -11,10 +11,9 @@ from .launches import LAUNCH_TIMEOUT_S, Launches
 # Checks a backend fails today, by (Group.backend_name, check): real bugs, left for the lead to
 # fix or to declare outside the contract. strict=True: a fix makes the test fail until removed.
 _JACCL_NO_LOCK = (
-    "adapter/backends/jaccl/exchange.py Link.transfer (reached from JacclBackend.send/recv and every "
-    "collective in adapter/backends/jaccl/backend.py) takes no lock: two threads using one group share "
-    "the per-peer message counters and transport slots, so a correct program gets MismatchError "
-    "('out-of-step message') or a CollectiveTimeout")
+    "a limitation, not a silent failure: JACCL matches every peer's frames strictly in order over shared "
+    "links, so one group runs one operation at a time; a second thread gets a DistributedError saying so "
+    "(adapter/backends/jaccl/backend.py JacclBackend._one_thread) and needs a group of its own (split)")
 KNOWN_BUGS: dict[tuple[str, str], str] = {
     ("ring", "recv_of_the_wrong_size_or_dtype_is_a_MismatchError_naming_both_ranks"): (
         "adapter/backends/ring/backend.py RingBackend._recv raises MismatchError on a wrong header "
