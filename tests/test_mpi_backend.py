@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from ranks import launch
+from ranks import launch, rank_lines
 
 import adapter
 from adapter import group as group_module
@@ -189,3 +189,28 @@ def test_clear_error_when_mpi4py_is_not_installed(tmp_path: Path) -> None:
     assert "PROBE mpi4py is not installed: pip install jacklring[mpi]" in result.stdout, result.stdout
     assert "RAISED" in result.stdout and "mpi: mpi4py is not installed: pip install jacklring[mpi]" in result.stdout
     assert "GROUP 1" in result.stdout
+
+
+VERIFIED_MISMATCH = """
+import numpy as np, adapter
+g = adapter.init()
+x = np.ones(4, np.float32 if g.rank() == 0 else np.float64)  # same byte count only when doubled
+try:
+    adapter.all_sum(np.concatenate([x, x]) if g.rank() == 0 else x)
+except adapter.MismatchError as exc:
+    print("MISMATCH", exc, flush=True)
+"""
+
+
+@needs_mpirun
+@pytest.mark.timeout(120)
+def test_verify_turns_a_silent_wrong_sum_into_a_mismatch_error(tmp_path: Path) -> None:
+    # 8 float32 and 4 float64 are the same 32 bytes: MPI alone adds float64 bit patterns to
+    # float32 ones and returns wrong sums; with JACKLRING_VERIFY every rank raises instead.
+    script = tmp_path / "mismatch.py"
+    script.write_text(VERIFIED_MISMATCH)
+    result = launch(["--backend", "mpi", "-n", "3", str(script)], timeout=100, env={"JACKLRING_VERIFY": "1"})
+    lines = rank_lines(result, "MISMATCH")
+    assert len(lines) == 3, result.stdout[-3000:] + result.stderr[-3000:]
+    assert all("mismatched operations with another rank" in line and "float32" in line and "float64" in line
+               for line in lines), lines

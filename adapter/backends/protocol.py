@@ -66,10 +66,12 @@ class Request:
         return f"{self._name()}({reduce}{self._dtype()}, {self.nbytes} bytes, seq {seq}){self._peer_text()}"
 
 
-def mismatch_message(rank: int, peer: int, mine: Request, theirs: Request, detail: str = "") -> str:
-    """The one wording of "two ranks asked for different things", for every backend."""
-    return (f"rank {rank}: mismatched operations with rank {peer}: rank {rank} called {mine.describe()}, "
-            f"rank {peer} called {theirs.describe()}{detail}")
+def mismatch_message(rank: int, peer: int | str, mine: Request, theirs: Request, detail: str = "") -> str:
+    """The one wording of "two ranks asked for different things", for every backend. peer is a
+    rank, or a phrase such as "another rank" when the backend cannot tell which."""
+    who = f"rank {peer}" if isinstance(peer, int) else peer
+    return (f"rank {rank}: mismatched operations with {who}: rank {rank} called {mine.describe()}, "
+            f"{who} called {theirs.describe()}{detail}")
 
 
 # ---- the checksum trailer (JACKLRING_VERIFY) ------------------------------------------------------

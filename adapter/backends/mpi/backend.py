@@ -59,7 +59,7 @@ from ...config import connect_timeout, op_timeout
 from ...errors import BackendUnavailable, DistributedError, MismatchError
 from ..base import Backend, ReduceOp
 from ..elements import dtype_code
-from ..protocol import RECV, SEND, Request, mismatch_message
+from ..protocol import OP_CODES, RECV, REDUCE_CODES, SEND, Request, mismatch_message
 from .watchdog import Watchdog, describe
 
 # Any one of these means a process manager started us as part of an MPI job.
@@ -237,6 +237,8 @@ class MPIBackend(Backend):
         self._rank = comm.Get_rank()
         self._size = comm.Get_size()
         self._closed = False
+        # JACKLRING_VERIFY: every collective first checks that all ranks asked for the same one.
+        self._verify = bool(config.get("JACKLRING_VERIFY"))
         self._sends_lock = threading.Lock()
         self._sends: list[tuple[Any, np.ndarray, tuple]] = []  # (Isend request, its buffer, what)
         _open_backends.add(self)
@@ -255,7 +257,25 @@ class MPIBackend(Backend):
 
     # -- collectives ---------------------------------------------------------------------
 
+    def _agree(self, op: str, buf: np.ndarray | None, reduce: ReduceOp | None = None, extra: int = 0) -> None:
+        """With JACKLRING_VERIFY, one small MAX all-reduce of (request, -request) before the
+        collective: any difference between ranks is a MismatchError on every rank, where MPI
+        itself would return wrong data or fail with a truncation error."""
+        if not self._verify:
+            return
+        mine = Request(OP_CODES[op], REDUCE_CODES[reduce] if reduce else 0,
+                       dtype_code(buf.dtype) if buf is not None else 0, buf.nbytes if buf is not None else 0, extra)
+        fields = np.array([mine.op, mine.reduce, mine.dtype, mine.nbytes, mine.extra], np.int64)
+        extremes = np.empty(10, np.int64)
+        self._run(("agreement check before {}", op), self._comm.Allreduce, np.concatenate([fields, -fields]),
+                  extremes, self._MPI.MAX)
+        for other in (extremes[:5], -extremes[5:]):
+            if (other != fields).any():
+                theirs = Request(*(int(v) for v in other))
+                raise MismatchError(mismatch_message(self._rank, "another rank", mine, theirs))
+
     def all_reduce(self, src: np.ndarray, dst: np.ndarray, op: ReduceOp) -> None:
+        self._agree("all_reduce", dst, op)
         mpi_type, mpi_op, as_bytes = self._types.reduction(dst.dtype, op)
         what = ("all_reduce({0.name}, {1}, {2} elements)", op, dst.dtype, dst.size)
         in_place = src is dst
@@ -264,6 +284,7 @@ class MPIBackend(Backend):
             self._run(what, self._comm.Allreduce, send, [_wire(dst[lo:hi], as_bytes), mpi_type], mpi_op)
 
     def all_gather(self, src: np.ndarray, dst: np.ndarray) -> None:
+        self._agree("all_gather", src)
         mpi_type, as_bytes = self._types.transfer_type(src.dtype)
         what = ("all_gather({}, {} elements per rank)", src.dtype, src.size)
         if src.size <= MAX_COUNT:
@@ -278,6 +299,7 @@ class MPIBackend(Backend):
             blocks[:, lo:hi] = staging
 
     def reduce_scatter(self, src: np.ndarray, dst: np.ndarray, op: ReduceOp) -> None:
+        self._agree("reduce_scatter", dst, op)
         mpi_type, mpi_op, as_bytes = self._types.reduction(dst.dtype, op)
         what = ("reduce_scatter({0.name}, {1}, {2} elements per rank)", op, dst.dtype, dst.size)
         if dst.size <= MAX_COUNT:
@@ -291,12 +313,14 @@ class MPIBackend(Backend):
                       [_wire(staging, as_bytes), mpi_type], [_wire(dst[lo:hi], as_bytes), mpi_type], mpi_op)
 
     def broadcast(self, buf: np.ndarray, root: int) -> None:
+        self._agree("broadcast", buf, extra=root)
         mpi_type, as_bytes = self._types.transfer_type(buf.dtype)
         what = ("broadcast({}, {} elements, root {})", buf.dtype, buf.size, root)
         for lo, hi in _spans(buf.size, MAX_COUNT):
             self._run(what, self._comm.Bcast, [_wire(buf[lo:hi], as_bytes), mpi_type], root)
 
     def barrier(self) -> None:
+        self._agree("barrier", None)
         self._run(("barrier",), self._comm.Barrier)
 
     # -- point to point --------------------------------------------------------------------
