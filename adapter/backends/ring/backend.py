@@ -205,6 +205,7 @@ class RingBackend(Backend):
         self._small_view: memoryview | None = None
         self._p2p_out: dict[int, socket.socket] = {}
         self._p2p_in: dict[int, socket.socket] = {}
+        self._p2p_unusable: dict[int, str] = {}  # peer -> why its incoming stream was given up
         self._p2p_lock = threading.Lock()
         self._accept_lock = threading.Lock()
         # One message at a time per peer and direction: two threads writing (or reading) one
@@ -377,16 +378,22 @@ class RingBackend(Backend):
 
     def _recv(self, buf: np.ndarray, src: int) -> None:
         self._check_usable()
+        # Checks that need no bytes come first, so a refused recv leaves the stream untouched.
+        mine = HEADER.pack(HEADER_MAGIC, OP_SEND, dtype_code(buf.dtype), 0, buf.nbytes, 0)
+        unusable = self._p2p_unusable.get(src)
+        if unusable is not None:
+            raise DistributedError(f"rank {self._rank}: recv from rank {src}: the stream from rank {src} is "
+                                   f"unusable after an earlier error ({unusable})")
         deadline = time.monotonic() + self.timeout
         sock = self._p2p_in_socket(src, deadline)
         who = f"rank {self._rank}: recv from {self._who(src)}"
         raw = bytearray(HEADER.size)
         tcp.recv_exact(sock, memoryview(raw), deadline, who)
-        mine = HEADER.pack(HEADER_MAGIC, OP_SEND, dtype_code(buf.dtype), 0, buf.nbytes, 0)
         if bytes(raw) != mine:
-            raise MismatchError(f"rank {self._rank}: recv from rank {src} expected "
-                                f"{describe_header(mine).replace('send', 'a message', 1)} but rank {src} "
-                                f"sent {describe_header(bytes(raw))}")
+            expected = (f"rank {self._rank}: recv from rank {src} expected "
+                        f"{describe_header(mine).replace('send', 'a message', 1)} but rank {src} "
+                        f"sent {describe_header(bytes(raw))}")
+            raise MismatchError(expected + self._resynchronise(sock, bytes(raw), src, deadline, who, expected))
         tcp.recv_exact(sock, bytes_of(buf), deadline, who)
         if self._verify:
             trailer = bytearray(CRC.size)
@@ -394,6 +401,34 @@ class RingBackend(Backend):
             if CRC.unpack(trailer)[0] != zlib.crc32(bytes_of(buf)):
                 raise IntegrityError(f"rank {self._rank}: checksum mismatch on a {buf.nbytes}-byte message "
                                      f"from {self._who(src)}")
+
+    def _resynchronise(self, sock: socket.socket, raw: bytes, src: int, deadline: float, who: str,
+                       reason: str) -> str:
+        """After a header that is not the expected one: drain the message it announces so the next
+        recv starts at the next message, or (a header that announces no message) close the stream
+        and mark it unusable. Returns what was done, for the error message."""
+        magic, op, _, _, nbytes, _ = HEADER.unpack(raw)
+        if magic == HEADER_MAGIC and op == OP_SEND and 0 <= nbytes:
+            remaining = nbytes + (CRC.size if self._verify else 0)
+            scratch = memoryview(bytearray(min(remaining, 1 << 20) or 1))
+            try:
+                while remaining:
+                    step = min(remaining, len(scratch))
+                    tcp.recv_exact(sock, scratch[:step], deadline, who)
+                    remaining -= step
+            except DistributedError as exc:
+                self._mark_p2p_unusable(src, f"{reason}; draining its payload failed: {exc}")
+                return f"; draining its payload failed, so the stream from rank {src} is now unusable"
+            return f"; its {nbytes}-byte payload was discarded, the next recv from rank {src} reads its next message"
+        self._mark_p2p_unusable(src, reason)
+        return f"; the stream from rank {src} is out of step, so it is now closed and unusable"
+
+    def _mark_p2p_unusable(self, src: int, reason: str) -> None:
+        with self._p2p_lock:
+            self._p2p_unusable[src] = reason
+            sock = self._p2p_in.pop(src, None)
+        if sock is not None:
+            sock.close()
 
     def split(self, color: int, key: int) -> "RingBackend":
         """Form sub-rings: fresh listeners, addresses exchanged over this ring."""
