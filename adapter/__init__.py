@@ -10,7 +10,7 @@ from .errors import (
     PeerError,
 )
 from .gradients import average_gradients
-from .group import Group, init, is_available
+from .group import Group, init, is_available, shutdown
 from .ops import (
     all_gather,
     all_max,
@@ -27,7 +27,7 @@ from .ops import (
 )
 
 __all__ = [
-    "Group", "init", "is_available", "ReduceOp",
+    "Group", "init", "is_available", "shutdown", "ReduceOp",
     "all_sum", "all_max", "all_min", "all_reduce", "all_gather", "sum_scatter", "reduce_scatter",
     "broadcast", "barrier", "send", "recv", "recv_like",
     "DistributedError", "ConfigError", "BackendUnavailable", "PeerError", "MismatchError",

@@ -55,8 +55,12 @@ def stall_report_seconds() -> float | None:
     return config.get("JACKLRING_STALL_REPORT")
 
 
+_incarnations = 0  # groups this process formed from the environment (part of the job token)
+
+
 def create(timeout: float | None = None) -> "Backend":
     """Validate the environment, then form the group through the side channel."""
+    global _incarnations
     cfg = jaccl_config.load()
     choice = transport_choice()
     op_timeout = config.op_timeout(timeout)
@@ -64,7 +68,9 @@ def create(timeout: float | None = None) -> "Backend":
     if cfg.size == 1:
         return SingletonBackend()  # `launcher --backend jaccl -n 1`: nobody to connect to
     deadline = time.monotonic() + config.connect_timeout()
-    token = zlib.crc32(json.dumps([tcp.format_address(cfg.coordinator), cfg.devices]).encode())
+    _incarnations += 1
+    # A group formed again after close() gets a new token: no connection of the earlier one is taken.
+    token = zlib.crc32(json.dumps([tcp.format_address(cfg.coordinator), cfg.devices, _incarnations]).encode())
     side = SideChannel(cfg.rank, cfg.size, cfg.coordinator, token, deadline)
     try:
         kind = _agree_on_transport(cfg, choice, side)
@@ -233,4 +239,6 @@ class JacclBackend(Backend):
                             self._checks)
 
     def close(self) -> None:
+        if self._link.broken is None:
+            self._link.broken = "the group was closed"
         self._transport.close()

@@ -61,6 +61,7 @@ log = logging.getLogger("jacklring.ring")
 PURPOSE_RING = 1
 PURPOSE_P2P = 2
 PURPOSE_PING = 3  # "are you alive?" from a rank waiting on recv(); closed without a word
+ACCEPTED = b"\x01"  # a ring connection's acceptor sends this once it took the connection
 
 HEADER = struct.Struct("<HBBIQq")  # magic, op, dtype code, sequence, byte count, extra (reduce op / root)
 HEADER_MAGIC = 0x4A4B
@@ -93,11 +94,16 @@ def probe() -> str | None:
     return None
 
 
+_incarnations = 0  # rings this process formed from the environment (see RingBackend's token)
+
+
 def create(timeout: float | None = None) -> "RingBackend":
+    global _incarnations
     path = os.environ["MLX_HOSTFILE"]
     addresses = load_ring_hostfile(path)
     rank = env_rank(len(addresses))
-    return RingBackend.from_addresses(rank, addresses, timeout=timeout)
+    _incarnations += 1
+    return RingBackend.from_addresses(rank, addresses, timeout=timeout, incarnation=_incarnations)
 
 
 def load_ring_hostfile(path: str) -> list[list[str]]:
@@ -168,7 +174,7 @@ class RingBackend(Backend):
 
     @classmethod
     def from_addresses(cls, rank: int, addresses: list[list[str]], timeout: float | None = None,
-                       connect_timeout: float | None = None) -> "RingBackend":
+                       connect_timeout: float | None = None, incarnation: int = 0) -> "RingBackend":
         """Listen on this rank's addresses and connect the ring (the constructor a store-based
         rendezvous, such as torch's, uses)."""
         addresses = validate_addresses([list(a) if not isinstance(a, str) else [a] for a in addresses], "addresses")
@@ -184,17 +190,20 @@ class RingBackend(Backend):
             for sock in listeners:
                 sock.close()
             raise PeerError(f"rank {rank}: {exc}") from None
-        return cls(rank, addresses, listeners, timeout, connect_timeout)
+        return cls(rank, addresses, listeners, timeout, connect_timeout, incarnation)
 
     def __init__(self, rank: int, addresses: list[list[str]], listeners: list[tcp.Listener],
-                 timeout: float | None, connect_timeout: float | None) -> None:
+                 timeout: float | None, connect_timeout: float | None, incarnation: int = 0) -> None:
         self._rank = rank
         self._size = len(addresses)
         self._addresses = addresses
         self._listeners = listeners
         self.timeout = op_timeout(timeout)
         self._connect_timeout = default_connect_timeout(connect_timeout)
-        self._token = int.from_bytes(hashlib.sha256(json.dumps(addresses).encode()).digest()[:8], "little")
+        # The incarnation (how many rings this process formed from the same hostfile) keeps a
+        # re-formed ring's connections out of a listener of the ring closed before it.
+        identity = json.dumps([addresses, incarnation]).encode()
+        self._token = int.from_bytes(hashlib.sha256(identity).digest()[:8], "little")
         self._seq = 0
         self._verify = config.get("JACKLRING_VERIFY")
         self._small_limit = config.get("JACKLRING_RING_SMALL_BYTES")
@@ -220,7 +229,11 @@ class RingBackend(Backend):
             logging.basicConfig()
             log.setLevel(logging.INFO)
         if self._size > 1:
-            self._connect_ring()
+            try:
+                self._connect_ring()
+            except BaseException:
+                self.close()  # the listeners, so a failed formation leaves no fd behind
+                raise
 
     # ---- set-up ---------------------------------------------------------------------------
 
@@ -233,28 +246,57 @@ class RingBackend(Backend):
         # Every rank must use the same number of connections per neighbour pair.
         k = min(len(a) for a in self._addresses)
         deadline = time.monotonic() + self._connect_timeout
-        right = []
-        for c in range(k):
-            addr = tcp.parse_address(self._addresses[nxt][c])
-            hello = tcp.Hello(PURPOSE_RING, r, nxt, c, self._token)
-            try:
-                sock = tcp.connect(addr, hello, deadline, f"rank {nxt}")
-            except PeerError as exc:
-                raise PeerError(f"rank {r}: {exc}") from None
-            right.append(Link(sock, nxt, self._who(nxt, c), self._verify))
+        right: list = []
         left: list[Link | None] = [None] * k
-        for c in range(k):
-            sock = self._accept(  # type: ignore[assignment]
-                self._listeners[c], deadline,
-                lambda h, c=c: h.purpose == PURPOSE_RING and h.sender == prv and h.receiver == r and h.channel == c,
-                f"rank {r}: rank {prv} (connection {c} of {k})")
-            left[c] = Link(sock, prv, self._who(prv, c), self._verify)
+        try:
+            right.extend(self._connect_right(nxt, c, deadline) for c in range(k))
+            for c in range(k):
+                sock = self._accept(  # type: ignore[assignment]
+                    self._listeners[c], deadline,
+                    lambda h, c=c: h.purpose == PURPOSE_RING and h.sender == prv and h.receiver == r and h.channel == c,
+                    f"rank {r}: rank {prv} (connection {c} of {k})")
+                tcp.send_all(sock, ACCEPTED, deadline, f"rank {r}: rank {prv} (connection {c} of {k})")
+                left[c] = Link(sock, prv, self._who(prv, c), self._verify)
+            # Only now wait for the right neighbour's acceptance (every rank accepts before waiting, so
+            # nobody waits in a circle). A connection that landed in a listener being closed (an
+            # earlier ring of a peer that is re-forming) reads end-of-file instead: connect again.
+            for c in range(k):
+                while not self._accepted(right[c], deadline):
+                    right[c] = self._connect_right(nxt, c, deadline)
+            right = [Link(sock, nxt, self._who(nxt, c), self._verify) for c, sock in enumerate(right)]
+        except BaseException:
+            for item in right + left:
+                if item is not None:
+                    item.close()
+            raise
         self.right, self.left = right, left  # type: ignore[assignment]
         self.engine = Engine(right + left, r)  # type: ignore[operator]
         self.engine.stall_report_s = config.get("JACKLRING_STALL_REPORT")
         self.engine.spin_s = tcp.spin_seconds(
             tcp.local_rank_count([a[0] for a in self._addresses], self._addresses[r][0]))
         log.info("rank %d: ring connected (%d connection(s) to rank %d and from rank %d)", r, k, nxt, prv)
+
+    def _connect_right(self, nxt: int, c: int, deadline: float) -> socket.socket:
+        addr = tcp.parse_address(self._addresses[nxt][c])
+        hello = tcp.Hello(PURPOSE_RING, self._rank, nxt, c, self._token)
+        try:
+            return tcp.connect(addr, hello, deadline, f"rank {nxt}")
+        except PeerError as exc:
+            raise PeerError(f"rank {self._rank}: {exc}") from None
+
+    def _accepted(self, sock: socket.socket, deadline: float) -> bool:
+        """Whether the peer's ring accepted this connection (its one-byte acknowledgement)."""
+        ack = bytearray(1)
+        try:
+            tcp.recv_exact(sock, memoryview(ack), deadline, "the right neighbour")
+        except PeerError:
+            sock.close()
+            return False
+        except CollectiveTimeout:
+            sock.close()
+            raise PeerError(f"rank {self._rank}: rank {(self._rank + 1) % self._size} did not accept the ring "
+                            f"connection before the connect deadline") from None
+        return bytes(ack) == ACCEPTED
 
     def _accept(self, listener: tcp.Listener, deadline: float, wanted, who: str) -> socket.socket | None:
         """Accept until a connection whose handshake satisfies wanted(); a point-to-point
