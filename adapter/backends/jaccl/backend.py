@@ -22,7 +22,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ... import config
-from ...errors import BackendUnavailable, ConfigError
+from ...errors import BackendUnavailable, ConfigError, DistributedError, PeerError
 from ..base import Backend, ReduceOp
 from ..singleton import SingletonBackend
 from ..transport import tcp, tcp_mesh, verbs
@@ -116,7 +116,7 @@ def _agree_on_transport(cfg: jaccl_config.JacclConfig, choice: str, side: SideCh
 
 
 def _build_transport(kind: str, rank: int, size: int, peers: list[int], device_row: list[list[str]],
-                     host: str, exchange, token: int, deadline: float) -> Transport:
+                     host: str, exchange, token: int, deadline: float, watch=None) -> Transport:
     """Connect the transport; calls exchange exactly once on every rank.
 
     peers: the ranks the topology needs; the TCP mesh connects to every rank regardless."""
@@ -125,7 +125,7 @@ def _build_transport(kind: str, rank: int, size: int, peers: list[int], device_r
     # TCP links every pair even in ring mode (the ring algorithms use only the neighbours), so
     # send/recv reach any rank as on every other backend; RDMA ring mode has only its cables.
     everyone = [p for p in range(size) if p != rank]
-    return tcp_mesh.connect_mesh(rank, size, everyone, host, exchange, token, deadline)
+    return tcp_mesh.connect_mesh(rank, size, everyone, host, exchange, token, deadline, watch)
 
 
 class JacclBackend(Backend):
@@ -226,17 +226,48 @@ class JacclBackend(Backend):
         deadline = time.monotonic() + config.connect_timeout()
         if len(members) == 1:
             exchange(b"")   # every parent rank takes part in the same exchanges
-            self.barrier()
+            self._confirm_split(color, colors, keys, None)
             return SingletonBackend()
         transport = _build_transport(self.transport_kind, new_rank, len(members), peers,
-                                     devices[new_rank], self._host, exchange, token, deadline)
-        try:
-            self.barrier()  # every new connection is ready before the new group is used
-        except BaseException:
-            transport.close()
-            raise
+                                     devices[new_rank], self._host, exchange, token, deadline,
+                                     watch=lambda: self._watch_split(color, colors, keys))
+        self._confirm_split(color, colors, keys, transport)
         return JacclBackend(transport, devices, mode, self.transport_kind, self._host, token, self._timeout,
                             self._checks)
+
+    def _member_text(self, p: int, colors: np.ndarray, keys: np.ndarray) -> str:
+        same = sorted((q for q in range(self.size()) if colors[q] == colors[p]), key=lambda q: (keys[q], q))
+        return f"parent rank {p} (rank {same.index(p)} of the sub-group of color {int(colors[p])})"
+
+    def _ended_parent_peers(self) -> list[int]:
+        closed_peers = getattr(self._transport, "closed_peers", None)
+        return closed_peers() if closed_peers is not None else []
+
+    def _watch_split(self, color: int, colors: np.ndarray, keys: np.ndarray) -> None:
+        """Raise when a parent member's connection ended while the sub-groups form: every rank of
+        the TCP mesh is connected to every other, so each sees a death directly."""
+        ended = self._ended_parent_peers()
+        if ended:
+            self._link.broken = "a split of this group failed"
+            raise PeerError(f"rank {self.rank()}: split(color={color}): "
+                            f"{self._member_text(ended[0], colors, keys)} died while the sub-groups formed "
+                            f"(its connection closed)")
+
+    def _confirm_split(self, color: int, colors: np.ndarray, keys: np.ndarray, transport) -> None:
+        """A parent barrier: every new connection is ready everywhere before the new group is used.
+        Its failure names the parent members whose connections ended, in both numberings."""
+        try:
+            self.barrier()
+        except DistributedError as exc:
+            if transport is not None:
+                transport.close()
+            ended = ", ".join(self._member_text(p, colors, keys) for p in self._ended_parent_peers())
+            raise PeerError(f"rank {self.rank()}: split(color={color}): the sub-groups did not form on every "
+                            f"rank ({'ended: ' + ended if ended else 'no connection ended'}): {exc}") from None
+        except BaseException:
+            if transport is not None:
+                transport.close()
+            raise
 
     def close(self) -> None:
         if self._link.broken is None:

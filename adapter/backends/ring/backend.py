@@ -22,6 +22,7 @@ import hashlib
 import json
 import logging
 import os
+import select
 import socket
 import struct
 import threading
@@ -65,9 +66,13 @@ ACCEPTED = b"\x01"  # a ring connection's acceptor sends this once it took the c
 
 HEADER = struct.Struct("<HBBIQq")  # magic, op, dtype code, sequence, byte count, extra (reduce op / root)
 HEADER_MAGIC = 0x4A4B
-OP_ALL_REDUCE, OP_ALL_GATHER, OP_REDUCE_SCATTER, OP_BROADCAST, OP_BARRIER, OP_SEND, OP_SPLIT = range(1, 8)
+OP_ALL_REDUCE, OP_ALL_GATHER, OP_REDUCE_SCATTER, OP_BROADCAST, OP_BARRIER, OP_SEND, OP_SPLIT, OP_ABORT = range(1, 9)
 OP_NAMES = {OP_ALL_REDUCE: "all_reduce", OP_ALL_GATHER: "all_gather", OP_REDUCE_SCATTER: "reduce_scatter",
-            OP_BROADCAST: "broadcast", OP_BARRIER: "barrier", OP_SEND: "send", OP_SPLIT: "split"}
+            OP_BROADCAST: "broadcast", OP_BARRIER: "barrier", OP_SEND: "send", OP_SPLIT: "split",
+            OP_ABORT: "abort"}
+# While sub-rings form, each rank looks at its parent ring this often for a neighbour that died or
+# gave up (an abort header: sequence = the reporting rank, extra = the rank that failed, or -1).
+WATCH_S = 0.1
 REDUCE_CODES = {op: i for i, op in enumerate(ReduceOp)}
 REDUCE_NAMES = {i: op.value for op, i in REDUCE_CODES.items()}
 
@@ -169,6 +174,14 @@ def _copy(src: np.ndarray, dst: np.ndarray) -> None:
         dst[...] = src
 
 
+class _SplitAbandoned(PeerError):
+    """A sub-group stopped forming because `culprit` (a parent rank, or -1) died or gave up."""
+
+    def __init__(self, culprit: int, text: str) -> None:
+        super().__init__(text)
+        self.culprit = culprit
+
+
 class RingBackend(Backend):
     name = "ring"
 
@@ -193,8 +206,12 @@ class RingBackend(Backend):
         return cls(rank, addresses, listeners, timeout, connect_timeout, incarnation)
 
     def __init__(self, rank: int, addresses: list[list[str]], listeners: list[tcp.Listener],
-                 timeout: float | None, connect_timeout: float | None, incarnation: int = 0) -> None:
+                 timeout: float | None, connect_timeout: float | None, incarnation: int = 0,
+                 watch=None) -> None:
         self._rank = rank
+        self._watch = watch  # raises when the group this one is split from gave up forming it
+        self._describe_member = lambda p: f"rank {p}"  # a split names ranks in both numberings
+        self._abandon_on_failure = False
         self._size = len(addresses)
         self._addresses = addresses
         self._listeners = listeners
@@ -279,30 +296,45 @@ class RingBackend(Backend):
     def _connect_right(self, nxt: int, c: int, deadline: float) -> socket.socket:
         addr = tcp.parse_address(self._addresses[nxt][c])
         hello = tcp.Hello(PURPOSE_RING, self._rank, nxt, c, self._token)
-        try:
-            return tcp.connect(addr, hello, deadline, f"rank {nxt}")
-        except PeerError as exc:
-            raise PeerError(f"rank {self._rank}: {exc}") from None
+        while True:
+            self._watch_parent()
+            step = deadline if self._watch is None else min(deadline, time.monotonic() + WATCH_S)
+            try:
+                return tcp.connect(addr, hello, step, f"rank {nxt}")
+            except PeerError as exc:
+                if time.monotonic() < deadline:
+                    continue
+                raise PeerError(f"rank {self._rank}: {exc}") from None
+
+    def _watch_parent(self) -> None:
+        if self._watch is not None:
+            self._watch()
 
     def _accepted(self, sock: socket.socket, deadline: float) -> bool:
         """Whether the peer's ring accepted this connection (its one-byte acknowledgement)."""
         ack = bytearray(1)
-        try:
-            tcp.recv_exact(sock, memoryview(ack), deadline, "the right neighbour")
-        except PeerError:
-            sock.close()
-            return False
-        except CollectiveTimeout:
-            sock.close()
-            raise PeerError(f"rank {self._rank}: rank {(self._rank + 1) % self._size} did not accept the ring "
-                            f"connection before the connect deadline") from None
-        return bytes(ack) == ACCEPTED
+        while True:
+            self._watch_parent()
+            step = deadline if self._watch is None else min(deadline, time.monotonic() + WATCH_S)
+            try:
+                tcp.recv_exact(sock, memoryview(ack), step, "the right neighbour")
+                return bytes(ack) == ACCEPTED
+            except PeerError:
+                sock.close()
+                return False
+            except CollectiveTimeout:
+                if time.monotonic() < deadline:
+                    continue
+                sock.close()
+                raise PeerError(f"rank {self._rank}: rank {(self._rank + 1) % self._size} did not accept the "
+                                f"ring connection before the connect deadline") from None
 
     def _accept(self, listener: tcp.Listener, deadline: float, wanted, who: str) -> socket.socket | None:
         """Accept until a connection whose handshake satisfies wanted(); a point-to-point
         connection arriving meanwhile is kept for recv(); anything else is rejected.
         With wanted=None, accept point-to-point connections until the deadline, then return None."""
         while True:
+            self._watch_parent()
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 if wanted is None:
@@ -310,7 +342,7 @@ class RingBackend(Backend):
                 raise PeerError(f"{who} did not connect to "
                                 f"{tcp.format_address(listener.getsockname())} before the deadline")
             try:
-                sock, peer = listener.accept(min(remaining, 0.5))
+                sock, peer = listener.accept(min(remaining, 0.5 if self._watch is None else WATCH_S))
             except (socket.timeout, InterruptedError):
                 continue
             hello = tcp.read_hello(sock, min(tcp.HELLO_TIMEOUT_S, max(0.1, remaining)))
@@ -482,6 +514,53 @@ class RingBackend(Backend):
         # uses the same interfaces as its parent.
         hosts = [tcp.parse_address(a)[0] for a in self._addresses[self._rank][:k]]
         listeners = [tcp.Listener(host, 0) for host in hosts]
+        try:
+            entries = self._gather_split_records(color, key, listeners)
+        except BaseException:
+            for s in listeners:
+                s.close()
+            raise
+        members = sorted((e for e in entries if e["color"] == color), key=lambda e: (e["key"], e["rank"]))
+        new_rank = [e["rank"] for e in members].index(self._rank)
+        if len(members) == 1:
+            for s in listeners:
+                s.close()
+            listeners = []
+        order = sorted(entries, key=lambda e: (e["key"], e["rank"]))
+        sub_ranks = {e["rank"]: [m["rank"] for m in order if m["color"] == e["color"]].index(e["rank"])
+                     for e in entries}
+        self._describe_member = lambda p: (f"parent rank {p} (rank {sub_ranks[p]} of the sub-group of color "
+                                           f"{entries[p]['color']})")
+        what = f"rank {self._rank}: split(color={color}) (rank {new_rank} of its sub-group)"
+        try:
+            sub = RingBackend(new_rank, [e["addrs"] for e in members], listeners, self.timeout,
+                              self._connect_timeout, watch=self._watch_split)
+        except _SplitAbandoned as exc:
+            self._abandon_split(exc.culprit)
+            raise PeerError(f"{what}: {exc}") from None
+        except DistributedError as exc:
+            try:
+                self._watch_split()  # the sub-group's failure is often the echo of a death in the parent
+            except _SplitAbandoned as cause:
+                self._abandon_split(cause.culprit)
+                raise PeerError(f"{what}: {cause} ({exc})") from None
+            self._abandon_split(-1)
+            raise type(exc)(f"{what}: {exc}") from None
+        self._abandon_on_failure = True
+        try:
+            self.barrier()  # every rank formed its sub-group: the formation ends together everywhere
+        except DistributedError as exc:
+            sub.close()
+            neighbours = "; ".join(self._describe_member(p) for p in sorted({link.peer for link in self.right}
+                                                                            | {link.peer for link in self.left}))
+            raise PeerError(f"{what}: the sub-groups did not form on every rank: {exc} "
+                            f"(this rank's parent neighbours: {neighbours})") from None
+        finally:
+            self._abandon_on_failure = False
+        return sub
+
+    def _gather_split_records(self, color: int, key: int, listeners: list[tcp.Listener]) -> list[dict]:
+        k = len(listeners)
         mine = json.dumps({"color": color, "key": key, "rank": self._rank,
                            "addrs": [tcp.format_address(s.getsockname()[:2]) for s in listeners]}).encode()
         # Same size on every rank (k is): room for k of the longest "[ipv6]:port" plus the ints.
@@ -497,14 +576,48 @@ class RingBackend(Backend):
                 table[q * record.size:(q + 1) * record.size] = np.frombuffer(part, np.uint8)
         self._collective(header, run)
         size = record.size
-        entries = [json.loads(bytes(table[q * size:(q + 1) * size]).rstrip(b"\0")) for q in range(self._size)]
-        members = sorted((e for e in entries if e["color"] == color), key=lambda e: (e["key"], e["rank"]))
-        new_rank = [e["rank"] for e in members].index(self._rank)
-        if len(members) == 1:
-            for s in listeners:
-                s.close()
-            listeners = []
-        return RingBackend(new_rank, [e["addrs"] for e in members], listeners, self.timeout, self._connect_timeout)
+        return [json.loads(bytes(table[q * size:(q + 1) * size]).rstrip(b"\0")) for q in range(self._size)]
+
+    def _watch_split(self) -> None:
+        """Raise _SplitAbandoned when a parent neighbour died (its connection ended) or gave up
+        (an abort header, sent before it stops writing) while the sub-groups form. A neighbour
+        may have sent its next collective's header first: that is looked past, and left in place."""
+        poller = select.poll()
+        for link in self.right + self.left:
+            poller.register(link.fd, select.POLLRDHUP)
+        ended = {fd for fd, events in poller.poll(0) if events & (select.POLLRDHUP | select.POLLHUP | select.POLLERR)}
+        for link in self.right + self.left:
+            if link.fd not in ended:
+                continue
+            try:
+                data = link.sock.recv(4 * HEADER.size, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+            except OSError:
+                data = b""
+            for at in range(0, len(data) - HEADER.size + 1, HEADER.size):
+                magic, op, _, reporter, _, culprit = HEADER.unpack(data[at:at + HEADER.size])
+                if magic == HEADER_MAGIC and op == OP_ABORT:
+                    raise _SplitAbandoned(culprit, self._abort_text(reporter, culprit))
+            raise _SplitAbandoned(link.peer, f"{self._describe_member(link.peer)} died while the "
+                                             f"sub-groups formed (its connection closed)")
+
+    def _abort_text(self, reporter: int, culprit: int) -> str:
+        if culprit < 0:
+            return f"{self._describe_member(reporter)} gave up forming its sub-group"
+        return (f"{self._describe_member(culprit)} died or gave up while the sub-groups formed "
+                f"(reported by parent rank {reporter})")
+
+    def _abandon_split(self, culprit: int) -> None:
+        """Tell both parent neighbours (who tell theirs) that the split failed and why, then stop
+        writing: every member of every sub-group raises within a few WATCH_S per ring hop."""
+        abort = HEADER.pack(HEADER_MAGIC, OP_ABORT, 0, self._rank, 0, culprit)
+        for link in self.right + self.left:
+            try:
+                link.sock.send(abort, socket.MSG_DONTWAIT)
+                link.sock.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass
+        if self._broken is None:
+            self._broken = PeerError(f"rank {self._rank}: a split of this group failed")
 
     def close(self) -> None:
         for link in self.right + self.left:
@@ -543,6 +656,9 @@ class RingBackend(Backend):
             try:
                 body()
             except BaseException as exc:
+                if self._abandon_on_failure:  # a split's closing barrier: pass the verdict on first
+                    self._abandon_split(exc.culprit if isinstance(exc, _SplitAbandoned)
+                                        else getattr(exc, "peer", -1))
                 self._broken = exc
                 for link in self.right + self.left:
                     link.reset()
@@ -571,6 +687,9 @@ class RingBackend(Backend):
     def _check_header(self, mine: bytes, raw: memoryview, sender: int) -> None:
         if raw[:HEADER.size] != mine:
             theirs = bytes(raw[:HEADER.size])
+            magic, op, _, reporter, _, culprit = HEADER.unpack(theirs)
+            if magic == HEADER_MAGIC and op == OP_ABORT:
+                raise _SplitAbandoned(culprit, f"rank {self._rank}: {self._abort_text(reporter, culprit)}")
             raise MismatchError(
                 f"rank {self._rank}: collective mismatch with rank {sender}: this rank called "
                 f"{describe_header(mine)} but rank {sender} called {describe_header(theirs)}")

@@ -128,8 +128,10 @@ class Engine:
                         progressed = True
                     if link.recvq and self._pull(link, what):
                         progressed = True
-            except PeerError:
+            except PeerError as exc:
                 self._drain_others(links, what)
+                if not hasattr(exc, "peer"):
+                    exc.peer = link.peer  # which connection failed (the ring names a split's culprit)
                 raise
             # A callback may have posted work on any link, not only the ones still busy.
             links = [link for link in all_links if link.sendq or link.recvq]

@@ -19,7 +19,7 @@ import socket
 import struct
 import time
 from collections import deque
-from typing import Callable
+from typing import Any, Callable
 
 from ...errors import CollectiveTimeout, PeerError
 from . import tcp
@@ -315,6 +315,22 @@ class TcpMeshTransport(Transport):
             self._poller.modify(state.fd, mask)
         state.mask = mask
 
+    def closed_peers(self) -> list[int]:
+        """Peers whose connection has ended (end of file or error), without consuming any data."""
+        ended = []
+        for state in self._by_fd.values():
+            if state.gone is not None:
+                ended.append(state.rank)
+                continue
+            try:
+                if state.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b"":
+                    ended.append(state.rank)
+            except (BlockingIOError, InterruptedError):
+                pass
+            except OSError:
+                ended.append(state.rank)
+        return sorted(ended)
+
     def close(self) -> None:
         if self._closed:
             return
@@ -327,11 +343,29 @@ class TcpMeshTransport(Transport):
         self._pool.clear()
 
 
+WATCH_S = 0.1
+
+
+def _in_slices(deadline: float, watch: Callable[[], None] | None, attempt: Callable[[float], Any]) -> Any:
+    """attempt(deadline), or with watch: attempts with short deadlines, calling watch (which raises
+    when the group being formed is abandoned) between them, until the real deadline."""
+    if watch is None:
+        return attempt(deadline)
+    while True:
+        watch()
+        try:
+            return attempt(min(deadline, time.monotonic() + WATCH_S))
+        except PeerError:
+            if time.monotonic() >= deadline:
+                raise
+
+
 def connect_mesh(rank: int, size: int, peers: list[int], host: str, exchange: Exchange,
-                 token: int, deadline: float) -> TcpMeshTransport:
+                 token: int, deadline: float, watch: Callable[[], None] | None = None) -> TcpMeshTransport:
     """Form the TCP mesh: every rank listens, the addresses are all-gathered with `exchange`
     (called exactly once, on every rank), then each rank connects to its lower peers and accepts
-    its higher ones. Listening happens before the exchange, so no connect can arrive early."""
+    its higher ones. Listening happens before the exchange, so no connect can arrive early.
+    watch (a split): called every WATCH_S while waiting; raises when the parent group saw a death."""
     listener = tcp.listen(host, 0)
     try:
         address = tcp.format_address(listener.getsockname()[:2])
@@ -343,16 +377,17 @@ def connect_mesh(rank: int, size: int, peers: list[int], host: str, exchange: Ex
             for p in peers:
                 if p < rank:
                     hello = tcp.Hello(PURPOSE_MESH, rank, p, 0, token)
-                    sockets[p] = tcp.connect(tcp.parse_address(addresses[p], f"rank {p}'s mesh address"),
-                                             hello, deadline, f"rank {p} (JACCL TCP mesh)")
+                    target = tcp.parse_address(addresses[p], f"rank {p}'s mesh address")
+                    sockets[p] = _in_slices(deadline, watch, lambda until, target=target, hello=hello, p=p: tcp.connect(
+                        target, hello, until, f"rank {p} (JACCL TCP mesh)"))
             higher = {p for p in peers if p > rank}
             while higher - set(sockets):
                 waiting = sorted(higher - set(sockets))
-                sock, hello = tcp.accept(
-                    listener, deadline,
+                sock, hello = _in_slices(deadline, watch, lambda until, waiting=waiting: tcp.accept(
+                    listener, until,
                     lambda h: (h.purpose == PURPOSE_MESH and h.token == token and h.receiver == rank
                                and h.sender in higher and h.sender not in sockets),
-                    f"JACCL ranks {waiting} (TCP mesh, rank {rank})")
+                    f"JACCL ranks {waiting} (TCP mesh, rank {rank})"))
                 sockets[hello.sender] = sock
         except BaseException:
             for s in sockets.values():
