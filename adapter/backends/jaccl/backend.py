@@ -26,6 +26,7 @@ from ...errors import BackendUnavailable, ConfigError, DistributedError, PeerErr
 from ..base import Backend, ReduceOp
 from ..singleton import SingletonBackend
 from ..transport import tcp, tcp_mesh, verbs
+from ..transport.names import check_resolvable
 from ..transport.slots import Transport
 from . import config as jaccl_config
 from .algorithms import MeshAlgorithms, RingAlgorithms
@@ -67,6 +68,7 @@ def create(timeout: float | None = None) -> "Backend":
     checks = Checks(config.get("JACKLRING_VERIFY"), stall_report_seconds())
     if cfg.size == 1:
         return SingletonBackend()  # `launcher --backend jaccl -n 1`: nobody to connect to
+    check_resolvable(cfg.coordinator[0], f"MLX_JACCL_COORDINATOR={tcp.format_address(cfg.coordinator)}")
     deadline = time.monotonic() + config.connect_timeout()
     _incarnations += 1
     # A group formed again after close() gets a new token: no connection of the earlier one is taken.

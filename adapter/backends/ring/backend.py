@@ -45,6 +45,7 @@ from ...errors import (
 from ..base import Backend, ReduceOp
 from ..elements import CODE_NAMES, DTYPE_CODES, dtype_code, reduce_many
 from ..transport import tcp
+from ..transport.names import check_resolvable
 from ..transport.stream_engine import CRC, Engine, Link
 from .algorithms import (
     Channel,
@@ -134,6 +135,9 @@ def validate_addresses(data: object, where: str) -> list[list[str]]:
         for addr in entry:
             tcp.parse_address(addr, f"{where}: rank {rank} address")
     _reject_duplicates(data, where)
+    for rank, entry in enumerate(data):
+        for addr in entry:
+            check_resolvable(tcp.parse_address(addr)[0], f"{where}: rank {rank} address {addr!r}")
     return data
 
 
