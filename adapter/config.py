@@ -117,7 +117,9 @@ class Setting:
 SETTINGS: dict[str, Setting] = {s.name: s for s in (
     # deadlines and diagnostics (every backend)
     Setting("JACKLRING_TIMEOUT", seconds, DEFAULT_TIMEOUT_S,
-            "per-operation deadline in seconds (init(timeout=...) and torch's timeout take precedence)"),
+            "per-operation deadline in seconds, measured as silence: an operation fails when no byte has "
+            "moved for that long (JACCL: no frame of up to 1 MiB), so a slow but live link is not a dead "
+            "peer; init(timeout=...) and torch's timeout take precedence"),
     Setting("JACKLRING_CONNECT_TIMEOUT", seconds, DEFAULT_CONNECT_TIMEOUT_S,
             "deadline in seconds for forming a group (connecting to every peer)"),
     Setting("JACKLRING_STALL_REPORT", seconds_or_off, 30.0,
