@@ -28,6 +28,7 @@ import struct
 import threading
 import time
 import zlib
+from collections import deque
 
 import numpy as np
 
@@ -74,6 +75,8 @@ OP_NAMES = {OP_ALL_REDUCE: "all_reduce", OP_ALL_GATHER: "all_gather", OP_REDUCE_
 # While sub-rings form, each rank looks at its parent ring this often for a neighbour that died or
 # gave up (an abort header: sequence = the reporting rank, extra = the rank that failed, or -1).
 WATCH_S = 0.1
+SPILL_CHUNK = 1 << 20   # bytes read ahead at a time from a peer while a send to it is blocked
+SPILL_POLL_S = 0.05     # how long a blocked send waits before looking for the peer's connection again
 REDUCE_CODES = {op: i for i, op in enumerate(ReduceOp)}
 REDUCE_NAMES = {i: op.value for op, i in REDUCE_CODES.items()}
 
@@ -236,6 +239,12 @@ class RingBackend(Backend):
         self._p2p_out: dict[int, socket.socket] = {}
         self._p2p_in: dict[int, socket.socket] = {}
         self._p2p_unusable: dict[int, str] = {}  # peer -> why its incoming stream was given up
+        # Bytes read ahead from a peer's stream while a send to it was blocked (see _send_bytes),
+        # consumed by recv() before the socket; at most JACKLRING_P2P_SPILL_BYTES per peer.
+        self._spill: dict[int, deque[memoryview]] = {q: deque() for q in range(self._size)}
+        self._spilled = dict.fromkeys(range(self._size), 0)
+        self._spill_ended: set[int] = set()
+        self._spill_limit = config.get("JACKLRING_P2P_SPILL_BYTES")
         self._p2p_lock = threading.Lock()
         self._accept_lock = threading.Lock()
         # One message at a time per peer and direction: two threads writing (or reading) one
@@ -444,11 +453,105 @@ class RingBackend(Backend):
         who = f"rank {self._rank}: send to {self._who(dst)}"
         trailer = CRC.pack(zlib.crc32(bytes_of(buf))) if self._verify else b""
         if buf.nbytes <= self._small_limit:
-            tcp.send_all(sock, header + bytes_of(buf).tobytes() + trailer, deadline, who)
+            self._send_bytes(sock, memoryview(header + bytes_of(buf).tobytes() + trailer), dst, who)
         else:
-            tcp.send_all(sock, header, deadline, who)
-            tcp.send_all(sock, bytes_of(buf), deadline, who)
-            tcp.send_all(sock, trailer, deadline, who)
+            self._send_bytes(sock, memoryview(header), dst, who)
+            self._send_bytes(sock, bytes_of(buf), dst, who)
+            self._send_bytes(sock, memoryview(trailer), dst, who)
+
+    def _send_bytes(self, sock: socket.socket, data: memoryview, dst: int, who: str) -> None:
+        """Send all of data. While dst takes nothing, read what dst sends to this rank into its
+        spill buffer (dst may itself be blocked sending to us: both ranks sending large messages
+        before receiving must not deadlock). Fails when nothing moved either way for the timeout."""
+        view = data.cast("B") if data.format != "B" or data.ndim != 1 else data
+        sock.settimeout(0.0)  # non-blocking: a blocked send reads the peer's stream meanwhile
+        silence = self.timeout
+        last_move = time.monotonic()
+        poller: select.poll | None = None
+        while len(view):
+            try:
+                view = view[sock.send(view):]
+                continue
+            except (BlockingIOError, InterruptedError):
+                pass
+            except OSError as exc:
+                raise PeerError(f"connection to {who} failed: {exc.strerror or exc}") from None
+            if self._spill_from(dst):
+                last_move = time.monotonic()
+                continue
+            now = time.monotonic()
+            if now - last_move >= silence:
+                raise CollectiveTimeout(f"timed out sending to {who}: it took no byte for {silence:g} s "
+                                        f"({len(view)} bytes left; it is not reading)"
+                                        + self._spill_note(dst))
+            if poller is None:
+                poller = select.poll()
+                poller.register(sock, select.POLLOUT)
+            incoming = self._spill_socket(dst)
+            if incoming is not None:
+                try:
+                    poller.register(incoming, select.POLLIN)
+                except (ValueError, OSError):
+                    incoming = None
+            poller.poll(max(1, int(min(SPILL_POLL_S, silence - (now - last_move)) * 1000)))
+            if incoming is not None:
+                try:
+                    poller.unregister(incoming)
+                except (KeyError, ValueError, OSError):
+                    pass
+
+    def _spill_socket(self, peer: int) -> socket.socket | None:
+        """peer's incoming point-to-point connection, accepting it when it waits in the listener;
+        None when it is not there yet, at end of stream, or the spill buffer is full."""
+        if self._spilled[peer] >= self._spill_limit or peer in self._spill_ended:
+            return None
+        with self._p2p_lock:
+            sock = self._p2p_in.get(peer)
+        if sock is None and self._listeners and self._accept_lock.acquire(blocking=False):
+            try:
+                self._accept(self._listeners[0], time.monotonic() + 0.005, None, f"rank {self._rank}")
+            finally:
+                self._accept_lock.release()
+            with self._p2p_lock:
+                sock = self._p2p_in.get(peer)
+        return sock
+
+    def _spill_from(self, peer: int) -> bool:
+        """Read what peer already sent into its spill buffer; True when bytes were read. Only under
+        peer's receive lock (a recv() running in another thread owns the stream meanwhile), and the
+        chunk is queued before the lock is released, so the stream's order is kept."""
+        sock = self._spill_socket(peer)
+        if sock is None:
+            return False
+        lock = self._recv_locks[peer]
+        if not lock.acquire(blocking=False):
+            return False
+        try:
+            room = self._spill_limit - self._spilled[peer]
+            chunk = bytearray(min(SPILL_CHUNK, room))
+            try:
+                # Non-blocking: a socket with a timeout would wait for data despite MSG_DONTWAIT
+                # (recv() sets its own timeout again).
+                sock.settimeout(0.0)
+                n = sock.recv_into(chunk, len(chunk))
+            except (BlockingIOError, InterruptedError):
+                return False
+            except OSError:
+                n = 0  # an error, like the end of the stream, is for the next recv() to report
+            if n == 0:
+                self._spill_ended.add(peer)
+                return False
+            self._spill[peer].append(memoryview(chunk)[:n])
+            self._spilled[peer] += n
+            return True
+        finally:
+            lock.release()
+
+    def _spill_note(self, peer: int) -> str:
+        if self._spilled[peer] >= self._spill_limit:
+            return (f"; {self._spilled[peer]} bytes from rank {peer} wait in this rank's spill buffer, which is "
+                    f"full (JACKLRING_P2P_SPILL_BYTES={self._spill_limit})")
+        return ""
 
     def recv(self, buf: np.ndarray, src: int) -> None:
         with self._recv_locks[src]:
@@ -466,19 +569,57 @@ class RingBackend(Backend):
         sock = self._p2p_in_socket(src, deadline)
         who = f"rank {self._rank}: recv from {self._who(src)}"
         raw = bytearray(HEADER.size)
-        tcp.recv_exact(sock, memoryview(raw), deadline, who)
+        self._recv_bytes(sock, memoryview(raw), src, deadline, who)
         if bytes(raw) != mine:
             expected = (f"rank {self._rank}: recv from rank {src} expected "
                         f"{describe_header(mine).replace('send', 'a message', 1)} but rank {src} "
                         f"sent {describe_header(bytes(raw))}")
             raise MismatchError(expected + self._resynchronise(sock, bytes(raw), src, deadline, who, expected))
-        tcp.recv_exact(sock, bytes_of(buf), deadline, who)
+        self._recv_bytes(sock, bytes_of(buf), src, deadline, who)
         if self._verify:
             trailer = bytearray(CRC.size)
-            tcp.recv_exact(sock, memoryview(trailer), deadline, who)
+            self._recv_bytes(sock, memoryview(trailer), src, deadline, who)
             if CRC.unpack(trailer)[0] != zlib.crc32(bytes_of(buf)):
                 raise IntegrityError(f"rank {self._rank}: checksum mismatch on a {buf.nbytes}-byte message "
                                      f"from {self._who(src)}")
+
+    def _recv_bytes(self, sock: socket.socket, view: memoryview, src: int, deadline: float, who: str) -> None:
+        """Fill view from src's spill buffer first, then its stream (caller holds src's receive lock).
+        The deadline measures silence: each byte that arrives restarts it."""
+        view = view.cast("B") if view.format != "B" or view.ndim != 1 else view
+        spill = self._spill[src]
+        while spill and len(view):
+            chunk = spill[0]
+            n = min(len(chunk), len(view))
+            view[:n] = chunk[:n]
+            view = view[n:]
+            self._spilled[src] -= n
+            if n == len(chunk):
+                spill.popleft()
+            else:
+                spill[0] = chunk[n:]
+        if not len(view):
+            return
+        if not spill:
+            self._spill_ended.discard(src)
+        got = 0
+        total = len(view)
+        while got < total:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise CollectiveTimeout(f"timed out waiting for {total - got} more bytes from {who} "
+                                        f"(nothing arrived for {self.timeout:g} s)")
+            sock.settimeout(remaining)
+            try:
+                n = sock.recv_into(view[got:])
+            except socket.timeout:
+                continue
+            except OSError as exc:
+                raise PeerError(f"connection to {who} failed: {exc.strerror or exc}") from None
+            if n == 0:
+                raise PeerError(f"{who} closed the connection ({total - got} bytes still expected)")
+            got += n
+            deadline = time.monotonic() + self.timeout
 
     def _resynchronise(self, sock: socket.socket, raw: bytes, src: int, deadline: float, who: str,
                        reason: str) -> str:
@@ -492,7 +633,7 @@ class RingBackend(Backend):
             try:
                 while remaining:
                     step = min(remaining, len(scratch))
-                    tcp.recv_exact(sock, scratch[:step], deadline, who)
+                    self._recv_bytes(sock, scratch[:step], src, deadline, who)
                     remaining -= step
             except DistributedError as exc:
                 self._mark_p2p_unusable(src, f"{reason}; draining its payload failed: {exc}")
