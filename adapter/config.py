@@ -136,8 +136,8 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
     Setting("JACKLRING_LOCAL_TRANSPORT", choice("unix", "tcp"), "unix",
             "how ranks on one host connect: unix (abstract Unix sockets on Linux) or tcp"),
     Setting("JACKLRING_P2P_SPILL_BYTES", byte_size, 1 << 30,
-            "ring send/recv: most bytes per peer read ahead while a send to that peer is blocked, so two "
-            "ranks sending large messages to each other before receiving do not deadlock"),
+            "most bytes per peer read ahead (ring send/recv, JACCL TCP mesh) while nobody waits for them, so "
+            "two ranks sending large messages to each other before receiving do not deadlock"),
     Setting("JACKLRING_SOCKET_BUFFER_BYTES", byte_size, 4 << 20,
             "send and receive buffer size requested for every TCP connection"),
     Setting("JACKLRING_SPIN_US", microseconds, None,

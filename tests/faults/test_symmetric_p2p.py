@@ -27,7 +27,7 @@ say("DONE", "ok" if ok else "wrong", f"{took:.2f}", f"{2 * (SIZE_MIB << 20) / to
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("backend", ["ring"])
+@pytest.mark.parametrize("backend", ["ring", "jaccl"])
 def test_symmetric_256_mib_exchange_completes_in_order(tmp_path, backend):
     procs = start(backend, 2, BODY.replace("SIZE_MIB", "256"), tmp_path, env={"JACKLRING_TIMEOUT": "10"})
     try:
