@@ -8,6 +8,7 @@ from .errors import (
     IntegrityError,
     MismatchError,
     PeerError,
+    ResourceExhausted,
 )
 from .gradients import average_gradients
 from .group import Group, init, is_available, shutdown
@@ -31,7 +32,7 @@ __all__ = [
     "all_sum", "all_max", "all_min", "all_reduce", "all_gather", "sum_scatter", "reduce_scatter",
     "broadcast", "barrier", "send", "recv", "recv_like",
     "DistributedError", "ConfigError", "BackendUnavailable", "PeerError", "MismatchError",
-    "CollectiveTimeout", "IntegrityError", "average_gradients",
+    "CollectiveTimeout", "IntegrityError", "ResourceExhausted", "average_gradients",
     "AllToShardedLinear", "ShardedToAllLinear", "shard_linear", "shard_inplace",
 ]
 

@@ -230,9 +230,18 @@ class JacclBackend(Backend):
             exchange(b"")   # every parent rank takes part in the same exchanges
             self._confirm_split(color, colors, keys, None)
             return SingletonBackend()
-        transport = _build_transport(self.transport_kind, new_rank, len(members), peers,
-                                     devices[new_rank], self._host, exchange, token, deadline,
-                                     watch=lambda: self._watch_split(color, colors, keys))
+        try:
+            transport = _build_transport(self.transport_kind, new_rank, len(members), peers,
+                                         devices[new_rank], self._host, exchange, token, deadline,
+                                         watch=lambda: self._watch_split(color, colors, keys))
+        except DistributedError as exc:
+            # The parent is now out of step (the others are mid-exchange): close it so they raise
+            # at once instead of waiting for their deadline.
+            self._link.broken = f"a split of this group failed: {exc}"
+            self._transport.close()
+            if str(exc).startswith(f"rank {me}:"):
+                raise
+            raise type(exc)(f"rank {me}: split(color={color}): {exc}") from None
         self._confirm_split(color, colors, keys, transport)
         return JacclBackend(transport, devices, mode, self.transport_kind, self._host, token, self._timeout,
                             self._checks)

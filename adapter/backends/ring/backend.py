@@ -181,7 +181,7 @@ def _copy(src: np.ndarray, dst: np.ndarray) -> None:
         dst[...] = src
 
 
-class _SplitAbandoned(PeerError):
+class SplitAbandoned(PeerError):
     """A sub-group stopped forming because `culprit` (a parent rank, or -1) died or gave up."""
 
     def __init__(self, culprit: int, text: str) -> None:
@@ -658,7 +658,15 @@ class RingBackend(Backend):
         # Sub-ring connection c listens on the host of this rank's address c, so a sub-ring
         # uses the same interfaces as its parent.
         hosts = [tcp.parse_address(a)[0] for a in self._addresses[self._rank][:k]]
-        listeners = [tcp.Listener(host, 0) for host in hosts]
+        listeners: list[tcp.Listener] = []
+        try:
+            for host in hosts:
+                listeners.append(tcp.Listener(host, 0))
+        except DistributedError as exc:
+            for s in listeners:
+                s.close()
+            self._abandon_split(self._rank)  # the others must not wait for this rank's record
+            raise type(exc)(f"rank {self._rank}: split(color={color}): {exc}") from None
         try:
             entries = self._gather_split_records(color, key, listeners)
         except BaseException:
@@ -680,13 +688,13 @@ class RingBackend(Backend):
         try:
             sub = RingBackend(new_rank, [e["addrs"] for e in members], listeners, self.timeout,
                               self._connect_timeout, watch=self._watch_split)
-        except _SplitAbandoned as exc:
+        except SplitAbandoned as exc:
             self._abandon_split(exc.culprit)
             raise PeerError(f"{what}: {exc}") from None
         except DistributedError as exc:
             try:
                 self._watch_split()  # the sub-group's failure is often the echo of a death in the parent
-            except _SplitAbandoned as cause:
+            except SplitAbandoned as cause:
                 self._abandon_split(cause.culprit)
                 raise PeerError(f"{what}: {cause} ({exc})") from None
             self._abandon_split(-1)
@@ -724,7 +732,7 @@ class RingBackend(Backend):
         return [json.loads(bytes(table[q * size:(q + 1) * size]).rstrip(b"\0")) for q in range(self._size)]
 
     def _watch_split(self) -> None:
-        """Raise _SplitAbandoned when a parent neighbour died (its connection ended) or gave up
+        """Raise SplitAbandoned when a parent neighbour died (its connection ended) or gave up
         (an abort header, sent before it stops writing) while the sub-groups form. A neighbour
         may have sent its next collective's header first: that is looked past, and left in place."""
         poller = select.poll()
@@ -741,11 +749,13 @@ class RingBackend(Backend):
             for at in range(0, len(data) - HEADER.size + 1, HEADER.size):
                 magic, op, _, reporter, _, culprit = HEADER.unpack(data[at:at + HEADER.size])
                 if magic == HEADER_MAGIC and op == OP_ABORT:
-                    raise _SplitAbandoned(culprit, self._abort_text(reporter, culprit))
-            raise _SplitAbandoned(link.peer, f"{self._describe_member(link.peer)} died while the "
+                    raise SplitAbandoned(culprit, self._abort_text(reporter, culprit))
+            raise SplitAbandoned(link.peer, f"{self._describe_member(link.peer)} died while the "
                                              f"sub-groups formed (its connection closed)")
 
     def _abort_text(self, reporter: int, culprit: int) -> str:
+        if culprit == reporter:
+            return f"{self._describe_member(reporter)} gave up the split after an error of its own"
         if culprit < 0:
             return f"{self._describe_member(reporter)} gave up forming its sub-group"
         return (f"{self._describe_member(culprit)} died or gave up while the sub-groups formed "
@@ -802,7 +812,7 @@ class RingBackend(Backend):
                 body()
             except BaseException as exc:
                 if self._abandon_on_failure:  # a split's closing barrier: pass the verdict on first
-                    self._abandon_split(exc.culprit if isinstance(exc, _SplitAbandoned)
+                    self._abandon_split(exc.culprit if isinstance(exc, SplitAbandoned)
                                         else getattr(exc, "peer", -1))
                 self._broken = exc
                 for link in self.right + self.left:
@@ -834,7 +844,7 @@ class RingBackend(Backend):
             theirs = bytes(raw[:HEADER.size])
             magic, op, _, reporter, _, culprit = HEADER.unpack(theirs)
             if magic == HEADER_MAGIC and op == OP_ABORT:
-                raise _SplitAbandoned(culprit, f"rank {self._rank}: {self._abort_text(reporter, culprit)}")
+                raise SplitAbandoned(culprit, f"rank {self._rank}: {self._abort_text(reporter, culprit)}")
             raise MismatchError(
                 f"rank {self._rank}: collective mismatch with rank {sender}: this rank called "
                 f"{describe_header(mine)} but rank {sender} called {describe_header(theirs)}")
