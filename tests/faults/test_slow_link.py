@@ -50,4 +50,4 @@ def test_slow_link_completes_under_a_short_silence_deadline(tmp_path, netns_pair
     stderr = "".join(p.stderr for p in procs)
     assert re.search(r"is slow, \d+\.\d+ MB/s", stderr), stderr
     assert "is stalled" not in stderr, stderr
-    print(backend, [d[0] for d in done], re.findall(r"slow, [\d.]+ MB/s", stderr))
+    print(backend, [d[0] for d in done], re.findall(r".*is slow, .*", stderr)[:1])
