@@ -117,7 +117,9 @@ class Setting:
 SETTINGS: dict[str, Setting] = {s.name: s for s in (
     # deadlines and diagnostics (every backend)
     Setting("JACKLRING_TIMEOUT", seconds, DEFAULT_TIMEOUT_S,
-            "per-operation deadline in seconds (init(timeout=...) and torch's timeout take precedence)"),
+            "per-operation deadline in seconds, measured as silence: an operation fails when no byte has "
+            "moved for that long (JACCL: no frame of up to 1 MiB), so a slow but live link is not a dead "
+            "peer; init(timeout=...) and torch's timeout take precedence"),
     Setting("JACKLRING_CONNECT_TIMEOUT", seconds, DEFAULT_CONNECT_TIMEOUT_S,
             "deadline in seconds for forming a group (connecting to every peer)"),
     Setting("JACKLRING_STALL_REPORT", seconds_or_off, 30.0,
@@ -133,6 +135,9 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
             "run large reductions over both ring directions (2) or one (1)"),
     Setting("JACKLRING_LOCAL_TRANSPORT", choice("unix", "tcp"), "unix",
             "how ranks on one host connect: unix (abstract Unix sockets on Linux) or tcp"),
+    Setting("JACKLRING_P2P_SPILL_BYTES", byte_size, 1 << 30,
+            "most bytes per peer read ahead (ring send/recv, JACCL TCP mesh) while nobody waits for them, so "
+            "two ranks sending large messages to each other before receiving do not deadlock"),
     Setting("JACKLRING_SOCKET_BUFFER_BYTES", byte_size, 4 << 20,
             "send and receive buffer size requested for every TCP connection"),
     Setting("JACKLRING_SPIN_US", microseconds, None,

@@ -7,6 +7,7 @@ group, creating it on first use.
 from __future__ import annotations
 
 import threading
+import weakref
 
 from . import engines
 from .backends import registry
@@ -21,6 +22,7 @@ class Group:
 
     def __init__(self, backend: Backend) -> None:
         self._backend = backend
+        _live.add(self)
 
     @property
     def backend(self) -> Backend:
@@ -42,6 +44,12 @@ class Group:
             key = self.rank()
         return Group(self._backend.split(int(color), int(key)))
 
+    def close(self) -> None:
+        """Release this group's connections and listeners; later operations on it raise. Safe to
+        call twice. After closing the group init() returned, init() forms a new one."""
+        _forget(self)
+        self._backend.close()
+
     def __repr__(self) -> str:
         return f"Group(backend={self.backend_name!r}, rank={self.rank()}, size={self.size()})"
 
@@ -49,6 +57,8 @@ class Group:
 _lock = threading.RLock()
 _groups: dict[str, Group] = {}
 _first: Group | None = None
+# Every group not yet garbage-collected, so shutdown() can close sub-groups too.
+_live: "weakref.WeakSet[Group]" = weakref.WeakSet()
 
 
 def is_available(backend: str = "any") -> bool:
@@ -109,6 +119,28 @@ def default_group(group: Group | None) -> Group:
     if not isinstance(group, Group):
         raise DistributedError(f"group must be an adapter.Group, not {type(group).__name__}")
     return group
+
+
+def _forget(group: Group) -> None:
+    global _first
+    with _lock:
+        for name, cached in list(_groups.items()):
+            if cached is group:
+                del _groups[name]
+        if _first is group:
+            _first = None
+
+
+def shutdown() -> None:
+    """Close every group this process created (init()'s and their sub-groups); the next init()
+    forms a new group with a fresh identity."""
+    global _first
+    with _lock:
+        groups = list(_live)
+        _groups.clear()
+        _first = None
+    for group in groups:
+        group._backend.close()
 
 
 def _reset_for_tests() -> None:

@@ -11,11 +11,7 @@ from ranks import ROOT, launch, output_tail, rank_lines
 @pytest.mark.parametrize("backend", [
     "jaccl",
     "mpi",
-    pytest.param("ring", marks=pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-        "ring send() writes the whole message to the socket before returning, so two ranks that "
-        "send 16 MB to each other before receiving both block until CollectiveTimeout; fix in "
-        "adapter/backends/ring/backend.py: queue the outgoing message on the peer's connection (as the "
-        "JACCL TCP mesh does) or read incoming data while a send is blocked"))),
+    "ring",
 ])
 def test_symmetric_exchange_of_large_messages_does_not_deadlock(backend):
     r = launch(["--backend", backend, "-n", "2", f"{ROOT}/tests/jaccl_scripts/exchange.py"], timeout=50,

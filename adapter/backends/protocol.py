@@ -18,7 +18,7 @@ from ..errors import IntegrityError
 from .base import ReduceOp
 from .elements import CODE_NAMES
 
-OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "barrier", "send", "split", "recv")
+OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "barrier", "send", "split", "recv", "abort")
 OP_CODES = {name: code for code, name in enumerate(OPS, 1)}
 OP_NAMES = {code: name for name, code in OP_CODES.items()}
 # 0 means "no reduction" in a record.

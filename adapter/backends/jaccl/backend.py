@@ -24,10 +24,11 @@ from typing import Iterator, NamedTuple
 import numpy as np
 
 from ... import config
-from ...errors import BackendUnavailable, ConfigError, DistributedError
+from ...errors import BackendUnavailable, ConfigError, DistributedError, PeerError
 from ..base import Backend, ReduceOp
 from ..singleton import SingletonBackend
 from ..transport import tcp, tcp_mesh, verbs
+from ..transport.names import check_resolvable
 from ..transport.slots import Transport
 from . import config as jaccl_config
 from .algorithms import MeshAlgorithms, RingAlgorithms
@@ -57,16 +58,23 @@ def stall_report_seconds() -> float | None:
     return config.get("JACKLRING_STALL_REPORT")
 
 
+_incarnations = 0  # groups this process formed from the environment (part of the job token)
+
+
 def create(timeout: float | None = None) -> "Backend":
     """Validate the environment, then form the group through the side channel."""
+    global _incarnations
     cfg = jaccl_config.load()
     choice = transport_choice()
     op_timeout = config.op_timeout(timeout)
     checks = Checks(config.get("JACKLRING_VERIFY"), stall_report_seconds())
     if cfg.size == 1:
         return SingletonBackend()  # `launcher --backend jaccl -n 1`: nobody to connect to
+    check_resolvable(cfg.coordinator[0], f"MLX_JACCL_COORDINATOR={tcp.format_address(cfg.coordinator)}")
     deadline = time.monotonic() + config.connect_timeout()
-    token = zlib.crc32(json.dumps([tcp.format_address(cfg.coordinator), cfg.devices]).encode())
+    _incarnations += 1
+    # A group formed again after close() gets a new token: no connection of the earlier one is taken.
+    token = zlib.crc32(json.dumps([tcp.format_address(cfg.coordinator), cfg.devices, _incarnations]).encode())
     side = SideChannel(cfg.rank, cfg.size, cfg.coordinator, token, deadline)
     try:
         kind = _agree_on_transport(cfg, choice, side)
@@ -112,7 +120,7 @@ def _agree_on_transport(cfg: jaccl_config.JacclConfig, choice: str, side: SideCh
 
 
 def _build_transport(kind: str, rank: int, size: int, peers: list[int], device_row: list[list[str]],
-                     host: str, exchange, token: int, deadline: float) -> Transport:
+                     host: str, exchange, token: int, deadline: float, watch=None) -> Transport:
     """Connect the transport; calls exchange exactly once on every rank.
 
     peers: the ranks the topology needs; the TCP mesh connects to every rank regardless."""
@@ -121,7 +129,7 @@ def _build_transport(kind: str, rank: int, size: int, peers: list[int], device_r
     # TCP links every pair even in ring mode (the ring algorithms use only the neighbours), so
     # send/recv reach any rank as on every other backend; RDMA ring mode has only its cables.
     everyone = [p for p in range(size) if p != rank]
-    return tcp_mesh.connect_mesh(rank, size, everyone, host, exchange, token, deadline)
+    return tcp_mesh.connect_mesh(rank, size, everyone, host, exchange, token, deadline, watch)
 
 
 class JacclBackend(Backend):
@@ -239,17 +247,59 @@ class JacclBackend(Backend):
         deadline = time.monotonic() + config.connect_timeout()
         if len(members) == 1:
             exchange(b"")   # every parent rank takes part in the same exchanges
-            self.barrier()
+            self._confirm_split(color, colors, keys, None)
             return SingletonBackend()
-        transport = _build_transport(self.transport_kind, new_rank, len(members), peers,
-                                     devices[new_rank], self._host, exchange, token, deadline)
         try:
-            self.barrier()  # every new connection is ready before the new group is used
-        except BaseException:
-            transport.close()
-            raise
+            transport = _build_transport(self.transport_kind, new_rank, len(members), peers,
+                                         devices[new_rank], self._host, exchange, token, deadline,
+                                         watch=lambda: self._watch_split(color, colors, keys))
+        except DistributedError as exc:
+            # The parent is now out of step (the others are mid-exchange): close it so they raise
+            # at once instead of waiting for their deadline.
+            self._link.broken = f"a split of this group failed: {exc}"
+            self._transport.close()
+            if str(exc).startswith(f"rank {me}:"):
+                raise
+            raise type(exc)(f"rank {me}: split(color={color}): {exc}") from None
+        self._confirm_split(color, colors, keys, transport)
         return JacclBackend(transport, devices, mode, self.transport_kind, self._host, token, self._timeout,
                             self._checks)
 
+    def _member_text(self, p: int, colors: np.ndarray, keys: np.ndarray) -> str:
+        same = sorted((q for q in range(self.size()) if colors[q] == colors[p]), key=lambda q: (keys[q], q))
+        return f"parent rank {p} (rank {same.index(p)} of the sub-group of color {int(colors[p])})"
+
+    def _ended_parent_peers(self) -> list[int]:
+        closed_peers = getattr(self._transport, "closed_peers", None)
+        return closed_peers() if closed_peers is not None else []
+
+    def _watch_split(self, color: int, colors: np.ndarray, keys: np.ndarray) -> None:
+        """Raise when a parent member's connection ended while the sub-groups form: every rank of
+        the TCP mesh is connected to every other, so each sees a death directly."""
+        ended = self._ended_parent_peers()
+        if ended:
+            self._link.broken = "a split of this group failed"
+            raise PeerError(f"rank {self.rank()}: split(color={color}): "
+                            f"{self._member_text(ended[0], colors, keys)} died while the sub-groups formed "
+                            f"(its connection closed)")
+
+    def _confirm_split(self, color: int, colors: np.ndarray, keys: np.ndarray, transport) -> None:
+        """A parent barrier: every new connection is ready everywhere before the new group is used.
+        Its failure names the parent members whose connections ended, in both numberings."""
+        try:
+            self.barrier()
+        except DistributedError as exc:
+            if transport is not None:
+                transport.close()
+            ended = ", ".join(self._member_text(p, colors, keys) for p in self._ended_parent_peers())
+            raise PeerError(f"rank {self.rank()}: split(color={color}): the sub-groups did not form on every "
+                            f"rank ({'ended: ' + ended if ended else 'no connection ended'}): {exc}") from None
+        except BaseException:
+            if transport is not None:
+                transport.close()
+            raise
+
     def close(self) -> None:
+        if self._link.broken is None:
+            self._link.broken = "the group was closed"
         self._transport.close()

@@ -35,6 +35,7 @@ SEQ_MASK = 0xFFFFFFFF
 _HS = HEADER.size
 
 _EMPTY = memoryview(b"")
+RECENT_S = 1.0  # a stall report says "slow" when a frame completed this recently, else "stalled"
 
 
 class Link:
@@ -163,18 +164,19 @@ class Link:
             return deadline
         return deadline - self.timeout + self.stall_report_s
 
-    def _late(self, request: Request, deadline: float, pending: str) -> float:
-        """poll gave up: at the deadline raise naming the operation and the peers; before it,
-        report the stall once and return the deadline as the next wake-up."""
+    def _late(self, request: Request, deadline: float, pending: str, rate: float = 0.0) -> float:
+        """poll gave up: at the deadline (no frame moved for the timeout) raise naming the
+        operation and the peers; before it, report once, "slow, N MB/s" when frames still move
+        (rate, bytes/s so far), else "stalled", and return the deadline as the next wake-up."""
         now = time.monotonic()
         if now >= deadline:
-            raise CollectiveTimeout(f"rank {self.rank}: {request.label(self.op_seq)} timed out: "
-                                    f"waiting for {pending}") from None
+            raise CollectiveTimeout(f"rank {self.rank}: {request.label(self.op_seq)} timed out: waiting for "
+                                    f"{pending} (nothing moved for {self.timeout:g} s)") from None
         if self._stalled_op != self.op_seq:
             self._stalled_op = self.op_seq
-            waited = now - (deadline - self.timeout)
-            log.warning("rank %d: %s is stalled (%.1f s so far, deadline in %.1f s): waiting for %s",
-                        self.rank, request.label(self.op_seq), waited, deadline - now, pending)
+            pace = f"slow, {rate / 1e6:.2f} MB/s" if rate > 0 else "stalled"
+            log.warning("rank %d: %s is %s (deadline in %.1f s unless more arrives): waiting for %s",
+                        self.rank, request.label(self.op_seq), pace, deadline - now, pending)
         return deadline
 
     # ---- checks ------------------------------------------------------------------------------
@@ -256,14 +258,25 @@ class _Transfer:
             while self.next_send[p] < min(slots, self.total_out[p]):
                 self._post_send(p)
         link = self.link
+        started = time.monotonic()
+        moved = 0
         wake = link._first_wake(self.deadline)
         while self._busy():
             try:
                 done = self.t.poll(wake)
             except CollectiveTimeout:
-                wake = link._late(self.request, self.deadline, self._pending())
+                now = time.monotonic()
+                flowing = now - self.deadline + link.timeout < RECENT_S  # a frame completed recently
+                wake = link._late(self.request, self.deadline, self._pending(),
+                                  moved / (now - started) if flowing else 0.0)
                 continue
+            if done:
+                # The deadline measures silence: each completed frame restarts it, so a slow link
+                # that keeps delivering is not mistaken for a dead peer.
+                self.deadline = time.monotonic() + link.timeout
+                wake = min(wake, self.deadline) if link._stalled_op != link.op_seq else self.deadline
             for c in done:
+                moved += c.nbytes
                 if c.kind == SEND:
                     self.unacked[c.peer] -= 1
                     if self.next_send[c.peer] < self.total_out[c.peer]:
@@ -283,7 +296,7 @@ class _Transfer:
     def _pending(self) -> str:
         label = self.t.peer_label
         parts = [f"{self.total_in[p] - self.next_recv[p]} frame(s) from {label(p)}, of its message "
-                 f"#{self.link.received[p]} to rank {self.rank}"
+                 f"#{self.link.received[p]} to rank {self.link.rank}"
                  for p in self.targets if self.next_recv[p] < self.total_in[p]]
         parts += [f"{label(p)} to take {self.total_out[p] - self.next_send[p] + self.unacked[p]} frame(s)"
                   for p in self.sends if self.next_send[p] < self.total_out[p] or self.unacked[p]]
