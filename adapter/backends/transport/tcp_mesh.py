@@ -328,13 +328,18 @@ class TcpMeshTransport(Transport):
 
 
 def connect_mesh(rank: int, size: int, peers: list[int], host: str, exchange: Exchange,
-                 token: int, deadline: float) -> TcpMeshTransport:
+                 token: int, deadline: float, job: tcp.Auth) -> TcpMeshTransport:
     """Form the TCP mesh: every rank listens, the addresses are all-gathered with `exchange`
     (called exactly once, on every rank), then each rank connects to its lower peers and accepts
-    its higher ones. Listening happens before the exchange, so no connect can arrive early."""
-    listener = tcp.listen(host, 0)
+    its higher ones. Listening happens before the exchange, so no connect can arrive early.
+    Every connection proves `job`'s key for job context `token` (tcp.connect / Listener)."""
+    higher = {p for p in peers if p > rank}
+    listener = tcp.Listener(host, 0, local=False)
+    listener.serve(job, token, rank,
+                   lambda h: None if h.purpose == PURPOSE_MESH and h.sender in higher and h.channel == 0
+                   else f"not a mesh connection from a higher rank ({sorted(higher)})", f"rank {rank} (TCP mesh)")
     try:
-        address = tcp.format_address(listener.getsockname()[:2])
+        address = listener.where()
         blobs = exchange(json.dumps({"addr": address}).encode())
         everyone = [json.loads(blob)["addr"] for blob in blobs]
         addresses = {p: everyone[p] for p in peers}
@@ -344,15 +349,11 @@ def connect_mesh(rank: int, size: int, peers: list[int], host: str, exchange: Ex
                 if p < rank:
                     hello = tcp.Hello(PURPOSE_MESH, rank, p, 0, token)
                     sockets[p] = tcp.connect(tcp.parse_address(addresses[p], f"rank {p}'s mesh address"),
-                                             hello, deadline, f"rank {p} (JACCL TCP mesh)")
-            higher = {p for p in peers if p > rank}
+                                             hello, deadline, f"rank {p} (JACCL TCP mesh)", job)
             while higher - set(sockets):
                 waiting = sorted(higher - set(sockets))
-                sock, hello = tcp.accept(
-                    listener, deadline,
-                    lambda h: (h.purpose == PURPOSE_MESH and h.token == token and h.receiver == rank
-                               and h.sender in higher and h.sender not in sockets),
-                    f"JACCL ranks {waiting} (TCP mesh, rank {rank})")
+                sock, hello = listener.take(lambda h: h.sender not in sockets, deadline,  # type: ignore[misc]
+                                            f"JACCL ranks {waiting} (TCP mesh, rank {rank})")
                 sockets[hello.sender] = sock
         except BaseException:
             for s in sockets.values():
