@@ -8,7 +8,6 @@ import socket
 import struct
 import threading
 import time
-import zlib
 
 import numpy as np
 import pytest
@@ -18,6 +17,7 @@ from adapter.backends.elements import dtype_code
 from adapter.backends.jaccl.backend import Checks, JacclBackend
 from adapter.backends.jaccl.config import MESH
 from adapter.backends.jaccl.exchange import CRC, HEADER, KIND_CODES, VERIFY_FLAG
+from adapter.backends.transport.integrity import crc
 from adapter.backends.transport.tcp_mesh import TcpMeshTransport
 from adapter.errors import CollectiveTimeout, DistributedError, IntegrityError, MismatchError, PeerError
 
@@ -83,7 +83,7 @@ def forged_send_frame(payload: bytes, seq: int = 0, verify: bool = True) -> byte
     """What rank 0's send(float32 array) to rank 1 puts on the wire (checksummed with verify)."""
     kind = KIND_CODES["send"] | (VERIFY_FLAG if verify else 0)
     header = HEADER.pack(kind, 0, dtype_code(np.float32), 0, seq, 0, 1, len(payload))
-    body = header + payload + (CRC.pack(zlib.crc32(header + payload)) if verify else b"")
+    body = header + payload + (CRC.pack(crc(header + payload)) if verify else b"")
     return _LEN.pack(len(body)) + body
 
 

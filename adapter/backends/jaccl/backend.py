@@ -61,6 +61,9 @@ def create(timeout: float | None = None) -> "Backend":
     choice = transport_choice()
     op_timeout = config.op_timeout(timeout)
     checks = Checks(config.get("JACKLRING_VERIFY"), stall_report_seconds())
+    if checks.verify == "mac":  # never fall back to a checksum an attacker can recompute
+        raise ConfigError("JACKLRING_VERIFY=mac is not supported by the JACCL backend yet; use "
+                          "JACKLRING_VERIFY=crc (accidents) or the ring backend (mac)")
     if cfg.size == 1:
         return SingletonBackend()  # `launcher --backend jaccl -n 1`: nobody to connect to
     deadline = time.monotonic() + config.connect_timeout()

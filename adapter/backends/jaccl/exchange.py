@@ -6,7 +6,7 @@ count, root), the message's sequence number on that link and the frame's index. 
 compares each frame's header with what it expects, so two ranks that issued different
 operations both raise MismatchError naming both requests instead of corrupting data or hanging.
 
-With JACKLRING_VERIFY=1 every frame also ends with the CRC-32 (zlib) of its header and data,
+With JACKLRING_VERIFY=1 every frame also ends with the CRC-32C (transport/integrity.py) of its header and data,
 checked on receipt (IntegrityError naming the peer); a flag in the header tells a rank whose
 peer disagrees about verification. A transfer waiting longer than JACKLRING_STALL_REPORT logs
 once which peers still owe frames; at its deadline it raises CollectiveTimeout naming the
@@ -21,11 +21,11 @@ from __future__ import annotations
 import logging
 import struct
 import time
-import zlib
 from dataclasses import dataclass
 
 from ...errors import CollectiveTimeout, DistributedError, IntegrityError, MismatchError, PeerError
 from ..elements import CODE_NAMES
+from ..transport.integrity import crc
 from ..transport.slots import SEND, Transport
 
 log = logging.getLogger("jacklring.jaccl")
@@ -162,7 +162,7 @@ class Link:
                 buf[_HS:_HS + n] = data
             n += _HS
             if verify:
-                CRC.pack_into(buf, n, zlib.crc32(buf[:n]))
+                CRC.pack_into(buf, n, crc(buf[:n]))
                 n += CRC.size
             t.post_send(p, 0, n)
             sent[p] += 1
@@ -230,7 +230,7 @@ class Link:
                     and seq == self.received[peer] & SEQ_MASK and index == frame
                     and nbytes == _HS + want + self.trailer
                     and (not self.verify or CRC.unpack_from(buf, nbytes - CRC.size)[0]
-                         == zlib.crc32(buf[:nbytes - CRC.size]))):
+                         == crc(buf[:nbytes - CRC.size]))):
                 return
         self._explain(request, expect, phase, peer, frame, buf, nbytes, want)
 
@@ -248,7 +248,7 @@ class Link:
                                 "set it alike on every rank")
         if self.verify and nbytes >= _HS + CRC.size:
             (expected,) = CRC.unpack_from(buf, nbytes - CRC.size)
-            actual = zlib.crc32(buf[:nbytes - CRC.size])
+            actual = crc(buf[:nbytes - CRC.size])
             if actual != expected:
                 raise IntegrityError(f"rank {rank}: checksum mismatch on a {nbytes}-byte message from {who} "
                                      f"during {request.label(self.op_seq)}: crc32 {actual:#010x}, "
@@ -351,7 +351,7 @@ class _Transfer:
         buf[_HS:_HS + n] = chunk
         n += _HS
         if link.verify:
-            CRC.pack_into(buf, n, zlib.crc32(buf[:n]))
+            CRC.pack_into(buf, n, crc(buf[:n]))
             n += CRC.size
         self.t.post_send(peer, slot, n)
         self.next_send[peer] += 1

@@ -25,7 +25,6 @@ import socket
 import struct
 import threading
 import time
-import zlib
 
 import numpy as np
 
@@ -42,8 +41,8 @@ from ...errors import (
 )
 from ..base import Backend, ReduceOp
 from ..elements import CODE_NAMES, DTYPE_CODES, dtype_code, reduce_many
-from ..transport import auth, tcp
-from ..transport.stream_engine import CRC, Engine, Link
+from ..transport import auth, integrity, tcp
+from ..transport.stream_engine import Engine, Link
 from .algorithms import (
     Channel,
     bytes_of,
@@ -199,6 +198,7 @@ class RingBackend(Backend):
         self._auth = job if job is not None else auth.job_auth(context, "the ring")
         self._seq = 0
         self._verify = config.get("JACKLRING_VERIFY")
+        self._integrity: dict[tuple[int, int], integrity.Integrity | None] = {}
         self._small_limit = config.get("JACKLRING_RING_SMALL_BYTES")
         self._segment_bytes = config.get("JACKLRING_RING_SEGMENT_BYTES")
         self._both_directions = config.get("JACKLRING_RING_DIRECTIONS") == 2
@@ -259,12 +259,14 @@ class RingBackend(Backend):
                 sock = tcp.connect(addr, hello, deadline, f"rank {nxt}", self._auth)
             except PeerError as exc:
                 raise PeerError(f"rank {r}: {exc}") from None
-            right.append(Link(sock, nxt, self._who(nxt, c), self._verify))
+            right.append(Link(sock, nxt, self._who(nxt, c), integrity.for_link(
+                self._verify, self._auth, self._token, r, nxt, f"ring {r}->{nxt} #{c}")))
         left: list[Link | None] = [None] * k
         for c in range(k):
             sock, _ = self._listeners[c].take(  # type: ignore[misc]
                 lambda h: h.purpose == PURPOSE_RING, deadline, f"rank {r}: rank {prv} (connection {c} of {k})")
-            left[c] = Link(sock, prv, self._who(prv, c), self._verify)
+            left[c] = Link(sock, prv, self._who(prv, c), integrity.for_link(
+                self._verify, self._auth, self._token, r, prv, f"ring {prv}->{r} #{c}"))
         self.right, self.left = right, left  # type: ignore[assignment]
         self.engine = Engine(right + left, r)  # type: ignore[operator]
         self.engine.stall_report_s = config.get("JACKLRING_STALL_REPORT")
@@ -346,7 +348,8 @@ class RingBackend(Backend):
         header = HEADER.pack(HEADER_MAGIC, OP_SEND, dtype_code(buf.dtype), 0, buf.nbytes, 0)
         sock = self._p2p_out_socket(dst, deadline)
         who = f"rank {self._rank}: send to {self._who(dst)}"
-        trailer = CRC.pack(zlib.crc32(bytes_of(buf))) if self._verify else b""
+        seal = self._p2p_integrity("p2p", self._rank, dst)
+        trailer = seal.seal(bytes_of(buf)) if seal is not None else b""
         if buf.nbytes <= self._small_limit:
             tcp.send_all(sock, header + bytes_of(buf).tobytes() + trailer, deadline, who)
         else:
@@ -371,12 +374,27 @@ class RingBackend(Backend):
                                 f"{describe_header(mine).replace('send', 'a message', 1)} but rank {src} "
                                 f"sent {describe_header(bytes(raw))}")
         tcp.recv_exact(sock, bytes_of(buf), deadline, who)
-        if self._verify:
-            trailer = bytearray(CRC.size)
+        check = self._p2p_integrity("p2p", src, self._rank)
+        if check is not None:
+            trailer = bytearray(check.size)
             tcp.recv_exact(sock, memoryview(trailer), deadline, who)
-            if CRC.unpack(trailer)[0] != zlib.crc32(bytes_of(buf)):
+            problem = check.check(bytes_of(buf), trailer)
+            if problem is not None:
                 raise IntegrityError(f"rank {self._rank}: checksum mismatch on a {buf.nbytes}-byte message "
-                                     f"from {self._who(src)}")
+                                     f"from {self._who(src)}: {problem}")
+
+    def _p2p_integrity(self, kind: str, sender: int, receiver: int) -> integrity.Integrity | None:
+        """The trailer of the point-to-point stream sender -> receiver (one per stream: a MAC
+        counts its messages)."""
+        if not self._verify:
+            return None
+        key = (sender, receiver)
+        found = self._integrity.get(key)
+        if found is None:
+            peer = receiver if sender == self._rank else sender
+            found = self._integrity[key] = integrity.for_link(
+                self._verify, self._auth, self._token, self._rank, peer, f"{kind} {sender}->{receiver}")
+        return found
 
     def split(self, color: int, key: int) -> "RingBackend":
         """Form sub-rings: fresh listeners, addresses exchanged over this ring."""

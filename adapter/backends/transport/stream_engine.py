@@ -11,17 +11,15 @@ from __future__ import annotations
 import logging
 import select
 import socket
-import struct
 import time
-import zlib
 from collections import deque
 from typing import Callable, Iterable
 
 from ...errors import CollectiveTimeout, IntegrityError, PeerError
+from .integrity import CRC, Integrity  # noqa: F401  (CRC: the trailer layout, used by the ring)
 
 log = logging.getLogger("jacklring.engine")
 
-CRC = struct.Struct("<I")
 Callback = Callable[[], None]
 Truncated = Callable[[int], None]
 
@@ -31,7 +29,7 @@ class Link:
 
     __slots__ = ("sock", "fd", "peer", "label", "sendq", "recvq", "recv_got", "bytes_in", "bytes_out", "verify")
 
-    def __init__(self, sock: socket.socket, peer: int, label: str, verify: bool = False) -> None:
+    def __init__(self, sock: socket.socket, peer: int, label: str, verify: "bool | Integrity | None" = False) -> None:
         sock.setblocking(False)
         self.sock = sock
         self.fd = sock.fileno()
@@ -42,15 +40,15 @@ class Link:
         self.recv_got = 0
         self.bytes_in = 0
         self.bytes_out = 0
-        # JACKLRING_VERIFY=1: every message is followed by its CRC-32, checked on receipt.
-        self.verify = verify
+        # JACKLRING_VERIFY: every message is followed by its CRC-32C or MAC, checked on receipt.
+        self.verify = Integrity("crc") if verify is True else (verify or None)
 
     def post_send(self, view: memoryview) -> None:
         """Queue view for sending; it must not change until sent (its checksum is taken now)."""
         if len(view):
             self.sendq.append(view)
             if self.verify:
-                self.sendq.append(memoryview(CRC.pack(zlib.crc32(view))))
+                self.sendq.append(memoryview(self.verify.seal(view)))
 
     def post_recv(self, view: memoryview, on_done: Callback | None = None,
                   on_truncated: Truncated | None = None) -> None:
@@ -60,18 +58,16 @@ class Link:
             if on_done is not None:
                 on_done()
         elif self.verify:
-            trailer = bytearray(CRC.size)
+            trailer = bytearray(self.verify.size)
             self.recvq.append((view, None, on_truncated))
             self.recvq.append((memoryview(trailer), lambda: self._check(view, trailer, on_done), None))
         else:
             self.recvq.append((view, on_done, on_truncated))
 
     def _check(self, view: memoryview, trailer: bytearray, on_done: Callback | None) -> None:
-        (expected,) = CRC.unpack(trailer)
-        actual = zlib.crc32(view)
-        if actual != expected:
-            raise IntegrityError(f"checksum mismatch on a {len(view)}-byte message from {self.label}: "
-                                 f"crc32 {actual:#010x}, sender's {expected:#010x}")
+        problem = self.verify.check(view, trailer)
+        if problem is not None:
+            raise IntegrityError(f"checksum mismatch on a {len(view)}-byte message from {self.label}: {problem}")
         if on_done is not None:
             on_done()
 
