@@ -262,7 +262,7 @@ class Acceptor:
                 self._rejected_from.append(item.peer)
             count = self._rejected
         if count <= MAX_LOGGED:
-            log.warning("%s: rejected a connection from %s on %s: an unauthenticated connection was rejected (%s)",
+            log.warning("%s: an unauthenticated connection from %s was rejected on %s: %s",
                         self._label, item.peer, self._where, why)
             if count == MAX_LOGGED:
                 log.warning("%s: further rejected connections on %s are counted, not logged", self._label, self._where)
@@ -287,21 +287,30 @@ class Acceptor:
                              f"{HANDSHAKE_TIMEOUT_S:g} s" if item.buf or item.hello else
                              f"it sent nothing within {HANDSHAKE_TIMEOUT_S:g} s")
             timeout = min((p.expires for p in self._pending), default=now + 1.0) - now
-            readable = [*self._listening, self._wake_r, *(p.sock for p in self._pending)]
+            # poll, not select: a process with many open files has descriptors above 1024
+            poller = select.poll()
+            by_fd: dict[int, object] = {}
+            for s in (*self._listening, self._wake_r):
+                by_fd[s.fileno()] = s
+            for p in self._pending:
+                by_fd[p.sock.fileno()] = p
+            for fd in by_fd:
+                poller.register(fd, select.POLLIN)
             try:
-                ready, _, _ = select.select(readable, [], [], max(0.0, timeout))
-            except (OSError, ValueError):
+                events = poller.poll(max(0.0, timeout) * 1000)
+            except OSError:
                 if self._closed:
                     return
                 raise
             if self._closed:
                 return
-            by_sock = {p.sock: p for p in self._pending}
-            for s in ready:
-                if s in self._listening:
-                    self._accept_all(s)
-                elif s in by_sock:
-                    self._progress(by_sock[s])
+            for fd, _ in events:
+                target = by_fd.get(fd)
+                if isinstance(target, _Pending):
+                    if target in self._pending:
+                        self._progress(target)
+                elif target is not None and target is not self._wake_r:
+                    self._accept_all(target)  # type: ignore[arg-type]
 
     def _accept_all(self, listening: socket.socket) -> None:
         while True:
