@@ -242,7 +242,7 @@ def launch(args) -> int:
     if backend == "mpi":
         return _launch_mpi(args, hosts, plans, argv, python, output)
 
-    from .ranks import LocalRank, RemoteRank, open_connections  # noqa: E402
+    from .ranks import LocalRank, RemoteRank, open_connections, remote_free_port  # noqa: E402
     remote_targets = sorted({h.ssh for h in hosts if not h.is_local})
     connections = open_connections(remote_targets, args.ssh_config) if remote_targets else {}
     failed = [c for c in connections.values() if isinstance(c, Exception)]
@@ -252,6 +252,14 @@ def launch(args) -> int:
                 conn.close()
         print(f"launcher: {failed[0]}", file=sys.stderr)
         return 255
+    if not hosts[0].is_local and "MASTER_PORT" not in parse_env_assignments(options.envs):
+        # As for a local rank 0: a port checked free on rank 0's host, not a fixed guess.
+        port = remote_free_port(connections[hosts[0].ssh], python, hosts[0].address)
+        if port is not None:
+            for plan in plans:
+                plan.env["MASTER_PORT"] = str(port)
+            if args.verbose:
+                print(f"launcher: MASTER_PORT {port} (free on {hosts[0].ssh})", file=sys.stderr)
 
     procs = []
     for plan in plans:

@@ -255,6 +255,20 @@ class RemoteRank(RankProcess):
             self.channel.close()
 
 
+def remote_free_port(connection, python: str, address: str, timeout: float = CONNECT_TIMEOUT) -> Optional[int]:
+    """A TCP port that is free on `address` of the connection's host, chosen there the way
+    local ports are (bind to port 0); None when the host cannot tell."""
+    family = "socket.AF_INET6" if ":" in address else "socket.AF_INET"
+    code = (f"import socket;s=socket.socket({family});s.bind(({address!r},0));"
+            "print(s.getsockname()[1])")
+    try:
+        result = connection.run(shlex.join([python, "-c", code]), hide=True, warn=True, timeout=timeout)
+        port = int(result.stdout.strip().splitlines()[-1])
+    except Exception:  # paramiko/invoke raise many types; the caller keeps its default
+        return None
+    return port if 0 < port < 65536 else None
+
+
 def open_connections(targets: list[str], ssh_config: Optional[str],
                      timeout: float = CONNECT_TIMEOUT) -> dict:
     """One Fabric Connection per distinct target, opened in parallel.

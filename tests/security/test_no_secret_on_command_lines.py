@@ -107,3 +107,20 @@ def test_ssh_ranks(tmp_path, ssh_servers, ssh_client_home):
     found, _ = run_and_inspect(tmp_path, ["--hostfile", hostfile(tmp_path, "ring", remote), "--starting-port", "40950"], 2,
                                env={"HOME": str(ssh_client_home)})
     assert not found, found
+
+
+@pytest.mark.timeout(90)
+def test_remote_master_port_is_chosen_free_on_rank0s_host(tmp_path, ssh_servers, ssh_client_home):
+    """Not the fixed 29500 an outsider could squat in advance: a port found free over ssh."""
+    remote = [{"ssh": s.target, "ips": [s.host]} for s in ssh_servers]
+    env = dict(os.environ, PYTHONPATH=str(ROOT), HOME=str(ssh_client_home))
+    scripts = ROOT / "tests" / "launcher" / "scripts"
+    r = subprocess.run([sys.executable, "-m", "launcher.cli", "--hostfile", hostfile(tmp_path, "ring", remote),
+                        "--starting-port", "40960", "--cwd", str(scripts), "envdump.py"],
+                       cwd=str(scripts), env=env, capture_output=True, text=True, timeout=80)
+    assert r.returncode == 0, r.stdout + r.stderr
+    ports = {json.loads(line.split("] ENV ", 1)[1])["env"]["MASTER_PORT"]
+             for line in r.stdout.splitlines() if "] ENV " in line}
+    assert len(ports) == 1
+    port = int(ports.pop())
+    assert port != 29500 and 0 < port < 65536
