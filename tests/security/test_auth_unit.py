@@ -102,3 +102,20 @@ def test_side_channel_refuses_an_oversized_length_from_an_authenticated_peer():
     sock.close()
     assert "announced a 4294967280-byte side-channel frame" in outcome.get("error", ""), outcome
     assert outcome["peak"] < 1 << 20
+
+
+def test_store_ring_key_comes_from_the_secret_or_else_through_the_store(monkeypatch):
+    dist = pytest.importorskip("torch.distributed")
+    from adapter.torch_backend.rendezvous import store_auth
+    monkeypatch.delenv("JACKLRING_SECRET", raising=False)
+    monkeypatch.delenv("JACKLRING_SECRET_FILE", raising=False)
+    store = dist.HashStore()
+    first, second = store_auth(store, "g/0/", 0), store_auth(store, "g/0/", 1)
+    assert first == second and first.secret
+    assert store_auth(store, "g/1/", 0) != first  # a fresh key per group incarnation
+    monkeypatch.setenv("JACKLRING_REQUIRE_AUTH", "1")
+    with pytest.raises(ConfigError, match="only as safe as the store"):
+        store_auth(store, "g/2/", 0)
+    monkeypatch.setenv("JACKLRING_SECRET", "12" * 32)
+    assert store_auth(store, "g/3/", 0) == auth.auth_from_secret(bytes.fromhex("12" * 32))
+    assert not store.check(["g/3/key"])  # the secret never goes into the store
