@@ -262,7 +262,9 @@ def remote_free_port(connection, python: str, address: str, timeout: float = CON
     code = (f"import socket;s=socket.socket({family});s.bind(({address!r},0));"
             "print(s.getsockname()[1])")
     try:
-        result = connection.run(shlex.join([python, "-c", code]), hide=True, warn=True, timeout=timeout)
+        # in_stream=False: invoke would otherwise forward (and eat) the launcher's own stdin
+        result = connection.run(shlex.join([python, "-c", code]), hide=True, warn=True, timeout=timeout,
+                                in_stream=False)
         port = int(result.stdout.strip().splitlines()[-1])
     except Exception:  # paramiko/invoke raise many types; the caller keeps its default
         return None

@@ -65,7 +65,7 @@ def strays(address: str, purpose: int, token: int, silent: bool) -> list[socket.
         socks.append(s)
     socks[-1].close()
     if silent:
-        socks.append(dial(address))  # sends nothing: the listener waits HELLO_TIMEOUT_S for it
+        socks.append(dial(address))  # sends nothing: dropped after handshake.HANDSHAKE_TIMEOUT_S, beside the job
     return socks
 
 

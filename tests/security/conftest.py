@@ -59,11 +59,3 @@ def outsider():
             proc.kill()
         proc.wait()
     shutil.rmtree(home, ignore_errors=True)
-
-
-def wait_ready(proc: subprocess.Popen, tag: str = "READY", timeout: float = 15) -> None:
-    import select
-    ready, _, _ = select.select([proc.stdout], [], [], timeout)
-    line = proc.stdout.readline() if ready else ""
-    assert line.startswith(tag), (f"outsider did not start: {line!r} "
-                                  f"{proc.stderr.read() if proc.poll() is not None else ''}")

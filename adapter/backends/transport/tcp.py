@@ -19,7 +19,6 @@ from ... import config
 from ...errors import CollectiveTimeout, ConfigError, PeerError
 from .auth import Auth
 from .handshake import (  # noqa: F401  (Hello is part of this module's interface)
-    HANDSHAKE_TIMEOUT_S,
     MAX_CLOSED_RETRIES,
     Acceptor,
     Admit,
@@ -32,7 +31,6 @@ from .handshake import (  # noqa: F401  (Hello is part of this module's interfac
 log = logging.getLogger("jacklring.tcp")
 
 DEFAULT_SPIN_US = 50.0
-HELLO_TIMEOUT_S = HANDSHAKE_TIMEOUT_S  # real peers finish at once; a silent connection must not eat the deadline
 
 
 def available_cpus() -> int:

@@ -8,6 +8,7 @@ seconds, per_address = float(sys.argv[1]), int(sys.argv[2])
 addresses = [a for addr in sys.argv[3:] for a in (addr, "\0jacklring-" + addr)]
 held = {a: [] for a in addresses}
 opened = 0
+flooding = False
 end = time.monotonic() + seconds
 print("READY", flush=True)
 while time.monotonic() < end:
@@ -39,5 +40,8 @@ while time.monotonic() < end:
             except OSError:
                 break
         held[a] = live
+    if not flooding and any(len(v) >= per_address // 2 for v in held.values()):
+        flooding = True
+        print("FLOODING", flush=True)  # one listener is full of silent connections
     time.sleep(0.02)
 print("OPENED", opened, flush=True)
