@@ -9,8 +9,8 @@ import time
 
 import numpy as np
 import pytest
-from cluster import finish_all, rank_envs, reports, start, stop_all
-from security_helpers import wait_ready
+from faults.cluster import finish_all, rank_envs, reports, start, stop_all
+from security_helpers import outsider_fixture, wait_ready  # noqa: F401  (the `outsider` fixture)
 
 from adapter.backends.elements import dtype_code
 from adapter.backends.jaccl import config as jaccl_config

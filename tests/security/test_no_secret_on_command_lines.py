@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from sshd import ssh_client_home, ssh_servers  # noqa: F401  (fixtures)
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
@@ -102,7 +103,7 @@ def test_mpirun_ranks(tmp_path):
 
 
 @pytest.mark.timeout(90)
-def test_ssh_ranks(tmp_path, ssh_servers, ssh_client_home):
+def test_ssh_ranks(tmp_path, ssh_servers, ssh_client_home):  # noqa: F811  (fixtures)
     remote = [{"ssh": s.target, "ips": [s.host]} for s in ssh_servers]
     found, _ = run_and_inspect(tmp_path, ["--hostfile", hostfile(tmp_path, "ring", remote), "--starting-port", "40950"], 2,
                                env={"HOME": str(ssh_client_home)})
@@ -110,7 +111,7 @@ def test_ssh_ranks(tmp_path, ssh_servers, ssh_client_home):
 
 
 @pytest.mark.timeout(90)
-def test_remote_master_port_is_chosen_free_on_rank0s_host(tmp_path, ssh_servers, ssh_client_home):
+def test_remote_master_port_is_chosen_free_on_rank0s_host(tmp_path, ssh_servers, ssh_client_home):  # noqa: F811
     """Not the fixed 29500 an outsider could squat in advance: a port found free over ssh."""
     remote = [{"ssh": s.target, "ips": [s.host]} for s in ssh_servers]
     env = dict(os.environ, PYTHONPATH=str(ROOT), HOME=str(ssh_client_home))

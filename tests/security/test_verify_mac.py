@@ -67,7 +67,7 @@ def test_mac_catches_replay_and_reorder():
 
 @pytest.mark.timeout(60)
 def test_ring_collectives_and_p2p_with_verify_mac(tmp_path):
-    from cluster import finish_all, reports, start, stop_all
+    from faults.cluster import finish_all, reports, start, stop_all
     body = """
 for size in (10, 100_000, 1_000_000):
     x = all_sum(np.full(size, r + 1.0, np.float32))
