@@ -178,6 +178,10 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
             "what the torch process group runs on; auto: the launcher's backend, else a ring formed through the store"),
     Setting("JACKLRING_TORCH_HOST", text, None,
             "address the torch process group's ring listens on; default the address that reaches MASTER_ADDR"),
+    # engines (adapter/engines.py)
+    Setting("JACKLRING_SLURM_PORT", integer(1, 65535), None,
+            "port task 0 of an srun step serves the rendezvous on; default the step's reserved port, "
+            "else one derived from the job and step ids"),
 )}
 
 

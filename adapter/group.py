@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import threading
 
+from . import engines
 from .backends import registry
 from .backends.base import Backend
-from .backends.registry import ANY_ORDER
+from .backends.registry import ANY_ORDER  # noqa: F401  (the backends' order, kept importable here)
 from .backends.singleton import SingletonBackend
 from .errors import BackendUnavailable, DistributedError
 
@@ -53,18 +54,27 @@ _first: Group | None = None
 def is_available(backend: str = "any") -> bool:
     """Whether the named backend (or any backend) can start from this environment."""
     registry.check_name(backend)
-    names = ANY_ORDER if backend == "any" else (backend,)
-    return any(registry.probe(name) is None for name in names)
+    names = engines.SOURCES if backend == "any" else (backend,)
+    return any(_present(name) for name in names)
+
+
+def _present(source: str) -> bool:
+    try:
+        return engines.probe(source) is None
+    except DistributedError:
+        return True  # a malformed variable is present: init() reports it
 
 
 def init(strict: bool = False, backend: str = "any", timeout: float | None = None) -> Group:
     """Initialize (once) and return the distributed group.
 
-    backend: "any" tries, in order, nccl, jaccl, ring and mpi, skipping those whose
-    environment is absent. A backend whose environment is present but that fails to
-    connect raises: silently training alone on every rank would be worse.
+    backend: "any" forms the group from whatever started the process, trying in order
+    (adapter.engines.SOURCES): the MLX variables of nccl, jaccl and ring (our launcher), an
+    existing torch process group, torchrun-style RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT,
+    an srun step, mpirun. A source whose environment is present but that fails to connect
+    raises: silently training alone on every rank would be worse.
     With nothing to start, the result is a group of size 1, unless strict=True, which
-    raises naming each backend and why it could not start.
+    raises naming each source and why it could not start.
     timeout: per-operation deadline in seconds (default JACKLRING_TIMEOUT, else 300).
     """
     global _first
@@ -74,15 +84,16 @@ def init(strict: bool = False, backend: str = "any", timeout: float | None = Non
             return _first
         if backend in _groups:
             return _groups[backend]
-        names = ANY_ORDER if backend == "any" else (backend,)
+        names = engines.SOURCES if backend == "any" else (backend,)
         reasons = []
         for name in names:
-            reason = registry.probe(name)
+            reason = engines.probe(name)
             if reason is not None:
                 reasons.append(f"{name}: {reason}")
                 continue
-            group = Group(registry.create(name, timeout))
-            _groups[name] = group
+            group = Group(engines.create(name, timeout))
+            if name in registry.BACKENDS:
+                _groups[name] = group
             if _first is None:
                 _first = group
             return group

@@ -13,16 +13,18 @@ JACKLRING_VERIFY=1 adds a CRC-32 to every frame, checked on receipt; JACKLRING_S
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import threading
 import time
 import zlib
-from typing import NamedTuple
+from typing import Iterator, NamedTuple
 
 import numpy as np
 
 from ... import config
-from ...errors import BackendUnavailable, ConfigError
+from ...errors import BackendUnavailable, ConfigError, DistributedError
 from ..base import Backend, ReduceOp
 from ..singleton import SingletonBackend
 from ..transport import auth, tcp, tcp_mesh, verbs
@@ -143,13 +145,14 @@ class JacclBackend(Backend):
         self._timeout = timeout
         self._splits = 0
         self._checks = checks
+        self._busy = threading.Lock()
         self._link = Link(transport, timeout, checks.verify, checks.stall_report_s)
         algorithms = MeshAlgorithms if mode == MESH else RingAlgorithms
         self._algorithms: MeshAlgorithms | RingAlgorithms = algorithms(self._link, transport.size)
 
     def set_timeout(self, seconds: float) -> None:
         self._timeout = config.check_seconds(float(seconds), "timeout")
-        self._link.timeout = self._timeout
+        self._link.set_timeout(self._timeout)
 
     def rank(self) -> int:
         return self._transport.rank
@@ -159,33 +162,49 @@ class JacclBackend(Backend):
 
     # Each operation is numbered (the "seq" in timeouts and stall reports).
 
+    @contextlib.contextmanager
+    def _one_thread(self, what: str) -> Iterator[None]:
+        """One operation at a time per group. JACCL's frames carry per-peer sequence numbers over
+        shared links, so two threads interleaving their frames would read each other's data:
+        a second thread gets a clear error instead (the ring and MPI allow it; here each thread
+        needs a group of its own, from split())."""
+        if not self._busy.acquire(blocking=False):
+            raise DistributedError(f"rank {self.rank()}: {what} was called while another thread runs an operation "
+                                   f"on the same JACCL group; JACCL groups take one operation at a time: give "
+                                   f"each thread its own group (group.split)")
+        try:
+            self._link.op_seq += 1
+            yield
+        finally:
+            self._busy.release()
+
     def all_reduce(self, src: np.ndarray, dst: np.ndarray, op: ReduceOp) -> None:
-        self._link.op_seq += 1
-        self._algorithms.all_reduce(src, dst, op)
+        with self._one_thread("all_reduce"):
+            self._algorithms.all_reduce(src, dst, op)
 
     def all_gather(self, src: np.ndarray, dst: np.ndarray) -> None:
-        self._link.op_seq += 1
-        self._algorithms.all_gather(src, dst)
+        with self._one_thread("all_gather"):
+            self._algorithms.all_gather(src, dst)
 
     def reduce_scatter(self, src: np.ndarray, dst: np.ndarray, op: ReduceOp) -> None:
-        self._link.op_seq += 1
-        self._algorithms.reduce_scatter(src, dst, op)
+        with self._one_thread("reduce_scatter"):
+            self._algorithms.reduce_scatter(src, dst, op)
 
     def broadcast(self, buf: np.ndarray, root: int) -> None:
-        self._link.op_seq += 1
-        self._algorithms.broadcast(buf, root)
+        with self._one_thread("broadcast"):
+            self._algorithms.broadcast(buf, root)
 
     def barrier(self) -> None:
-        self._link.op_seq += 1
-        self._algorithms.barrier()
+        with self._one_thread("barrier"):
+            self._algorithms.barrier()
 
     def send(self, buf: np.ndarray, dst: int) -> None:
-        self._link.op_seq += 1
-        self._algorithms.send(buf, dst)
+        with self._one_thread("send"):
+            self._algorithms.send(buf, dst)
 
     def recv(self, buf: np.ndarray, src: int) -> None:
-        self._link.op_seq += 1
-        self._algorithms.recv(buf, src)
+        with self._one_thread("recv"):
+            self._algorithms.recv(buf, src)
 
     def _all_gather_blobs(self, blob: bytes) -> list[bytes]:
         """Variable-length all-gather over this group (lengths first, then padded bytes)."""

@@ -5,7 +5,7 @@ the "ip:port" addresses it listens on. Rank r connects to every address of rank 
 connection each) and accepts the same number from rank r-1.
 
 Large reductions run reduce-scatter then all-gather with the buffer split across every
-connection and both directions of the ring, segments pipelined (see ring_algorithms).
+connection and both directions of the ring, segments pipelined (see algorithms.py).
 Small messages take a one-pass path: a ring all-gather of the whole inputs followed by a
 reduction in rank order, which costs one hop per rank instead of two phases.
 
@@ -40,7 +40,8 @@ from ...errors import (
     PeerError,
 )
 from ..base import Backend, ReduceOp
-from ..elements import CODE_NAMES, DTYPE_CODES, dtype_code, reduce_many
+from ..elements import DTYPE_CODES, dtype_code, reduce_many
+from ..protocol import OP_CODES, REDUCE_CODES, Request, mismatch_message
 from ..transport import auth, integrity, tcp
 from ..transport.stream_engine import Engine, Link
 from .algorithms import (
@@ -61,26 +62,26 @@ PURPOSE_P2P = 2
 
 HEADER = struct.Struct("<HBBIQq")  # magic, op, dtype code, sequence, byte count, extra (reduce op / root)
 HEADER_MAGIC = 0x4A4B
-OP_ALL_REDUCE, OP_ALL_GATHER, OP_REDUCE_SCATTER, OP_BROADCAST, OP_BARRIER, OP_SEND, OP_SPLIT = range(1, 8)
-OP_NAMES = {OP_ALL_REDUCE: "all_reduce", OP_ALL_GATHER: "all_gather", OP_REDUCE_SCATTER: "reduce_scatter",
-            OP_BROADCAST: "broadcast", OP_BARRIER: "barrier", OP_SEND: "send", OP_SPLIT: "split"}
-REDUCE_CODES = {op: i for i, op in enumerate(ReduceOp)}
-REDUCE_NAMES = {i: op.value for op, i in REDUCE_CODES.items()}
+OP_ALL_REDUCE, OP_ALL_GATHER, OP_REDUCE_SCATTER, OP_BROADCAST, OP_BARRIER, OP_SEND, OP_SPLIT = (
+    OP_CODES[name] for name in ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "barrier", "send", "split"))
+_REDUCING = (OP_ALL_REDUCE, OP_REDUCE_SCATTER)
 
-# Below this many bytes moved per rank, one all-gather pass beats reduce-scatter + all-gather.
+
+def header_request(raw: bytes) -> Request | None:
+    """The request a ring header carries (None when it is not a ring header at all)."""
+    magic, op, dt, _seq, nbytes, extra = HEADER.unpack(raw)
+    if magic != HEADER_MAGIC:
+        return None
+    if op in _REDUCING:
+        return Request(op, reduce=extra, dtype=dt, nbytes=nbytes)
+    return Request(op, dtype=dt, nbytes=nbytes, extra=extra if op == OP_BROADCAST else 0)
 
 
 def describe_header(raw: bytes) -> str:
-    magic, op, dt, seq, nbytes, extra = HEADER.unpack(raw)
-    if magic != HEADER_MAGIC:
+    request = header_request(raw)
+    if request is None:
         return f"garbage header {raw[:8].hex()}"
-    name = OP_NAMES.get(op, f"op{op}")
-    detail = ""
-    if op in (OP_ALL_REDUCE, OP_REDUCE_SCATTER):
-        detail = f"{REDUCE_NAMES.get(extra, extra)}, "
-    elif op == OP_BROADCAST:
-        detail = f"root {extra}, "
-    return f"{name}({detail}{CODE_NAMES.get(dt, dt)}, {nbytes} bytes, seq {seq})"
+    return request.label(HEADER.unpack(raw)[3])
 
 
 def probe() -> str | None:
@@ -498,9 +499,13 @@ class RingBackend(Backend):
     def _check_header(self, mine: bytes, raw: memoryview, sender: int) -> None:
         if raw[:HEADER.size] != mine:
             theirs = bytes(raw[:HEADER.size])
-            raise MismatchError(
-                f"rank {self._rank}: collective mismatch with rank {sender}: this rank called "
-                f"{describe_header(mine)} but rank {sender} called {describe_header(theirs)}")
+            request = header_request(theirs)
+            if request is None:
+                raise MismatchError(f"rank {self._rank}: rank {sender} sent {describe_header(theirs)} "
+                                    f"during {describe_header(mine)}")
+            seq = HEADER.unpack(theirs)[3]
+            step = "" if seq == self._seq else f" (its operation #{seq}; this rank's #{self._seq})"
+            raise MismatchError(mismatch_message(self._rank, sender, header_request(mine), request, step))
 
     def _small_gather(self, header: bytes, data: memoryview) -> list[memoryview]:
         """Ring all-gather of header+data messages along the forward direction; each message

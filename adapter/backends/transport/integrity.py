@@ -31,8 +31,9 @@ MAC_BYTES = 16
 _COUNTER = struct.Struct("<Q")
 
 
-def crc(data) -> int:
-    return _crc32c(data)
+def crc(data, start: int = 0) -> int:
+    """CRC-32C of data, continuing from `start` (a header and a payload in two calls)."""
+    return _crc32c(data, start)
 
 
 class Integrity:

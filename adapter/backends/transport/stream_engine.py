@@ -16,7 +16,7 @@ from collections import deque
 from typing import Callable, Iterable
 
 from ...errors import CollectiveTimeout, IntegrityError, PeerError
-from .integrity import CRC, Integrity  # noqa: F401  (CRC: the trailer layout, used by the ring)
+from .integrity import Integrity
 
 log = logging.getLogger("jacklring.engine")
 
