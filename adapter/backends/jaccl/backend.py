@@ -8,7 +8,7 @@ Transport: RDMA through pyverbs when every rank has its devices, else the TCP me
 together by all ranks over the side channel with one log line. JACKLRING_JACCL_TRANSPORT=tcp
 forces TCP; =rdma requires RDMA (and fails, naming the rank and reason, without it).
 
-JACKLRING_VERIFY=1 adds a CRC-32 to every frame, checked on receipt; JACKLRING_STALL_REPORT
+JACKLRING_VERIFY=1 adds a CRC-32C to every frame (=mac is refused), checked on receipt; JACKLRING_STALL_REPORT
 (seconds, default 30, 0 turns it off) logs once when an operation waits that long.
 """
 from __future__ import annotations
