@@ -106,6 +106,19 @@ def text(raw: str) -> str:
     return raw.strip()
 
 
+def verify_mode(raw: str) -> str | bool:
+    """JACKLRING_VERIFY: False (off), "crc" (1, crc) or "mac"."""
+    value = raw.strip().lower()
+    if value == "mac":
+        return "mac"
+    if value == "crc":
+        return "crc"
+    try:
+        return "crc" if flag(value) else False
+    except ValueError:
+        raise ValueError("choose one of 0, 1, crc, mac") from None
+
+
 @dataclass(frozen=True)
 class Setting:
     name: str
@@ -124,8 +137,16 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
             "deadline in seconds for forming a group (connecting to every peer)"),
     Setting("JACKLRING_STALL_REPORT", seconds_or_off, 30.0,
             "log once which peer an operation waits for after this many seconds; 0 turns it off"),
-    Setting("JACKLRING_VERIFY", flag, False,
-            "add a CRC-32 to every message and check it on receipt (guards against accidents, not attackers)"),
+    Setting("JACKLRING_VERIFY", verify_mode, False,
+            "1/crc: a CRC-32C after every message, checked on receipt (accidents, not attackers); "
+            "mac: a keyed BLAKE2b tag with the job secret (attackers too)"),
+    # authentication (docs/security.md)
+    Setting("JACKLRING_SECRET", text, None,
+            "the job secret (hex or any passphrase of 16+ bytes), the same on every rank; the launcher sets it"),
+    Setting("JACKLRING_SECRET_FILE", text, None,
+            "path of a file (mode 0600) holding the job secret, when JACKLRING_SECRET is not set"),
+    Setting("JACKLRING_REQUIRE_AUTH", flag, False,
+            "refuse to form a group without a job secret (no connections authenticated by public facts only)"),
     # ring
     Setting("JACKLRING_RING_SMALL_BYTES", byte_size, 64 * 1024,
             "largest reduction sent by the one-pass small-message path"),

@@ -2,6 +2,7 @@
 
     python benchmarks/verify_overhead.py                   # 2 ranks, 4 B .. 64 MiB float32 all_sum
     python benchmarks/verify_overhead.py --sizes 4,1M --rounds 7
+    python benchmarks/verify_overhead.py --mode mac         # the keyed BLAKE2b MAC instead
 
 Two ring groups live in the same two processes, one formed with JACKLRING_VERIFY=1 and one
 without, and are timed in interleaved rounds (median of rounds), so machine noise hits both
@@ -43,13 +44,14 @@ def iterations(nbytes: int) -> int:
     return max(2, min(200, (32 << 20) // max(nbytes, 1 << 10) // 4))
 
 
-def worker(rank: int, addresses: dict, sizes: list[int], rounds: int) -> None:
+def worker(rank: int, addresses: dict, sizes: list[int], rounds: int, mode: str = "1") -> None:
     sys.path.insert(0, ROOT)
     from adapter.backends.base import ReduceOp
     from adapter.backends.ring.backend import RingBackend
 
     groups = {}
-    for name, flag in (("plain", "0"), ("verify", "1")):
+    os.environ.setdefault("JACKLRING_SECRET", "00" * 32)  # the MAC's key (same on both ranks)
+    for name, flag in (("plain", "0"), ("verify", mode)):
         os.environ["JACKLRING_VERIFY"] = flag  # read when the group is formed
         groups[name] = RingBackend.from_addresses(rank, addresses[name])
     results = {}
@@ -77,8 +79,8 @@ def worker(rank: int, addresses: dict, sizes: list[int], rounds: int) -> None:
         print(json.dumps({str(k): v for k, v in results.items()}), flush=True)
 
 
-def table(results: dict[int, dict[str, float]], n: int) -> str:
-    lines = ["| bytes | plain | JACKLRING_VERIFY=1 | overhead | busbw plain | busbw verify |",
+def table(results: dict[int, dict[str, float]], n: int, mode: str = "1") -> str:
+    lines = [f"| bytes | plain | JACKLRING_VERIFY={mode} | overhead | busbw plain | busbw verify |",
              "|---|---|---|---|---|---|"]
     for nbytes, t in sorted(results.items()):
         bus = 2 * (n - 1) / n * nbytes
@@ -96,12 +98,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sizes", default=DEFAULT_SIZES)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--mode", default="1", choices=("1", "crc", "mac"), help="JACKLRING_VERIFY of the checked group")
     parser.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--addresses", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     sizes = [parse_size(s) for s in args.sizes.split(",")]
     if args.worker is not None:
-        worker(args.worker, json.loads(args.addresses), sizes, args.rounds)
+        worker(args.worker, json.loads(args.addresses), sizes, args.rounds, args.mode)
         return
     n = 2
     ports = iter(free_ports(2 * n))
@@ -110,7 +113,7 @@ def main() -> None:
     env.update(PYTHONPATH=ROOT, OMP_NUM_THREADS="1")
     procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), "--worker", str(r),
                                "--addresses", json.dumps(addresses), "--sizes", args.sizes,
-                               "--rounds", str(args.rounds)], env=env, stdout=subprocess.PIPE, text=True)
+                               "--rounds", str(args.rounds), "--mode", args.mode], env=env, stdout=subprocess.PIPE, text=True)
              for r in range(n)]
     outs = []
     for p in procs:
@@ -124,7 +127,7 @@ def main() -> None:
         raise SystemExit(f"verify_overhead: a rank failed (exit codes {[p.returncode for p in procs]})")
     results = {int(k): v for k, v in json.loads(outs[0].strip().splitlines()[-1]).items()}
     print(f"all_sum float32, {n} ranks on 127.0.0.1, ring, median of {args.rounds} interleaved rounds")
-    print(table(results, n))
+    print(table(results, n, args.mode))
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """The remote side of a rank: a watchdog that runs the rank and dies with its connection.
 
-The launcher ships this file's source over ssh and runs it with
-`python -c <bootstrap> <source> <spec>` (standard library only, nothing installed remotely).
+The launcher runs `python -c <bootstrap>` over ssh and writes this file's source and the spec
+to its stdin (standard library only, nothing installed remotely; nothing but the bootstrap on
+the command line, where every user could read the rank's environment and the job secret).
 It then:
 
 - writes the spec's files (MLX_HOSTFILE, MLX_IBV_DEVICES contents) to a temp dir on *this*
@@ -152,8 +153,16 @@ class Agent:
         return code if code >= 0 else 128 - code
 
 
+def read_spec(stream):
+    """The spec after the source on stdin: a decimal length line, then that much JSON."""
+    size = int(stream.readline())
+    if not 0 <= size <= 1 << 26:
+        raise ValueError(f"agent spec of {size} bytes")
+    return json.loads(stream.read(size))
+
+
 def main(argv):
-    spec = json.loads(base64.b64decode(argv[-1]))
+    spec = json.loads(base64.b64decode(argv[1])) if len(argv) > 1 else read_spec(sys.stdin.buffer)
     code = Agent(spec).run()
     sys.stdout.flush()
     sys.stderr.flush()

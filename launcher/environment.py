@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import socket
 from collections import Counter
 from contextlib import ExitStack
@@ -30,6 +31,7 @@ class LaunchOptions:
     nccl_port: Optional[int] = None
     verbose: bool = False
     columns: Optional[tuple[int, int]] = None             # terminal (cols, lines) to pass on
+    secret: Optional[str] = None                          # JACKLRING_SECRET for every rank (job_secret())
 
 
 @dataclass
@@ -72,10 +74,37 @@ def plan_ranks(hosts: list[Host], options: LaunchOptions) -> list[RankPlan]:
         for name in files:
             env.pop(name, None)  # points at the file written on the rank's host
         env["MLX_RANK"] = str(rank)
+        if options.secret:
+            # Handed over in the rank's environment (local ranks), the agent's stdin (ssh) or
+            # mpirun's environment (-x NAME): never on a command line.
+            env[SECRET_ENV] = options.secret
         if options.backend == "nccl":
             env["CUDA_VISIBLE_DEVICES"] = str(local_rank)
         plans.append(RankPlan(rank, host, local_rank, per_host[host.ssh], env, dict(files)))
     return plans
+
+
+SECRET_ENV = "JACKLRING_SECRET"
+SECRET_FILE_ENV = "JACKLRING_SECRET_FILE"
+MAX_SECRET_FILE_BYTES = 4096
+
+
+def job_secret(user_env: dict[str, str], environ: Optional[dict[str, str]] = None) -> str:
+    """The job secret every rank gets: the user's JACKLRING_SECRET (--env / hostfile envs,
+    else this environment), else the contents of their JACKLRING_SECRET_FILE, else 256 fresh
+    random bits. Ranks then prove it to each other on every connection (docs/security.md)."""
+    environ = os.environ if environ is None else environ
+    for source in (user_env, environ):
+        if source.get(SECRET_ENV, "").strip():
+            return source[SECRET_ENV].strip()
+    for source in (user_env, environ):
+        path = source.get(SECRET_FILE_ENV, "").strip()
+        if path:
+            with open(path, "rb") as f:
+                text = f.read(MAX_SECRET_FILE_BYTES).decode(errors="replace").strip()
+            if text:
+                return text
+    return secrets.token_hex(32)
 
 
 def default_threads(host: Host, ranks_on_host: int, options: LaunchOptions) -> Optional[int]:

@@ -43,7 +43,9 @@ def write_slots_file(hosts: list[Host]) -> str:
 
 def mpirun_command(mpirun: str, slots_path: str, hosts: list[Host], env: dict[str, str],
                    argv: list[str], cwd: Optional[str], mpi_args: list[str],
-                   tag_output: bool) -> list[str]:
+                   tag_output: bool) -> tuple[list[str], dict[str, str]]:
+    """mpirun's command line and the variables to set in its environment. Values never go on
+    the command line (every user can read it with ps): `-x NAME` exports mpirun's own value."""
     cmd = [mpirun, "--hostfile", slots_path, "-n", str(len(hosts))]
     if tag_output:
         cmd += ["--output", "tag"]
@@ -59,19 +61,20 @@ def mpirun_command(mpirun: str, slots_path: str, hosts: list[Host], env: dict[st
         for name in ("LD_LIBRARY_PATH", "DYLD_LIBRARY_PATH"):
             old = env.get(name) or os.environ.get(name, "")
             env = {**env, name: f"{lib}:{old}" if old else str(lib)}
-    for key, value in env.items():
-        if key not in PER_RANK:
-            cmd += ["-x", f"{key}={value}"]
+    exported = {key: value for key, value in env.items() if key not in PER_RANK}
+    for key in exported:
+        cmd += ["-x", key]
     for arg in mpi_args:
         cmd += shlex.split(arg)
-    return cmd + ["--", "sh", "-c", _RANK_SHIM, "launcher-rank", *argv]
+    return cmd + ["--", "sh", "-c", _RANK_SHIM, "launcher-rank", *argv], exported
 
 
 class MpiRun(LocalRank):
     """mpirun as the one local process; output lines are routed to the rank that wrote them."""
 
-    def __init__(self, command: list[str], slots_path: str, tagged: bool) -> None:
-        super().__init__(0, 0, command, {}, {}, None)
+    def __init__(self, command: list[str], slots_path: str, tagged: bool,
+                 env: Optional[dict[str, str]] = None) -> None:
+        super().__init__(0, 0, command, env or {}, {}, None)
         self.slots_path = slots_path
         self.tagged = tagged
         self.host_label = "localhost"

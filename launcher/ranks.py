@@ -6,7 +6,6 @@ drained, ("exit", index, code) with code = exit status or 128 + signal number.
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import queue
@@ -191,17 +190,26 @@ class RemoteRank(RankProcess):
         self.send_lock = threading.Lock()
 
     def remote_command(self) -> str:
-        source = base64.b64encode(Path(agent.__file__).read_bytes()).decode()
-        spec = base64.b64encode(json.dumps(self.spec).encode()).decode()
-        bootstrap = ("import base64,sys;"
-                     "exec(compile(base64.b64decode(sys.argv[1]),'launcher-agent','exec'))")
-        return "exec " + shlex.join([self.agent_python, "-c", bootstrap, source, spec])
+        """The ssh command line: a bootstrap that reads the agent and its spec from stdin
+        (remote_preamble). The spec holds the rank's environment, the job secret among it: on a
+        command line every user of the remote host could read it with ps."""
+        bootstrap = ("import sys;n=int(sys.stdin.buffer.readline());"
+                     "exec(compile(sys.stdin.buffer.read(n),'launcher-agent','exec'))")
+        return "exec " + shlex.join([self.agent_python, "-c", bootstrap])
+
+    def remote_preamble(self) -> bytes:
+        """What the agent reads first from stdin: its source, then its spec, each as a decimal
+        length line and the bytes (then come the framed messages)."""
+        source = Path(agent.__file__).read_bytes()
+        spec = json.dumps(self.spec).encode()
+        return b"%d\n%s%d\n%s" % (len(source), source, len(spec), spec)
 
     def start(self, events: queue.Queue) -> None:
         self.events = events
         try:
             self.channel = self.connection.create_session()
             self.channel.exec_command(self.remote_command())
+            self.channel.sendall(self.remote_preamble())
         except Exception as e:  # paramiko raises several unrelated types
             raise StartError(f"ssh session to {self.host_label} failed: {e}") from None
         readers = [
@@ -245,6 +253,22 @@ class RemoteRank(RankProcess):
     def cleanup(self) -> None:
         if self.channel is not None:
             self.channel.close()
+
+
+def remote_free_port(connection, python: str, address: str, timeout: float = CONNECT_TIMEOUT) -> Optional[int]:
+    """A TCP port that is free on `address` of the connection's host, chosen there the way
+    local ports are (bind to port 0); None when the host cannot tell."""
+    family = "socket.AF_INET6" if ":" in address else "socket.AF_INET"
+    code = (f"import socket;s=socket.socket({family});s.bind(({address!r},0));"
+            "print(s.getsockname()[1])")
+    try:
+        # in_stream=False: invoke would otherwise forward (and eat) the launcher's own stdin
+        result = connection.run(shlex.join([python, "-c", code]), hide=True, warn=True, timeout=timeout,
+                                in_stream=False)
+        port = int(result.stdout.strip().splitlines()[-1])
+    except Exception:  # paramiko/invoke raise many types; the caller keeps its default
+        return None
+    return port if 0 < port < 65536 else None
 
 
 def open_connections(targets: list[str], ssh_config: Optional[str],

@@ -8,7 +8,6 @@ import socket
 import struct
 import threading
 import time
-import zlib
 
 import numpy as np
 import pytest
@@ -19,7 +18,7 @@ from adapter.backends.jaccl.backend import Checks, JacclBackend
 from adapter.backends.jaccl.config import MESH
 from adapter.backends.jaccl.exchange import HEADER, VERIFY_FLAG
 from adapter.backends.protocol import CHECKSUM as CRC
-from adapter.backends.protocol import OP_CODES
+from adapter.backends.protocol import OP_CODES, checksum
 from adapter.backends.transport.tcp_mesh import TcpMeshTransport
 from adapter.errors import CollectiveTimeout, DistributedError, IntegrityError, MismatchError, PeerError
 
@@ -85,7 +84,7 @@ def forged_send_frame(payload: bytes, seq: int = 0, verify: bool = True) -> byte
     """What rank 0's send(float32 array) to rank 1 puts on the wire (checksummed with verify)."""
     kind = OP_CODES["send"] | (VERIFY_FLAG if verify else 0)
     header = HEADER.pack(kind, 0, dtype_code(np.float32), 0, seq, 0, 1, len(payload))
-    body = header + payload + (CRC.pack(zlib.crc32(header + payload)) if verify else b"")
+    body = header + payload + (CRC.pack(checksum(header + payload)) if verify else b"")
     return _LEN.pack(len(body)) + body
 
 

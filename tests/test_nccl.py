@@ -162,7 +162,7 @@ def test_another_service_on_the_port_is_reported():
         sock.close()
 
     threading.Thread(target=impostor, daemon=True).start()
-    with pytest.raises(PeerError, match="not a jacklring NCCL id"):
+    with pytest.raises(PeerError, match="not a jacklring rank"):
         nccl_bootstrap.fetch_id("127.0.0.1", port, 1, 2, time.monotonic() + 5)
     listener.close()
 

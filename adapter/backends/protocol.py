@@ -10,13 +10,12 @@ sequence number, JACCL a phase and frame index); the meaning of the fields is de
 """
 from __future__ import annotations
 
-import struct
-import zlib
 from dataclasses import dataclass
 
 from ..errors import IntegrityError
 from .base import ReduceOp
 from .elements import CODE_NAMES
+from .transport.integrity import CRC_NAME, crc
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "barrier", "send", "split", "recv", "abort")
 OP_CODES = {name: code for code, name in enumerate(OPS, 1)}
@@ -76,12 +75,10 @@ def mismatch_message(rank: int, peer: int | str, mine: Request, theirs: Request,
 
 # ---- the checksum trailer (JACKLRING_VERIFY) ------------------------------------------------------
 
-CHECKSUM = struct.Struct("<I")
-
-
 def checksum(data: bytes | bytearray | memoryview, start: int = 0) -> int:
-    """CRC-32 of data, continuing from `start` (to cover a header and a payload in two calls)."""
-    return zlib.crc32(data, start)
+    """CRC-32C of data (transport/integrity.py: the CPU's crc32 instruction), continuing from
+    `start` (to cover a header and a payload in two calls)."""
+    return crc(data, start)
 
 
 def checksum_error(nbytes: int, who: str, actual: int, expected: int, rank: int | None = None,
@@ -89,4 +86,4 @@ def checksum_error(nbytes: int, who: str, actual: int, expected: int, rank: int 
     """The one wording of a failed checksum: which message, from whom, both values."""
     prefix = "" if rank is None else f"rank {rank}: "
     return IntegrityError(f"{prefix}checksum mismatch on a {nbytes}-byte message from {who}{during}: "
-                          f"crc32 {actual:#010x}, sender's {expected:#010x}")
+                          f"{CRC_NAME} {actual:#010x}, sender's {expected:#010x}")

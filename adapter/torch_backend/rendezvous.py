@@ -25,7 +25,7 @@ from .. import config
 from ..backends import registry
 from ..backends.base import Backend
 from ..backends.singleton import SingletonBackend
-from ..backends.transport import tcp
+from ..backends.transport import auth, tcp
 from ..errors import ConfigError, DistributedError
 
 log = logging.getLogger("jacklring.torch")
@@ -187,7 +187,11 @@ def _mpi_torch_env(environ, engines) -> dict[str, str]:
 # ---- store ring -------------------------------------------------------------------------------
 
 def store_ring(store, rank: int, size: int, timeout_s: float) -> Backend:
-    """Every rank listens on a free port, publishes ip:port in the store, reads everyone's."""
+    """Every rank listens on a free port, publishes ip:port in the store, reads everyone's.
+
+    The ring's connections prove the job secret (JACKLRING_SECRET / _FILE) when one is set;
+    otherwise rank 0 of the group draws a random key and hands it over through the store, so
+    the store is the trust root: whoever can read it can join (docs/security.md)."""
     from ..backends.ring.backend import RingBackend
     from ..config import connect_timeout
 
@@ -212,10 +216,26 @@ def store_ring(store, rank: int, size: int, timeout_s: float) -> Backend:
                                    f"their address within {wait_s:g} s ({exc})") from None
         addresses = [[store.get(k).decode()] for k in keys]
         log.info("rank %d: jacklring ring addresses %s", rank, addresses)
-        return RingBackend(rank, addresses, [listener], timeout_s, wait_s)
+        return RingBackend(rank, addresses, [listener], timeout_s, wait_s, store_auth(store, prefix, rank))
     except BaseException:
         listener.close()
         raise
+
+
+def store_auth(store, prefix: str, rank: int) -> auth.Auth:
+    """The job secret when configured, else a random key drawn by rank 0 and shared through
+    the store (which every rank has already trusted with the rendezvous)."""
+    secret = auth.job_secret()
+    if secret is not None:
+        return auth.auth_from_secret(secret)
+    if config.get("JACKLRING_REQUIRE_AUTH"):
+        raise ConfigError("JACKLRING_REQUIRE_AUTH=1 but no job secret is set: a key shared through torch's "
+                          "store is only as safe as the store (which has no authentication); set "
+                          "JACKLRING_SECRET or JACKLRING_SECRET_FILE on every rank")
+    key = f"{prefix}key"
+    if rank == 0:
+        store.set(key, auth.generate_secret())
+    return auth.auth_from_secret(bytes.fromhex(bytes(store.get(key)).decode()))
 
 
 def listen_host(store) -> str:

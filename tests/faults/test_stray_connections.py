@@ -3,7 +3,6 @@ wrong job token or the wrong rank, a connection that sends nothing. Each is reje
 and the job forms and runs as if it had not happened."""
 from __future__ import annotations
 
-import hashlib
 import json
 import random
 import socket
@@ -16,7 +15,7 @@ from cluster import finish_all, rank_envs, reports, start, stop_all
 from adapter.backends.jaccl import config as jaccl_config
 from adapter.backends.jaccl.side_channel import PURPOSE_SIDE_CHANNEL
 from adapter.backends.ring.backend import PURPOSE_P2P, PURPOSE_RING
-from adapter.backends.transport import tcp
+from adapter.backends.transport import auth, tcp
 
 BODY = """
 assert (all_sum(np.ones(5)) == n).all()
@@ -66,7 +65,7 @@ def strays(address: str, purpose: int, token: int, silent: bool) -> list[socket.
         socks.append(s)
     socks[-1].close()
     if silent:
-        socks.append(dial(address))  # sends nothing: the listener waits HELLO_TIMEOUT_S for it
+        socks.append(dial(address))  # sends nothing: dropped after handshake.HANDSHAKE_TIMEOUT_S, beside the job
     return socks
 
 
@@ -94,10 +93,12 @@ def run_with_strays(backend: str, tmp_path, address: str, purpose: int, token: i
         stop_all(first)
         stop_all(procs if "procs" in locals() else [])
     assert codes == [0, 0], reports(procs)
-    rejected = procs[0].stderr.count("rejected a connection")
-    assert rejected >= 7, reports(procs)
+    # Connections that are merely silent (or stop after a plausible hello) are dropped after
+    # one second; the job may well have finished by then, so only the others are counted.
+    rejected = procs[0].stderr.count("unauthenticated connection from")
+    assert rejected >= 6, reports(procs)
     if backend == "ring":
-        assert procs[1].stderr.count("rejected a connection") >= 6, reports(procs)
+        assert procs[1].stderr.count("unauthenticated connection from") >= 5, reports(procs)
     return formed_after
 
 
@@ -105,9 +106,9 @@ def run_with_strays(backend: str, tmp_path, address: str, purpose: int, token: i
 def test_ring_rejects_strays_before_and_during_the_job(tmp_path):
     envs = rank_envs("ring", 2, tmp_path)
     addresses = json.loads((tmp_path / "ring-hosts.json").read_text())
-    token = int.from_bytes(hashlib.sha256(json.dumps(addresses).encode()).digest()[:8], "little")
+    token = auth.context_id(json.dumps(addresses).encode())
     formed = run_with_strays("ring", tmp_path, addresses[0][0], PURPOSE_RING, token, envs)
-    print(f"ring formed {formed:.1f} s after the strays (one silent connection costs up to 1 s)")
+    print(f"ring formed {formed:.1f} s after the strays (silent connections are handled beside the job)")
 
 
 @pytest.mark.timeout(60)
@@ -117,7 +118,7 @@ def test_jaccl_coordinator_rejects_strays(tmp_path):
     devices = jaccl_config.parse_devices((tmp_path / "jaccl-devices.json").read_text(), "test")
     token = zlib.crc32(json.dumps([coordinator, devices]).encode())
     formed = run_with_strays("jaccl", tmp_path, coordinator, PURPOSE_SIDE_CHANNEL, token, envs)
-    print(f"jaccl formed {formed:.1f} s after the strays (one silent connection costs up to 1 s)")
+    print(f"jaccl formed {formed:.1f} s after the strays (silent connections are handled beside the job)")
 
 
 @pytest.mark.timeout(60)

@@ -8,7 +8,7 @@ Transport: RDMA through pyverbs when every rank has its devices, else the TCP me
 together by all ranks over the side channel with one log line. JACKLRING_JACCL_TRANSPORT=tcp
 forces TCP; =rdma requires RDMA (and fails, naming the rank and reason, without it).
 
-JACKLRING_VERIFY=1 adds a CRC-32 to every frame, checked on receipt; JACKLRING_STALL_REPORT
+JACKLRING_VERIFY=1 adds a CRC-32C to every frame (=mac is refused), checked on receipt; JACKLRING_STALL_REPORT
 (seconds, default 30, 0 turns it off) logs once when an operation waits that long.
 """
 from __future__ import annotations
@@ -27,7 +27,7 @@ from ... import config
 from ...errors import BackendUnavailable, ConfigError, DistributedError, PeerError
 from ..base import Backend, ReduceOp
 from ..singleton import SingletonBackend
-from ..transport import tcp, tcp_mesh, verbs
+from ..transport import auth, tcp, tcp_mesh, verbs
 from ..transport.names import check_resolvable
 from ..transport.slots import Transport
 from . import config as jaccl_config
@@ -68,19 +68,24 @@ def create(timeout: float | None = None) -> "Backend":
     choice = transport_choice()
     op_timeout = config.op_timeout(timeout)
     checks = Checks(config.get("JACKLRING_VERIFY"), stall_report_seconds())
+    if checks.verify == "mac":  # never fall back to a checksum an attacker can recompute
+        raise ConfigError("JACKLRING_VERIFY=mac is not supported by the JACCL backend yet; use "
+                          "JACKLRING_VERIFY=crc (accidents) or the ring backend (mac)")
     if cfg.size == 1:
         return SingletonBackend()  # `launcher --backend jaccl -n 1`: nobody to connect to
     check_resolvable(cfg.coordinator[0], f"MLX_JACCL_COORDINATOR={tcp.format_address(cfg.coordinator)}")
     deadline = time.monotonic() + config.connect_timeout()
     _incarnations += 1
-    # A group formed again after close() gets a new token: no connection of the earlier one is taken.
-    token = zlib.crc32(json.dumps([tcp.format_address(cfg.coordinator), cfg.devices, _incarnations]).encode())
-    side = SideChannel(cfg.rank, cfg.size, cfg.coordinator, token, deadline)
+    # A group formed again after close() gets a new context: no connection of the earlier one counts.
+    context = json.dumps([tcp.format_address(cfg.coordinator), cfg.devices, _incarnations]).encode()
+    token = zlib.crc32(context)
+    job = auth.job_auth(context, "JACCL")
+    side = SideChannel(cfg.rank, cfg.size, cfg.coordinator, token, deadline, job)
     try:
         kind = _agree_on_transport(cfg, choice, side)
         host = side.local_host()
         transport = _build_transport(kind, cfg.rank, cfg.size, cfg.peers(), cfg.devices[cfg.rank],
-                                     host, side.all_gather, token, deadline)
+                                     host, side.all_gather, token, deadline, job)
         try:
             side.barrier()  # every queue pair / socket is ready before anyone sends
         except BaseException:
@@ -91,7 +96,7 @@ def create(timeout: float | None = None) -> "Backend":
         raise
     finally:
         side.close()
-    return JacclBackend(transport, cfg.devices, cfg.mode, kind, host, token, op_timeout, checks)
+    return JacclBackend(transport, cfg.devices, cfg.mode, kind, host, token, op_timeout, checks, job)
 
 
 class Checks(NamedTuple):
@@ -120,7 +125,8 @@ def _agree_on_transport(cfg: jaccl_config.JacclConfig, choice: str, side: SideCh
 
 
 def _build_transport(kind: str, rank: int, size: int, peers: list[int], device_row: list[list[str]],
-                     host: str, exchange, token: int, deadline: float, watch=None) -> Transport:
+                     host: str, exchange, token: int, deadline: float, job: auth.Auth,
+                     watch=None) -> Transport:
     """Connect the transport; calls exchange exactly once on every rank.
 
     peers: the ranks the topology needs; the TCP mesh connects to every rank regardless."""
@@ -129,20 +135,22 @@ def _build_transport(kind: str, rank: int, size: int, peers: list[int], device_r
     # TCP links every pair even in ring mode (the ring algorithms use only the neighbours), so
     # send/recv reach any rank as on every other backend; RDMA ring mode has only its cables.
     everyone = [p for p in range(size) if p != rank]
-    return tcp_mesh.connect_mesh(rank, size, everyone, host, exchange, token, deadline, watch)
+    return tcp_mesh.connect_mesh(rank, size, everyone, host, exchange, token, deadline, job, watch)
 
 
 class JacclBackend(Backend):
     name = "jaccl"
 
     def __init__(self, transport: Transport, devices: DeviceMatrix, mode: str, transport_kind: str,
-                 host: str, token: int, timeout: float, checks: Checks = Checks(False, None)) -> None:
+                 host: str, token: int, timeout: float, checks: Checks = Checks(False, None),
+                 job: auth.Auth | None = None) -> None:
         self._transport = transport
         self._devices = devices
         self.mode = mode
         self.transport_kind = transport_kind
         self._host = host
         self._token = token
+        self._job = job
         self._timeout = timeout
         self._splits = 0
         self._checks = checks
@@ -230,6 +238,8 @@ class JacclBackend(Backend):
         new_rank = members.index(me)
         self._splits += 1
         token = zlib.crc32(f"{self._token}:{self._splits}:{color}".encode())
+        # A sub-group keeps the job secret; without one its key follows its own context.
+        job = self._job if self._job is not None and self._job.secret else auth.job_auth(str(token).encode(), "JACCL")
         devices = [[self._devices[a][b] for b in members] for a in members]
         mode = self.mode
         if len(members) > 1 and mode == RING:
@@ -251,7 +261,7 @@ class JacclBackend(Backend):
             return SingletonBackend()
         try:
             transport = _build_transport(self.transport_kind, new_rank, len(members), peers,
-                                         devices[new_rank], self._host, exchange, token, deadline,
+                                         devices[new_rank], self._host, exchange, token, deadline, job,
                                          watch=lambda: self._watch_split(color, colors, keys))
         except DistributedError as exc:
             # The parent is now out of step (the others are mid-exchange): close it so they raise
@@ -263,7 +273,7 @@ class JacclBackend(Backend):
             raise type(exc)(f"rank {me}: split(color={color}): {exc}") from None
         self._confirm_split(color, colors, keys, transport)
         return JacclBackend(transport, devices, mode, self.transport_kind, self._host, token, self._timeout,
-                            self._checks)
+                            self._checks, job)
 
     def _member_text(self, p: int, colors: np.ndarray, keys: np.ndarray) -> str:
         same = sorted((q for q in range(self.size()) if colors[q] == colors[p]), key=lambda q: (keys[q], q))

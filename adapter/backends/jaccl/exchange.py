@@ -6,7 +6,7 @@ count, root), the message's sequence number on that link and the frame's index. 
 compares each frame's header with what it expects, so two ranks that issued different
 operations both raise MismatchError naming both requests instead of corrupting data or hanging.
 
-With JACKLRING_VERIFY=1 every frame also ends with the CRC-32 (zlib) of its header and data,
+With JACKLRING_VERIFY=1 every frame also ends with the CRC-32C (protocol.checksum) of its header and data,
 checked on receipt (IntegrityError naming the peer); a flag in the header tells a rank whose
 peer disagrees about verification. A transfer waiting longer than JACKLRING_STALL_REPORT logs
 once which peers still owe frames; at its deadline it raises CollectiveTimeout naming the

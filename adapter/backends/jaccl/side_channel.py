@@ -7,6 +7,9 @@ of nothing is a barrier. Every frame is length-prefixed and every wait has a dea
 When rank 0 gives up (a rank never connected by the deadline), it sends every connected rank an
 abort frame with its reason, so they fail naming the missing rank instead of timing out on
 rank 0; they wait ABORT_GRACE_S past the deadline for that verdict.
+
+Every connection proves the job key (tcp.connect / Listener), and every length field is
+bounded by what the protocol sends: MAX_BLOB_BYTES per rank's blob, MAX_ABORT_BYTES of reason.
 """
 from __future__ import annotations
 
@@ -22,13 +25,15 @@ _LEN = struct.Struct("<I")
 _ABORT = 0xFFFFFFFF            # in place of a length: an abort frame (text length, text) follows
 ABORT_GRACE_S = 1.0
 _ABORT_SEND_S = 0.5
+MAX_BLOB_BYTES = 1 << 16       # a rank's connection details: a few hundred bytes in practice
+MAX_ABORT_BYTES = 60000
 
 
 class SideChannel:
     """all_gather(bytes) -> list[bytes] in rank order, and barrier(), among `size` ranks."""
 
     def __init__(self, rank: int, size: int, coordinator: tuple[str, int], token: int,
-                 deadline: float) -> None:
+                 deadline: float, job: tcp.Auth) -> None:
         self.rank = rank
         self.size = size
         self.coordinator = coordinator
@@ -36,16 +41,16 @@ class SideChannel:
         self._deadline = deadline
         where = self._where = tcp.format_address(coordinator)
         if rank == 0:
-            listener = tcp.listen(coordinator[0], coordinator[1])
+            listener = tcp.Listener(coordinator[0], coordinator[1], local=False)
+            listener.serve(job, token, 0,
+                           lambda h: None if h.purpose == PURPOSE_SIDE_CHANNEL and 0 < h.sender < size
+                           and h.channel == 0 else f"not a side-channel connection of ranks 1..{size - 1}",
+                           "rank 0 (JACCL side channel)")
             try:
                 while len(self._peers) < size - 1:
                     waiting = sorted(set(range(1, size)) - set(self._peers))
-                    sock, hello = tcp.accept(
-                        listener, deadline,
-                        lambda h: (h.purpose == PURPOSE_SIDE_CHANNEL and h.token == token
-                                   and h.receiver == 0 and 0 < h.sender < size
-                                   and h.sender not in self._peers),
-                        f"JACCL ranks {waiting} (side channel)")
+                    sock, hello = listener.take(  # type: ignore[misc]
+                        lambda h: h.sender not in self._peers, deadline, f"JACCL ranks {waiting} (side channel)")
                     self._peers[hello.sender] = sock
             except PeerError as exc:
                 self.abort(str(exc))
@@ -56,7 +61,7 @@ class SideChannel:
         else:
             hello = tcp.Hello(PURPOSE_SIDE_CHANNEL, rank, 0, 0, token)
             self._peers[0] = tcp.connect(coordinator, hello, deadline,
-                                         f"JACCL coordinator (rank 0, MLX_JACCL_COORDINATOR={where})")
+                                         f"JACCL coordinator (rank 0, MLX_JACCL_COORDINATOR={where})", job)
 
     def local_host(self) -> str:
         """The address of this host on the network that reaches the coordinator."""
@@ -79,10 +84,15 @@ class SideChannel:
         (length,) = _LEN.unpack(head)
         if length == _ABORT and peer == 0:
             tcp.recv_exact(sock, memoryview(head), deadline, who)
-            text = bytearray(_LEN.unpack(head)[0])
+            text = bytearray(min(_LEN.unpack(head)[0], MAX_ABORT_BYTES))
             tcp.recv_exact(sock, memoryview(text), deadline, who)
             raise PeerError(f"rank {self.rank}: the JACCL coordinator (rank 0 at {self._where}) stopped forming "
                             f"the group: {text.decode(errors='replace')}")
+        # Rank 0 sends the whole table (a length and a blob per rank); the others one blob.
+        limit = self.size * (_LEN.size + MAX_BLOB_BYTES) if peer == 0 else MAX_BLOB_BYTES
+        if length > limit:
+            raise PeerError(f"rank {self.rank}: {who} announced a {length}-byte side-channel frame; "
+                            f"at most {limit} bytes are legitimate (a corrupted or forged frame)")
         body = bytearray(length)
         tcp.recv_exact(sock, memoryview(body), deadline, who)
         return bytes(body)
@@ -101,6 +111,8 @@ class SideChannel:
                 pass
 
     def all_gather(self, blob: bytes) -> list[bytes]:
+        if len(blob) > MAX_BLOB_BYTES:
+            raise ValueError(f"side-channel blob of {len(blob)} bytes exceeds {MAX_BLOB_BYTES}")
         if self.rank != 0:
             self._send(0, blob)
             packed = self._recv(0)

@@ -3,8 +3,9 @@ Pure Python over opaque bytes, so it is tested without cupy or a GPU.
 
 Exchange over TCP (the MLX environment contract): rank 0 listens on NCCL_HOST_IP:NCCL_PORT
 and hands the id to every other rank, which connects with retries until the connect
-deadline. Each connection opens with a tcp.Hello (purpose "NI", sender rank, world size in
-the channel field); a stray or garbage connection is rejected and rank 0 keeps waiting.
+deadline. Each connection opens with the authenticated handshake (purpose "NI", sender rank,
+world size in the channel field; both ends prove the job key, see transport/auth.py); a stray,
+garbage or unauthenticated connection is rejected and rank 0 keeps waiting.
 A rank that announces a different world size, a rank out of range or a rank already served
 gets an error frame naming the problem, so both sides fail with the same clear message.
 
@@ -21,7 +22,7 @@ import time
 from typing import Callable
 
 from ...errors import ConfigError, PeerError
-from ..transport import tcp
+from ..transport import auth, tcp
 
 log = logging.getLogger("jacklring.nccl")
 
@@ -30,32 +31,46 @@ REPLY = struct.Struct("<4sBI")
 REPLY_MAGIC = b"NCID"
 STATUS_OK, STATUS_ERROR = 0, 1
 ACK = b"ACK!"
-MAX_ID_BYTES = 1 << 16
 NCCL_ID_BYTES = 128          # NCCL_UNIQUE_ID_BYTES
 MAX_SPLIT_ID_BYTES = NCCL_ID_BYTES
+MAX_REPLY_BYTES = 4096       # an id (128 bytes) or a one-line error message
+
+
+def id_auth(token: int) -> tcp.Auth:
+    """The key of the id exchange: the job secret, else derived from the (public) token."""
+    return auth.job_auth(f"nccl-id:{token}".encode(), "the NCCL id exchange")
 
 
 def _where(host: str, port: int) -> str:
     return f"NCCL_HOST_IP:NCCL_PORT = {tcp.format_address((host, port))}"
 
 
-def serve_id(listener: socket.socket, world: int, unique_id: bytes, deadline: float, token: int = 0) -> None:
+def serve_id(listener: "socket.socket | tcp.Listener", world: int, unique_id: bytes, deadline: float,
+             token: int = 0) -> None:
     """Rank 0: give unique_id to ranks 1..world-1 through listener, returning once all have it.
 
     Raises PeerError naming the ranks that never came (and the address they should use)."""
+    if not isinstance(listener, tcp.Listener):
+        adopted = tcp.Listener.adopt(listener)
+        try:
+            return serve_id(adopted, world, unique_id, deadline, token)
+        finally:
+            adopted.close()
     host, port = listener.getsockname()[:2]
+    listener.serve(id_auth(token), token, 0,
+                   lambda h: None if h.purpose == PURPOSE_NCCL_ID else f"unknown purpose {h.purpose:#x}",
+                   "rank 0 (NCCL id)")
     waiting = set(range(1, world))
     while waiting:
-        def wanted(h: tcp.Hello) -> bool:
-            return h.purpose == PURPOSE_NCCL_ID and h.receiver == 0 and h.token == token
         try:
-            sock, hello = tcp.accept(listener, deadline, wanted, "every rank")
-        except PeerError:
+            sock, hello = listener.take(lambda h: True, deadline, "every rank")  # type: ignore[misc]
+        except PeerError as exc:
+            rejected = str(exc).partition("; meanwhile")[2]
             missing = ", ".join(map(str, sorted(waiting)))
             raise PeerError(
                 f"rank 0: rank(s) {missing} of {world} did not fetch the NCCL unique id from "
                 f"{_where(host, port)} before the deadline (are they running with the same NCCL_HOST_IP "
-                f"and NCCL_PORT?)") from None
+                f"and NCCL_PORT?){'; meanwhile' + rejected if rejected else ''}") from None
         with sock:
             problem = _check_hello(hello, world, waiting)
             who = f"rank {hello.sender} (NCCL id fetch)"
@@ -95,14 +110,14 @@ def fetch_id(host: str, port: int, rank: int, world: int, deadline: float, token
     who = f"rank 0 ({_where(host, port)})"
     hello = tcp.Hello(PURPOSE_NCCL_ID, rank, 0, world, token)
     try:
-        sock = tcp.connect((host, port), hello, deadline, who)
+        sock = tcp.connect((host, port), hello, deadline, who, id_auth(token))
     except PeerError as exc:
         raise PeerError(f"rank {rank}: {exc}; is rank 0 running and reachable?") from None
     with sock:
         head = bytearray(REPLY.size)
         tcp.recv_exact(sock, memoryview(head), deadline, f"rank {rank}: {who}")
         magic, status, length = REPLY.unpack(head)
-        if magic != REPLY_MAGIC or length > MAX_ID_BYTES:
+        if magic != REPLY_MAGIC or length > MAX_REPLY_BYTES:
             raise PeerError(f"rank {rank}: {who} answered with something that is not a jacklring NCCL id "
                             f"(first bytes {bytes(head).hex()}); is another service on that port?")
         body = bytearray(length)
@@ -121,11 +136,13 @@ def exchange_id(rank: int, world: int, host: str, port: int, make_id: Callable[[
         unique_id = make_id()
         if world > 1:
             try:
-                listener = tcp.listen(host, port)
+                listener = tcp.Listener(host, port, local=False)
             except PeerError as exc:
                 raise PeerError(f"rank 0: {exc} (set NCCL_HOST_IP to an address of rank 0's host)") from None
-            with listener:
+            try:
                 serve_id(listener, world, unique_id, deadline, token)
+            finally:
+                listener.close()
         return unique_id
     return fetch_id(host, port, rank, world, deadline, token)
 

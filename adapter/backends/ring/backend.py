@@ -18,7 +18,6 @@ on both sides instead of corrupting data or hanging.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -38,13 +37,14 @@ from ...errors import (
     CollectiveTimeout,
     ConfigError,
     DistributedError,
+    IntegrityError,
     MismatchError,
     PeerError,
 )
 from ..base import Backend, ReduceOp
 from ..elements import DTYPE_CODES, dtype_code, reduce_many
-from ..protocol import CHECKSUM, OP_CODES, REDUCE_CODES, Request, checksum, checksum_error, mismatch_message
-from ..transport import tcp
+from ..protocol import OP_CODES, REDUCE_CODES, Request, mismatch_message
+from ..transport import auth, integrity, tcp
 from ..transport.names import check_resolvable
 from ..transport.stream_engine import Engine, Link
 from .algorithms import (
@@ -62,8 +62,6 @@ log = logging.getLogger("jacklring.ring")
 
 PURPOSE_RING = 1
 PURPOSE_P2P = 2
-PURPOSE_PING = 3  # "are you alive?" from a rank waiting on recv(); closed without a word
-ACCEPTED = b"\x01"  # a ring connection's acceptor sends this once it took the connection
 
 HEADER = struct.Struct("<HBBIQq")  # magic, op, dtype code, sequence, byte count, extra (reduce op / root)
 HEADER_MAGIC = 0x4A4B
@@ -193,7 +191,8 @@ class RingBackend(Backend):
 
     @classmethod
     def from_addresses(cls, rank: int, addresses: list[list[str]], timeout: float | None = None,
-                       connect_timeout: float | None = None, incarnation: int = 0) -> "RingBackend":
+                       connect_timeout: float | None = None, incarnation: int = 0,
+                       job: auth.Auth | None = None) -> "RingBackend":
         """Listen on this rank's addresses and connect the ring (the constructor a store-based
         rendezvous, such as torch's, uses)."""
         addresses = validate_addresses([list(a) if not isinstance(a, str) else [a] for a in addresses], "addresses")
@@ -209,11 +208,11 @@ class RingBackend(Backend):
             for sock in listeners:
                 sock.close()
             raise PeerError(f"rank {rank}: {exc}") from None
-        return cls(rank, addresses, listeners, timeout, connect_timeout, incarnation)
+        return cls(rank, addresses, listeners, timeout, connect_timeout, incarnation, job)
 
     def __init__(self, rank: int, addresses: list[list[str]], listeners: list[tcp.Listener],
                  timeout: float | None, connect_timeout: float | None, incarnation: int = 0,
-                 watch=None) -> None:
+                 job: auth.Auth | None = None, watch=None) -> None:
         self._rank = rank
         self._watch = watch  # raises when the group this one is split from gave up forming it
         self._describe_member = lambda p: f"rank {p}"  # a split names ranks in both numberings
@@ -223,12 +222,16 @@ class RingBackend(Backend):
         self._listeners = listeners
         self.timeout = op_timeout(timeout)
         self._connect_timeout = default_connect_timeout(connect_timeout)
-        # The incarnation (how many rings this process formed from the same hostfile) keeps a
-        # re-formed ring's connections out of a listener of the ring closed before it.
-        identity = json.dumps([addresses, incarnation]).encode()
-        self._token = int.from_bytes(hashlib.sha256(identity).digest()[:8], "little")
+        # The job context is the address list and the incarnation (how many rings this process
+        # formed from the same hostfile: a re-formed ring's connections never count in a listener
+        # of the ring closed before it). The key is the job secret (or, without one, derived from
+        # that public context: see transport/auth.py).
+        context = json.dumps([addresses, incarnation]).encode()
+        self._token = auth.context_id(context)
+        self._auth = job if job is not None else auth.job_auth(context, "the ring")
         self._seq = 0
         self._verify = config.get("JACKLRING_VERIFY")
+        self._integrity: dict[tuple[int, int], integrity.Integrity | None] = {}
         self._small_limit = config.get("JACKLRING_RING_SMALL_BYTES")
         self._segment_bytes = config.get("JACKLRING_RING_SEGMENT_BYTES")
         self._both_directions = config.get("JACKLRING_RING_DIRECTIONS") == 2
@@ -245,7 +248,6 @@ class RingBackend(Backend):
         self._spill_ended: set[int] = set()
         self._spill_limit = config.get("JACKLRING_P2P_SPILL_BYTES")
         self._p2p_lock = threading.Lock()
-        self._accept_lock = threading.Lock()
         # One message at a time per peer and direction: two threads writing (or reading) one
         # connection at once would interleave their bytes.
         self._send_locks = {q: threading.Lock() for q in range(self._size)}
@@ -258,7 +260,11 @@ class RingBackend(Backend):
             logging.basicConfig()
             log.setLevel(logging.INFO)
         if self._size > 1:
+            k = min(len(a) for a in addresses)
             try:
+                for c, listener in enumerate(listeners):
+                    listener.serve(self._auth, self._token, rank, lambda h, c=c, k=k: self._admit(h, c, k),
+                                   f"rank {rank}")
                 self._connect_ring()
             except BaseException:
                 self.close()  # the listeners, so a failed formation leaves no fd behind
@@ -269,6 +275,20 @@ class RingBackend(Backend):
     def _who(self, rank: int, index: int = 0) -> str:
         return f"rank {rank} ({self._addresses[rank][index]})"
 
+    def _admit(self, hello: tcp.Hello, listener: int, k: int) -> str | None:
+        """Who may connect to this rank's listener number `listener`: the left neighbour's ring
+        connection of that number, and (on the first) any other rank's point-to-point stream."""
+        prv = (self._rank - 1) % self._size
+        if hello.purpose == PURPOSE_RING:
+            if hello.sender == prv and hello.channel == listener < k:
+                return None
+            return f"ring connection {listener} is for rank {prv}"
+        if hello.purpose == PURPOSE_P2P and listener == 0:
+            if 0 <= hello.sender < self._size and hello.sender != self._rank and hello.channel == 0:
+                return None
+            return f"no rank {hello.sender} sends point-to-point here"
+        return f"unknown purpose {hello.purpose:#x}"
+
     def _connect_ring(self) -> None:
         n, r = self._size, self._rank
         nxt, prv = (r + 1) % n, (r - 1) % n
@@ -278,21 +298,15 @@ class RingBackend(Backend):
         right: list = []
         left: list[Link | None] = [None] * k
         try:
-            right.extend(self._connect_right(nxt, c, deadline) for c in range(k))
             for c in range(k):
-                sock = self._accept(  # type: ignore[assignment]
-                    self._listeners[c], deadline,
-                    lambda h, c=c: h.purpose == PURPOSE_RING and h.sender == prv and h.receiver == r and h.channel == c,
-                    f"rank {r}: rank {prv} (connection {c} of {k})")
-                tcp.send_all(sock, ACCEPTED, deadline, f"rank {r}: rank {prv} (connection {c} of {k})")
-                left[c] = Link(sock, prv, self._who(prv, c), self._verify)
-            # Only now wait for the right neighbour's acceptance (every rank accepts before waiting, so
-            # nobody waits in a circle). A connection that landed in a listener being closed (an
-            # earlier ring of a peer that is re-forming) reads end-of-file instead: connect again.
+                sock = self._connect_right(nxt, c, deadline)
+                right.append(Link(sock, nxt, self._who(nxt, c), integrity.for_link(
+                    self._verify, self._auth, self._token, r, nxt, f"ring {r}->{nxt} #{c}")))
             for c in range(k):
-                while not self._accepted(right[c], deadline):
-                    right[c] = self._connect_right(nxt, c, deadline)
-            right = [Link(sock, nxt, self._who(nxt, c), self._verify) for c, sock in enumerate(right)]
+                sock = self._take(self._listeners[c], lambda h: h.purpose == PURPOSE_RING, deadline,
+                                  f"rank {r}: rank {prv} (connection {c} of {k})")
+                left[c] = Link(sock, prv, self._who(prv, c), integrity.for_link(
+                    self._verify, self._auth, self._token, r, prv, f"ring {prv}->{r} #{c}"))
         except BaseException:
             for item in right + left:
                 if item is not None:
@@ -306,75 +320,32 @@ class RingBackend(Backend):
         log.info("rank %d: ring connected (%d connection(s) to rank %d and from rank %d)", r, k, nxt, prv)
 
     def _connect_right(self, nxt: int, c: int, deadline: float) -> socket.socket:
+        """Connect ring connection c to the right neighbour; the handshake's acknowledgement
+        means the neighbour took it. While a split forms, the parent is watched meanwhile."""
         addr = tcp.parse_address(self._addresses[nxt][c])
         hello = tcp.Hello(PURPOSE_RING, self._rank, nxt, c, self._token)
         while True:
             self._watch_parent()
             step = deadline if self._watch is None else min(deadline, time.monotonic() + WATCH_S)
             try:
-                return tcp.connect(addr, hello, step, f"rank {nxt}")
+                return tcp.connect(addr, hello, step, f"rank {nxt}", self._auth)
             except PeerError as exc:
-                if time.monotonic() < deadline:
+                if step < deadline and time.monotonic() < deadline and "before the deadline" in str(exc):
                     continue
                 raise PeerError(f"rank {self._rank}: {exc}") from None
+
+    def _take(self, listener: tcp.Listener, match, deadline: float, who: str) -> socket.socket:
+        """The authenticated connection match() wants, watching the parent while a split forms."""
+        while True:
+            self._watch_parent()
+            step = deadline if self._watch is None else min(deadline, time.monotonic() + WATCH_S)
+            taken = listener.take(match, step, who if step >= deadline else None)
+            if taken is not None:
+                return taken[0]
 
     def _watch_parent(self) -> None:
         if self._watch is not None:
             self._watch()
-
-    def _accepted(self, sock: socket.socket, deadline: float) -> bool:
-        """Whether the peer's ring accepted this connection (its one-byte acknowledgement)."""
-        ack = bytearray(1)
-        while True:
-            self._watch_parent()
-            step = deadline if self._watch is None else min(deadline, time.monotonic() + WATCH_S)
-            try:
-                tcp.recv_exact(sock, memoryview(ack), step, "the right neighbour")
-                return bytes(ack) == ACCEPTED
-            except PeerError:
-                sock.close()
-                return False
-            except CollectiveTimeout:
-                if time.monotonic() < deadline:
-                    continue
-                sock.close()
-                raise PeerError(f"rank {self._rank}: rank {(self._rank + 1) % self._size} did not accept the "
-                                f"ring connection before the connect deadline") from None
-
-    def _accept(self, listener: tcp.Listener, deadline: float, wanted, who: str) -> socket.socket | None:
-        """Accept until a connection whose handshake satisfies wanted(); a point-to-point
-        connection arriving meanwhile is kept for recv(); anything else is rejected.
-        With wanted=None, accept point-to-point connections until the deadline, then return None."""
-        while True:
-            self._watch_parent()
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                if wanted is None:
-                    return None
-                raise PeerError(f"{who} did not connect to "
-                                f"{tcp.format_address(listener.getsockname())} before the deadline")
-            try:
-                sock, peer = listener.accept(min(remaining, 0.5 if self._watch is None else WATCH_S))
-            except (socket.timeout, InterruptedError):
-                continue
-            hello = tcp.read_hello(sock, min(tcp.HELLO_TIMEOUT_S, max(0.1, remaining)))
-            if hello is not None and hello.token == self._token and hello.receiver == self._rank:
-                if hello.purpose == PURPOSE_PING:
-                    sock.close()
-                    continue
-                if wanted is not None and wanted(hello):
-                    tcp.tune(sock)
-                    sock.settimeout(None)
-                    return sock
-                if hello.purpose == PURPOSE_P2P and 0 <= hello.sender < self._size:
-                    tcp.tune(sock)
-                    sock.settimeout(None)
-                    with self._p2p_lock:
-                        self._p2p_in[hello.sender] = sock
-                    continue
-            log.warning("rank %d: rejected a connection from %s: %s", self._rank, peer,
-                        "bad handshake" if hello is None else f"unexpected handshake {hello}")
-            sock.close()
 
     # ---- Backend interface ----------------------------------------------------------------
 
@@ -450,7 +421,8 @@ class RingBackend(Backend):
         header = HEADER.pack(HEADER_MAGIC, OP_SEND, dtype_code(buf.dtype), 0, buf.nbytes, 0)
         sock = self._p2p_out_socket(dst, deadline)
         who = f"rank {self._rank}: send to {self._who(dst)}"
-        trailer = CHECKSUM.pack(checksum(bytes_of(buf))) if self._verify else b""
+        seal = self._p2p_integrity("p2p", self._rank, dst)
+        trailer = seal.seal(bytes_of(buf)) if seal is not None else b""
         if buf.nbytes <= self._small_limit:
             self._send_bytes(sock, memoryview(header + bytes_of(buf).tobytes() + trailer), dst, who)
         else:
@@ -506,13 +478,15 @@ class RingBackend(Backend):
             return None
         with self._p2p_lock:
             sock = self._p2p_in.get(peer)
-        if sock is None and self._listeners and self._accept_lock.acquire(blocking=False):
-            try:
-                self._accept(self._listeners[0], time.monotonic() + 0.005, None, f"rank {self._rank}")
-            finally:
-                self._accept_lock.release()
-            with self._p2p_lock:
-                sock = self._p2p_in.get(peer)
+        if sock is None and self._listeners:
+            # Already authenticated by the listener's acceptor: take it if it is waiting there.
+            taken = self._listeners[0].take(lambda h: h.purpose == PURPOSE_P2P and h.sender == peer,
+                                            time.monotonic(), None)
+            if taken is not None:
+                with self._p2p_lock:
+                    sock = self._p2p_in.setdefault(peer, taken[0])
+                if sock is not taken[0]:
+                    taken[0].close()
         return sock
 
     def _spill_from(self, peer: int) -> bool:
@@ -575,12 +549,27 @@ class RingBackend(Backend):
                         f"sent {describe_header(bytes(raw))}")
             raise MismatchError(expected + self._resynchronise(sock, bytes(raw), src, deadline, who, expected))
         self._recv_bytes(sock, bytes_of(buf), src, deadline, who)
-        if self._verify:
-            trailer = bytearray(CHECKSUM.size)
+        check = self._p2p_integrity("p2p", src, self._rank)
+        if check is not None:
+            trailer = bytearray(check.size)
             self._recv_bytes(sock, memoryview(trailer), src, deadline, who)
-            (expected,), actual = CHECKSUM.unpack(trailer), checksum(bytes_of(buf))
-            if actual != expected:
-                raise checksum_error(buf.nbytes, self._who(src), actual, expected, self._rank)
+            problem = check.check(bytes_of(buf), trailer)
+            if problem is not None:
+                raise IntegrityError(f"rank {self._rank}: checksum mismatch on a {buf.nbytes}-byte message "
+                                     f"from {self._who(src)}: {problem}")
+
+    def _p2p_integrity(self, kind: str, sender: int, receiver: int) -> integrity.Integrity | None:
+        """The trailer of the point-to-point stream sender -> receiver (one per stream: a MAC
+        counts its messages)."""
+        if not self._verify:
+            return None
+        key = (sender, receiver)
+        found = self._integrity.get(key)
+        if found is None:
+            peer = receiver if sender == self._rank else sender
+            found = self._integrity[key] = integrity.for_link(
+                self._verify, self._auth, self._token, self._rank, peer, f"{kind} {sender}->{receiver}")
+        return found
 
     def _recv_bytes(self, sock: socket.socket, view: memoryview, src: int, deadline: float, who: str) -> None:
         """Fill view from src's spill buffer first, then its stream (caller holds src's receive lock).
@@ -627,7 +616,10 @@ class RingBackend(Backend):
         and mark it unusable. Returns what was done, for the error message."""
         magic, op, _, _, nbytes, _ = HEADER.unpack(raw)
         if magic == HEADER_MAGIC and op == OP_SEND and 0 <= nbytes:
-            remaining = nbytes + (CHECKSUM.size if self._verify else 0)
+            check = self._p2p_integrity("p2p", src, self._rank)
+            remaining = nbytes + (check.size if check is not None else 0)
+            if check is not None:
+                check.skip()  # the drained message counts, so a MAC's message counter stays in step
             scratch = memoryview(bytearray(min(remaining, 1 << 20) or 1))
             try:
                 while remaining:
@@ -652,7 +644,7 @@ class RingBackend(Backend):
         """Form sub-rings: fresh listeners, addresses exchanged over this ring."""
         self._check_usable()
         if self._size == 1:
-            return RingBackend(0, self._addresses, [], self.timeout, self._connect_timeout)
+            return RingBackend(0, self._addresses, [], self.timeout, self._connect_timeout, self._auth)
         k = min(len(a) for a in self._addresses)
         # Sub-ring connection c listens on the host of this rank's address c, so a sub-ring
         # uses the same interfaces as its parent.
@@ -685,8 +677,10 @@ class RingBackend(Backend):
                                            f"{entries[p]['color']})")
         what = f"rank {self._rank}: split(color={color}) (rank {new_rank} of its sub-group)"
         try:
+            # A sub-ring keeps the job secret; without one its key follows its own addresses.
             sub = RingBackend(new_rank, [e["addrs"] for e in members], listeners, self.timeout,
-                              self._connect_timeout, watch=self._watch_split)
+                              self._connect_timeout, job=self._auth if self._auth.secret else None,
+                              watch=self._watch_split)
         except SplitAbandoned as exc:
             self._abandon_split(exc.culprit)
             raise PeerError(f"{what}: {exc}") from None
@@ -963,7 +957,7 @@ class RingBackend(Backend):
             addr = tcp.parse_address(self._addresses[dst][0])
             hello = tcp.Hello(PURPOSE_P2P, self._rank, dst, 0, self._token)
             try:
-                sock = tcp.connect(addr, hello, deadline, f"rank {dst}")
+                sock = tcp.connect(addr, hello, deadline, f"rank {dst}", self._auth)
             except PeerError as exc:
                 raise PeerError(f"rank {self._rank}: send: {exc}") from None
             with self._p2p_lock:
@@ -988,8 +982,8 @@ class RingBackend(Backend):
                 raise
         host, port = tcp.parse_address(self._addresses[peer][0])
         try:
-            with socket.create_connection((host, port), timeout=1.0) as probe:
-                probe.sendall(tcp.Hello(PURPOSE_PING, self._rank, peer, 0, self._token).pack())
+            with socket.create_connection((host, port), timeout=1.0):
+                pass  # connected and closed without a word: the listener drops it quietly
         except ConnectionRefusedError:
             raise PeerError(gone + " (nothing listens on its address any more)") from None
         except OSError:
@@ -1011,10 +1005,11 @@ class RingBackend(Backend):
             if now >= next_liveness_check:
                 self._check_alive(src)
                 next_liveness_check = now + 1.0
-            # Accept in short slices so several threads waiting on different peers take turns.
-            with self._accept_lock:
+            taken = self._listeners[0].take(lambda h: h.purpose == PURPOSE_P2P and h.sender == src,
+                                            min(deadline, time.monotonic() + 0.2), None)
+            if taken is not None:
                 with self._p2p_lock:
-                    if src in self._p2p_in:
-                        continue
-                self._accept(self._listeners[0], min(deadline, time.monotonic() + 0.2), None,
-                             f"rank {self._rank}: rank {src}")
+                    old = self._p2p_in.get(src)
+                    self._p2p_in[src] = taken[0]
+                if old is not None:
+                    old.close()

@@ -15,8 +15,8 @@ import time
 from collections import deque
 from typing import Callable, Iterable
 
-from ...errors import CollectiveTimeout, PeerError
-from ..protocol import CHECKSUM, checksum, checksum_error
+from ...errors import CollectiveTimeout, IntegrityError, PeerError
+from .integrity import Integrity
 
 log = logging.getLogger("jacklring.engine")
 
@@ -32,7 +32,7 @@ class Link:
 
     __slots__ = ("sock", "fd", "peer", "label", "sendq", "recvq", "recv_got", "bytes_in", "bytes_out", "verify")
 
-    def __init__(self, sock: socket.socket, peer: int, label: str, verify: bool = False) -> None:
+    def __init__(self, sock: socket.socket, peer: int, label: str, verify: "bool | Integrity | None" = False) -> None:
         sock.setblocking(False)
         self.sock = sock
         self.fd = sock.fileno()
@@ -43,15 +43,15 @@ class Link:
         self.recv_got = 0
         self.bytes_in = 0
         self.bytes_out = 0
-        # JACKLRING_VERIFY=1: every message is followed by its CRC-32, checked on receipt.
-        self.verify = verify
+        # JACKLRING_VERIFY: every message is followed by its CRC-32C or MAC, checked on receipt.
+        self.verify = Integrity("crc") if verify is True else (verify or None)
 
     def post_send(self, view: memoryview) -> None:
         """Queue view for sending; it must not change until sent (its checksum is taken now)."""
         if len(view):
             self.sendq.append(view)
             if self.verify:
-                self.sendq.append(memoryview(CHECKSUM.pack(checksum(view))))
+                self.sendq.append(memoryview(self.verify.seal(view)))
 
     def post_recv(self, view: memoryview, on_done: Callback | None = None,
                   on_truncated: Truncated | None = None) -> None:
@@ -61,17 +61,16 @@ class Link:
             if on_done is not None:
                 on_done()
         elif self.verify:
-            trailer = bytearray(CHECKSUM.size)
+            trailer = bytearray(self.verify.size)
             self.recvq.append((view, None, on_truncated))
             self.recvq.append((memoryview(trailer), lambda: self._check(view, trailer, on_done), None))
         else:
             self.recvq.append((view, on_done, on_truncated))
 
     def _check(self, view: memoryview, trailer: bytearray, on_done: Callback | None) -> None:
-        (expected,) = CHECKSUM.unpack(trailer)
-        actual = checksum(view)
-        if actual != expected:
-            raise checksum_error(len(view), self.label, actual, expected)
+        problem = self.verify.check(view, trailer)
+        if problem is not None:
+            raise IntegrityError(f"checksum mismatch on a {len(view)}-byte message from {self.label}: {problem}")
         if on_done is not None:
             on_done()
 

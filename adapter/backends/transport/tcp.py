@@ -1,45 +1,37 @@
 """TCP plumbing shared by the socket transports: addresses, listening, connecting with
 retries, the connection handshake, and exact reads and writes under a deadline.
 
-A handshake frame identifies who is connecting and why, so a stray connection (garbage,
-a port scanner, a rank of another job) is rejected and the listener keeps waiting for
-the peer it expects.
+Every connection opens with an authenticated handshake (handshake.py): it identifies who is
+connecting and why, and both ends prove the job key, so a stray connection (garbage, a port
+scanner, a rank of another job, an outsider) is rejected while the listener keeps waiting
+for the peer it expects. On one host, ranks meet over abstract Unix sockets, and only
+with a process of the same user (SO_PEERCRED, checked on both ends).
 """
 from __future__ import annotations
 
-import errno
 import logging
 import os
-import select
 import socket
-import struct
 import sys
 import time
-from dataclasses import dataclass
 
 from ... import config
 from ...errors import CollectiveTimeout, ConfigError, PeerError
+from .auth import Auth
+from .handshake import (  # noqa: F401  (Hello is part of this module's interface)
+    MAX_CLOSED_RETRIES,
+    Acceptor,
+    Admit,
+    HandshakeRetry,
+    Hello,
+    client_handshake,
+    peer_uid,
+)
 from .os_errors import from_os_error
 
 log = logging.getLogger("jacklring.tcp")
 
-HELLO = struct.Struct("<4sHHiiiQ")  # magic, version, purpose, sender rank, receiver rank, channel, job token
-MAGIC = b"JKLR"
-VERSION = 1
 DEFAULT_SPIN_US = 50.0
-HELLO_TIMEOUT_S = 1.0  # real peers send it at once; a silent connection must not eat the deadline
-
-
-@dataclass(frozen=True)
-class Hello:
-    purpose: int
-    sender: int
-    receiver: int
-    channel: int
-    token: int
-
-    def pack(self) -> bytes:
-        return HELLO.pack(MAGIC, VERSION, self.purpose, self.sender, self.receiver, self.channel, self.token)
 
 
 def available_cpus() -> int:
@@ -107,8 +99,10 @@ def tune(sock: socket.socket) -> None:
             pass
 
 
-def listen(host: str, port: int, backlog: int = 64) -> socket.socket:
-    """A listening socket on host:port (port 0 picks a free one)."""
+def listen(host: str, port: int, backlog: int = 512) -> socket.socket:
+    """A listening socket on host:port (port 0 picks a free one). The backlog is deep so a
+    burst of connections is queued for the acceptor rather than dropped (a dropped SYN costs
+    the real peer a one-second retransmission)."""
     sock = _new_socket(_family(host), f"socket() for a listener on {format_address((host, port))}")
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
@@ -131,14 +125,31 @@ def local_name(host: str, port: int) -> str | None:
     return f"\0jacklring-{format_address((host, port))}"
 
 
+_squat_reported: set[str] = set()
+
+
+def _report_squat(name: str, uid: int | None, side: str) -> None:
+    """Log once per name: another user holds the abstract socket a rank should own."""
+    if name in _squat_reported:
+        return
+    _squat_reported.add(name)
+    owner = f"uid {uid}" if uid is not None else "another process"
+    log.warning("the local socket @%s is held by %s, not by this job's user (uid %d): someone squats it; "
+                "%s uses TCP for this address instead", name[1:], owner, os.getuid(), side)
+
+
 class Listener:
     """A TCP listening socket and, for a loopback address on Linux, an abstract Unix socket of
-    the same name (local_name). Peers may arrive on either; both carry the same handshake."""
+    the same name (local_name). Peers may arrive on either; both carry the same handshake.
 
-    def __init__(self, host: str, port: int) -> None:
+    serve() starts the acceptor thread that authenticates arrivals; take() hands over the
+    authenticated connections the caller is waiting for."""
+
+    def __init__(self, host: str, port: int, local: bool = True) -> None:
         self.tcp = listen(host, port)
         self.unix: socket.socket | None = None
-        name = local_name(host, self.tcp.getsockname()[1])
+        self._acceptor: Acceptor | None = None
+        name = local_name(host, self.tcp.getsockname()[1]) if local else None
         if name is not None:
             try:
                 unix = _new_socket(socket.AF_UNIX, f"socket() for a local listener beside "
@@ -148,29 +159,49 @@ class Listener:
                 raise
             try:
                 unix.bind(name)
-                unix.listen(64)
+                unix.listen(512)
                 self.unix = unix
             except OSError:
-                unix.close()  # the TCP socket alone still works
+                unix.close()  # the TCP socket alone still works; peers notice the squatter's uid
+                _report_squat(name, None, "this listener")
+
+    @classmethod
+    def adopt(cls, sock: socket.socket) -> "Listener":
+        """A Listener around an already listening TCP socket."""
+        self = cls.__new__(cls)
+        self.tcp, self.unix, self._acceptor = sock, None, None
+        return self
 
     def getsockname(self) -> tuple:
         return self.tcp.getsockname()
 
-    def accept(self, timeout: float) -> tuple[socket.socket, str]:
-        """The next connection on either socket and a description of its origin; socket.timeout
-        when none arrives in time."""
-        ready, _, _ = select.select([s for s in (self.tcp, self.unix) if s is not None], [], [], timeout)
-        if not ready:
-            raise socket.timeout()
-        try:
-            sock, peer = ready[0].accept()
-        except (BlockingIOError, InterruptedError, ConnectionAbortedError):
-            raise socket.timeout() from None  # the caller waits again
-        except OSError as exc:
-            raise from_os_error(exc, f"accept() on {format_address(self.tcp.getsockname())}") from None
-        return sock, format_address(peer) if isinstance(peer, tuple) else "a local process (Unix socket)"
+    def where(self) -> str:
+        return format_address(self.tcp.getsockname()[:2])
+
+    def serve(self, auth: Auth, token: int, rank: int, admit: Admit, label: str) -> None:
+        """Start accepting: connections that prove `auth`'s key for job context `token`, are
+        addressed to `rank` and pass admit() are queued for take()."""
+        if self._acceptor is None:
+            self._acceptor = Acceptor([self.tcp, self.unix], self.where(), auth, token, rank, admit, label)
+
+    def take(self, match, deadline: float, who: str | None) -> tuple[socket.socket, Hello] | None:
+        """The next authenticated connection whose hello satisfies match. At the deadline:
+        PeerError naming `who` (and any rejected impostors), or None when who is None."""
+        assert self._acceptor is not None, "Listener.serve() was not called"
+        item = self._acceptor.take(match, deadline)
+        if item is not None:
+            hello, sock, _ = item
+            tune(sock)
+            return sock, hello
+        if who is None:
+            return None
+        raise PeerError(f"{who} did not connect to {self.where()} before the deadline"
+                        f"{self._acceptor.rejected_summary()}")
 
     def close(self) -> None:
+        if self._acceptor is not None:
+            self._acceptor.close()
+            self._acceptor = None
         for sock in (self.tcp, self.unix):
             if sock is not None:
                 sock.close()
@@ -183,83 +214,53 @@ def _new_socket(family: int, operation: str) -> socket.socket:
         raise from_os_error(exc, operation) from None
 
 
-def connect(addr: tuple[str, int], hello: Hello, deadline: float, who: str) -> socket.socket:
+def connect(addr: tuple[str, int], hello: Hello, deadline: float, who: str, auth: Auth) -> socket.socket:
     """Connect to addr, retrying with backoff until deadline (the peer may not be listening yet),
-    then send the handshake. A loopback peer is reached through its Unix socket when it has one
-    (see Listener). `who` describes the peer for the error message."""
+    and run the handshake. A loopback peer is reached through its Unix socket when one of this
+    user's processes holds it (see Listener). `who` describes the peer for the error message.
+    A listener that answers but is not a rank of this job fails at once (PeerError)."""
     delay = 0.01
     last_error = "no attempt made"
     name = local_name(*addr)
+    where = format_address(addr)
+    closed_without_answer = 0
     while True:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            raise PeerError(
-                f"could not connect to {who} at {format_address(addr)} before the deadline ({last_error})"
-            )
-        attempts = ([(socket.AF_UNIX, name)] if name else []) + [(_family(addr[0]), addr)]
+            raise PeerError(f"could not connect to {who} at {where} before the deadline ({last_error})")
+        attempts = ([(socket.AF_UNIX, name)] if name and name not in _squat_reported else [])
+        attempts.append((_family(addr[0]), addr))
         for family, target in attempts:
             sock = _new_socket(family, f"socket() to connect to {who} at {format_address(addr)}")
             try:
                 sock.settimeout(min(remaining, 5.0))
                 sock.connect(target)
+                if family == socket.AF_UNIX:
+                    uid = peer_uid(sock)
+                    if uid != os.getuid():
+                        _report_squat(name, uid, f"the connection to {who}")  # type: ignore[arg-type]
+                        sock.close()
+                        continue
+                client_handshake(sock, hello.fresh(), auth, where, who)
                 tune(sock)
-                sock.sendall(hello.pack())
                 sock.settimeout(None)
                 return sock
+            except HandshakeRetry as exc:
+                sock.close()
+                closed_without_answer += 1
+                last_error = str(exc)
+                if closed_without_answer >= MAX_CLOSED_RETRIES:
+                    raise PeerError(f"the process listening on {where} (expected: {who}) closed "
+                                    f"{closed_without_answer} connections without answering the jacklring "
+                                    f"handshake; another program listens on that address") from None
+            except PeerError:
+                sock.close()
+                raise
             except OSError as exc:
                 sock.close()
                 last_error = exc.strerror or str(exc)
         time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
         delay = min(delay * 2, 0.5)
-
-
-def read_hello(sock: socket.socket, timeout: float = HELLO_TIMEOUT_S) -> Hello | None:
-    """The peer's handshake, or None when it sent something else (or nothing in time)."""
-    sock.settimeout(timeout)
-    try:
-        data = b""
-        while len(data) < HELLO.size:
-            chunk = sock.recv(HELLO.size - len(data))
-            if not chunk:
-                return None
-            data += chunk
-    except OSError:
-        return None
-    magic, version, purpose, sender, receiver, channel, token = HELLO.unpack(data)
-    if magic != MAGIC or version != VERSION:
-        return None
-    return Hello(purpose, sender, receiver, channel, token)
-
-
-def accept(listener: "socket.socket | Listener", deadline: float, accepts, who: str) -> tuple[socket.socket, Hello]:
-    """Accept connections until one whose handshake satisfies accepts(hello); others are closed
-    with a log line. Raises PeerError naming `who` at the deadline."""
-    while True:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            raise PeerError(f"{who} did not connect to {format_address(listener.getsockname())} before the deadline")
-        try:
-            if isinstance(listener, Listener):
-                sock, peer = listener.accept(remaining)
-            else:
-                listener.settimeout(remaining)
-                sock, addr = listener.accept()
-                peer = format_address(addr)
-        except socket.timeout:
-            continue
-        except OSError as exc:
-            if exc.errno in (errno.EINTR, errno.ECONNABORTED):
-                continue
-            raise from_os_error(exc, f"accept() on {format_address(listener.getsockname())}") from None
-        hello = read_hello(sock, min(HELLO_TIMEOUT_S, max(0.1, deadline - time.monotonic())))
-        if hello is not None and accepts(hello):
-            tune(sock)
-            sock.settimeout(None)
-            return sock, hello
-        log.warning("rejected a connection from %s on %s: %s", peer,
-                    format_address(listener.getsockname()),
-                    "bad handshake" if hello is None else f"unexpected {hello}")
-        sock.close()
 
 
 def recv_exact(sock: socket.socket, view: memoryview, deadline: float, who: str) -> None:

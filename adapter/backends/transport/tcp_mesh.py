@@ -415,14 +415,20 @@ def _in_slices(deadline: float, watch: Callable[[], None] | None, attempt: Calla
 
 
 def connect_mesh(rank: int, size: int, peers: list[int], host: str, exchange: Exchange,
-                 token: int, deadline: float, watch: Callable[[], None] | None = None) -> TcpMeshTransport:
+                 token: int, deadline: float, job: tcp.Auth,
+                 watch: Callable[[], None] | None = None) -> TcpMeshTransport:
     """Form the TCP mesh: every rank listens, the addresses are all-gathered with `exchange`
     (called exactly once, on every rank), then each rank connects to its lower peers and accepts
     its higher ones. Listening happens before the exchange, so no connect can arrive early.
+    Every connection proves `job`'s key for job context `token` (tcp.connect / Listener).
     watch (a split): called every WATCH_S while waiting; raises when the parent group saw a death."""
-    listener = tcp.listen(host, 0)
+    higher = {p for p in peers if p > rank}
+    listener = tcp.Listener(host, 0, local=False)
+    listener.serve(job, token, rank,
+                   lambda h: None if h.purpose == PURPOSE_MESH and h.sender in higher and h.channel == 0
+                   else f"not a mesh connection from a higher rank ({sorted(higher)})", f"rank {rank} (TCP mesh)")
     try:
-        address = tcp.format_address(listener.getsockname()[:2])
+        address = listener.where()
         blobs = exchange(json.dumps({"addr": address}).encode())
         everyone = [json.loads(blob)["addr"] for blob in blobs]
         addresses = {p: everyone[p] for p in peers}
@@ -433,15 +439,11 @@ def connect_mesh(rank: int, size: int, peers: list[int], host: str, exchange: Ex
                     hello = tcp.Hello(PURPOSE_MESH, rank, p, 0, token)
                     target = tcp.parse_address(addresses[p], f"rank {p}'s mesh address")
                     sockets[p] = _in_slices(deadline, watch, lambda until, target=target, hello=hello, p=p: tcp.connect(
-                        target, hello, until, f"rank {p} (JACCL TCP mesh)"))
-            higher = {p for p in peers if p > rank}
+                        target, hello, until, f"rank {p} (JACCL TCP mesh)", job))
             while higher - set(sockets):
                 waiting = sorted(higher - set(sockets))
-                sock, hello = _in_slices(deadline, watch, lambda until, waiting=waiting: tcp.accept(
-                    listener, until,
-                    lambda h: (h.purpose == PURPOSE_MESH and h.token == token and h.receiver == rank
-                               and h.sender in higher and h.sender not in sockets),
-                    f"JACCL ranks {waiting} (TCP mesh, rank {rank})"))
+                sock, hello = _in_slices(deadline, watch, lambda until, waiting=waiting: listener.take(
+                    lambda h: h.sender not in sockets, until, f"JACCL ranks {waiting} (TCP mesh, rank {rank})"))
                 sockets[hello.sender] = sock
         except BaseException:
             for s in sockets.values():

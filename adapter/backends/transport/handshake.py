@@ -1,0 +1,435 @@
+"""The connection handshake: who is connecting, why, and proof that both ends belong to the job.
+
+    connector -> acceptor  HELLO      magic, version, purpose, sender, receiver, channel, job context, nonce_c
+    acceptor -> connector  CHALLENGE  magic, status, nonce_s, HMAC(key, "S" | HELLO | nonce_s)
+    connector -> acceptor  PROOF      HMAC(key, "C" | HELLO | nonce_s | acceptor's MAC)
+    acceptor -> connector  ACK        magic, status, HMAC(key, "A" | HELLO | nonce_s | status)
+
+Each side proves the key over a nonce the other side just chose, so neither a recorded
+handshake nor a relay that does not know the key gets through, and a connection counts on
+either side only once both proofs checked (the connector waits for the ACK). Every frame has a
+fixed size: there is no length field to lie about.
+
+The acceptor side runs in a thread per listener (Acceptor): connections are accepted as they
+come, their handshakes progress side by side without blocking the job, each must finish
+within HANDSHAKE_TIMEOUT_S, and at most MAX_PENDING wait at once (the oldest is dropped when a
+new one arrives), so a flood of silent connections delays a real peer by at most about that
+timeout. Authenticated connections wait in a queue until the backend takes them.
+"""
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import select
+import socket
+import struct
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from ...errors import PeerError
+from .auth import MAC_BYTES, NONCE_BYTES, Auth, equal
+
+log = logging.getLogger("jacklring.tcp")
+
+HELLO = struct.Struct(f"<4sHHiiiQ{NONCE_BYTES}s")
+CHALLENGE = struct.Struct(f"<4sB{NONCE_BYTES}s{MAC_BYTES}s")
+PROOF_BYTES = MAC_BYTES
+ACK = struct.Struct(f"<4sB{MAC_BYTES}s")
+MAGIC, CHALLENGE_MAGIC, ACK_MAGIC = b"JKLR", b"JKLC", b"JKLA"
+VERSION = 2
+
+OK, OTHER_JOB, UNEXPECTED, BAD_PROOF = 0, 1, 2, 3
+STATUS_TEXT = {OTHER_JOB: "it belongs to another job (different job context)",
+               UNEXPECTED: "it was not expected there (wrong rank, purpose or connection)",
+               BAD_PROOF: "it did not prove the job secret"}
+
+HANDSHAKE_TIMEOUT_S = 1.0    # acceptor: a real peer finishes in milliseconds
+ANSWER_TIMEOUT_S = 5.0       # connector: how long a listener may stay silent before it is called foreign
+MAX_PENDING = 64             # unfinished handshakes per listener
+MAX_LOGGED = 20              # rejections logged one by one per listener; the rest are counted
+MAX_CLOSED_RETRIES = 20      # listener closes our connection before answering: retried this often
+
+
+@dataclass(frozen=True)
+class Hello:
+    purpose: int
+    sender: int
+    receiver: int
+    channel: int
+    token: int                      # the job context id (auth.context_id), in the clear
+    nonce: bytes = field(default=bytes(NONCE_BYTES), compare=False, repr=False)
+
+    def pack(self) -> bytes:
+        return HELLO.pack(MAGIC, VERSION, self.purpose, self.sender, self.receiver, self.channel,
+                          self.token, self.nonce)
+
+    def fresh(self) -> "Hello":
+        return Hello(self.purpose, self.sender, self.receiver, self.channel, self.token, os.urandom(NONCE_BYTES))
+
+
+def parse_hello(data: bytes) -> Hello | None:
+    if len(data) != HELLO.size:
+        return None
+    magic, version, purpose, sender, receiver, channel, token, nonce = HELLO.unpack(data)
+    if magic != MAGIC or version != VERSION:
+        return None
+    return Hello(purpose, sender, receiver, channel, token, nonce)
+
+
+# ---- connector side -----------------------------------------------------------------------------
+
+class HandshakeRetry(Exception):
+    """The listener closed the connection before answering (it may be shedding load): try again."""
+
+
+def _recv_fixed(sock: socket.socket, size: int, timeout_at: float, magic: bytes) -> bytes:
+    """Up to size bytes; fewer when the peer closes, or as soon as they cannot start with magic
+    (a foreign service is named at once). A reset after some bytes counts as a close."""
+    data = bytearray()
+    while len(data) < size:
+        remaining = timeout_at - time.monotonic()
+        if remaining <= 0:
+            raise socket.timeout()
+        sock.settimeout(remaining)
+        try:
+            chunk = sock.recv(size - len(data))
+        except ConnectionResetError:
+            if data:
+                break
+            raise
+        if not chunk:
+            break
+        data += chunk
+        if data[:len(magic)] != magic[:len(data)]:
+            break
+    return bytes(data)
+
+
+def client_handshake(sock: socket.socket, hello: Hello, auth: Auth, where: str, who: str) -> None:
+    """Run the connector's half on a connected socket. PeerError (final) when the listener is
+    not a rank of this job or refuses this rank; HandshakeRetry when it closed without a word."""
+    hello_bytes = hello.pack()
+    try:
+        sock.settimeout(ANSWER_TIMEOUT_S)
+        sock.sendall(hello_bytes)
+        answer = _recv_fixed(sock, CHALLENGE.size, time.monotonic() + ANSWER_TIMEOUT_S, CHALLENGE_MAGIC)
+    except socket.timeout:
+        raise PeerError(f"the process listening on {where} (expected: {who}) accepted the connection but did "
+                        f"not answer the jacklring handshake within {ANSWER_TIMEOUT_S:g} s; another program "
+                        f"listens on that address") from None
+    except OSError as exc:
+        if exc.errno in (errno.ECONNRESET, errno.EPIPE):
+            raise HandshakeRetry(exc.strerror or str(exc)) from None
+        raise
+    if not answer:
+        raise HandshakeRetry("the listener closed the connection before answering the handshake")
+    if len(answer) < CHALLENGE.size or answer[:4] != CHALLENGE_MAGIC:
+        raise PeerError(f"the process listening on {where} (expected: {who}) is not a jacklring rank: it "
+                        f"answered the handshake with {answer[:16].hex() or 'nothing'}")
+    _, status, nonce_s, mac_s = CHALLENGE.unpack(answer)
+    if status != OK:
+        raise PeerError(f"{who} at {where} refused this connection: {STATUS_TEXT.get(status, f'status {status}')}")
+    if not equal(mac_s, auth.mac(b"S", hello_bytes, nonce_s)):
+        raise PeerError(f"the process listening on {where} (expected: {who}) did not prove the job secret: a "
+                        f"process outside this job listens there, or the ranks were given different secrets")
+    try:
+        sock.sendall(auth.mac(b"C", hello_bytes, nonce_s, mac_s))
+        ack = _recv_fixed(sock, ACK.size, time.monotonic() + ANSWER_TIMEOUT_S, ACK_MAGIC)
+    except socket.timeout:
+        raise PeerError(f"{who} at {where} did not acknowledge the handshake within {ANSWER_TIMEOUT_S:g} s") from None
+    except OSError as exc:
+        if exc.errno in (errno.ECONNRESET, errno.EPIPE):
+            raise HandshakeRetry(exc.strerror or str(exc)) from None
+        raise
+    if not ack:
+        raise HandshakeRetry("the listener closed the connection before acknowledging the handshake")
+    if len(ack) < ACK.size:
+        raise PeerError(f"{who} at {where} sent a malformed handshake acknowledgement ({ack[:8].hex()})")
+    magic, status, mac_a = ACK.unpack(ack)
+    if magic != ACK_MAGIC or not equal(mac_a, auth.mac(b"A", hello_bytes, nonce_s, bytes([status]))):
+        raise PeerError(f"{who} at {where} sent a forged handshake acknowledgement")
+    if status != OK:
+        raise PeerError(f"{who} at {where} refused this rank's proof: {STATUS_TEXT.get(status, status)} "
+                        f"(were the ranks given different job secrets?)")
+
+
+# ---- acceptor side ------------------------------------------------------------------------------
+
+def peer_uid(sock: socket.socket) -> int | None:
+    """The uid of the process at the other end of a Unix socket (Linux SO_PEERCRED)."""
+    try:
+        raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    except (OSError, AttributeError):
+        return None
+    return struct.unpack("3i", raw)[1]
+
+
+class _Pending:
+    __slots__ = ("sock", "peer", "expires", "buf", "need", "hello", "hello_bytes", "nonce_s", "mac_s")
+
+    def __init__(self, sock: socket.socket, peer: str, expires: float) -> None:
+        self.sock, self.peer, self.expires = sock, peer, expires
+        self.buf = bytearray()
+        self.need = HELLO.size
+        self.hello: Hello | None = None
+        self.hello_bytes = b""
+        self.nonce_s = b""
+        self.mac_s = b""
+
+
+Admit = Callable[[Hello], "str | None"]   # None: welcome; else why it is refused
+
+
+class Acceptor:
+    """Accepts and authenticates connections on listening sockets in a background thread."""
+
+    def __init__(self, sockets: list[socket.socket], where: str, auth: Auth, token: int, rank: int,
+                 admit: Admit, label: str) -> None:
+        self._listening = [s for s in sockets if s is not None]
+        for s in self._listening:
+            s.setblocking(False)
+        self._where = where
+        self._auth = auth
+        self._token = token
+        self._rank = rank
+        self._admit = admit
+        self._label = label
+        self._pending: list[_Pending] = []
+        self._ready: list[tuple[Hello, socket.socket, str]] = []
+        self._cond = threading.Condition()
+        self._rejected = 0
+        self._rejected_from: list[str] = []
+        self._closed = False
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._thread = threading.Thread(target=self._loop, name=f"jacklring-accept {where}", daemon=True)
+        self._thread.start()
+
+    # ---- the consumer's side
+
+    def take(self, match: Callable[[Hello], bool], deadline: float) -> tuple[Hello, socket.socket, str] | None:
+        """The first authenticated connection whose hello satisfies match, waiting until deadline
+        (None then)."""
+        with self._cond:
+            while True:
+                for i, item in enumerate(self._ready):
+                    if match(item[0]):
+                        del self._ready[i]
+                        return item
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or self._closed:
+                    return None
+                self._cond.wait(min(remaining, 1.0))
+
+    def rejected_summary(self) -> str:
+        with self._cond:
+            if not self._rejected:
+                return ""
+            sources = ", ".join(sorted(set(self._rejected_from))[:5])
+            return f"; meanwhile {self._rejected} unauthenticated connection(s) were rejected (from {sources})"
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            ready, self._ready = self._ready, []
+            self._cond.notify_all()
+        try:
+            self._wake_w.send(b"x")
+        except OSError:
+            pass
+        if threading.current_thread() is not self._thread:
+            self._thread.join(2.0)
+        for _, sock, _ in ready:
+            sock.close()
+
+    # ---- the thread
+
+    def _reject(self, item: _Pending, why: str, status: int | None = None) -> None:
+        if status is not None:
+            frame = (CHALLENGE.pack(CHALLENGE_MAGIC, status, bytes(NONCE_BYTES), bytes(MAC_BYTES))
+                     if item.hello is not None and not item.mac_s else None)
+            if frame is not None:
+                try:
+                    item.sock.send(frame)
+                except OSError:
+                    pass
+        item.sock.close()
+        with self._cond:
+            self._rejected += 1
+            if len(self._rejected_from) < 64:
+                self._rejected_from.append(item.peer)
+            count = self._rejected
+        if count <= MAX_LOGGED:
+            log.warning("%s: an unauthenticated connection from %s was rejected on %s: %s",
+                        self._label, item.peer, self._where, why)
+            if count == MAX_LOGGED:
+                log.warning("%s: further rejected connections on %s are counted, not logged", self._label, self._where)
+
+    def _loop(self) -> None:
+        try:
+            self._run()
+        except Exception:  # never take the job down from here; the deadline names the missing peer
+            log.exception("%s: the acceptor on %s stopped", self._label, self._where)
+        finally:
+            for item in self._pending:
+                item.sock.close()
+            for s in (self._wake_r, self._wake_w):
+                s.close()
+
+    def _run(self) -> None:
+        while not self._closed:
+            now = time.monotonic()
+            for item in [p for p in self._pending if p.expires <= now]:
+                self._pending.remove(item)
+                self._reject(item, "no complete handshake within "
+                             f"{HANDSHAKE_TIMEOUT_S:g} s" if item.buf or item.hello else
+                             f"it sent nothing within {HANDSHAKE_TIMEOUT_S:g} s")
+            timeout = min((p.expires for p in self._pending), default=now + 1.0) - now
+            # poll, not select: a process with many open files has descriptors above 1024
+            poller = select.poll()
+            by_fd: dict[int, object] = {}
+            for s in (*self._listening, self._wake_r):
+                by_fd[s.fileno()] = s
+            for p in self._pending:
+                by_fd[p.sock.fileno()] = p
+            for fd in by_fd:
+                poller.register(fd, select.POLLIN)
+            try:
+                events = poller.poll(max(0.0, timeout) * 1000)
+            except OSError:
+                if self._closed:
+                    return
+                raise
+            if self._closed:
+                return
+            for fd, _ in events:
+                target = by_fd.get(fd)
+                if isinstance(target, _Pending):
+                    if target in self._pending:
+                        self._progress(target)
+                elif target is not None and target is not self._wake_r:
+                    self._accept_all(target)  # type: ignore[arg-type]
+
+    def _accept_all(self, listening: socket.socket) -> None:
+        while True:
+            try:
+                sock, addr = listening.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                if exc.errno in (errno.ECONNABORTED, errno.EMFILE, errno.ENFILE, errno.ENOBUFS):
+                    return
+                raise
+            peer = _describe(addr)
+            item = _Pending(sock, peer, time.monotonic() + HANDSHAKE_TIMEOUT_S)
+            if sock.family == socket.AF_UNIX:
+                uid = peer_uid(sock)
+                if uid != os.getuid():
+                    self._reject(item, f"the local process belongs to uid {uid}, not this job's user")
+                    continue
+            sock.setblocking(False)
+            self._pending.append(item)
+            if len(self._pending) > MAX_PENDING:
+                oldest = self._pending.pop(0)
+                self._reject(oldest, f"more than {MAX_PENDING} connections were waiting to finish a handshake")
+
+    def _progress(self, item: _Pending) -> None:
+        try:
+            chunk = item.sock.recv(item.need - len(item.buf))
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:
+            chunk = b""
+            if item.buf or item.hello:
+                log.debug("connection from %s failed during the handshake: %s", item.peer, exc)
+        if not chunk:
+            self._pending.remove(item)
+            if item.buf or item.hello:
+                self._reject(item, "it closed the connection during the handshake")
+            else:
+                item.sock.close()  # connected and left without a word: a liveness probe
+            return
+        item.buf += chunk
+        if item.hello is None and item.buf[:len(MAGIC)] != MAGIC[:len(item.buf)]:
+            self._pending.remove(item)
+            self._reject(item, f"not a jacklring handshake (first bytes {bytes(item.buf[:8]).hex()})")
+            return
+        if len(item.buf) < item.need:
+            return
+        data, item.buf = bytes(item.buf), bytearray()
+        if item.hello is None:
+            self._on_hello(item, data)
+        else:
+            self._on_proof(item, data)
+
+    def _on_hello(self, item: _Pending, data: bytes) -> None:
+        hello = parse_hello(data)
+        if hello is None:
+            self._pending.remove(item)
+            self._reject(item, f"not a jacklring handshake (first bytes {data[:8].hex()})")
+            return
+        item.hello, item.hello_bytes = hello, data
+        refusal = self._refusal(hello)
+        if refusal is not None:
+            self._pending.remove(item)
+            self._reject(item, f"claimed {hello.purpose:#x} from rank {hello.sender} to rank {hello.receiver}, "
+                         f"connection {hello.channel}: {refusal[1]}", refusal[0])
+            return
+        item.nonce_s = os.urandom(NONCE_BYTES)
+        item.mac_s = self._auth.mac(b"S", data, item.nonce_s)
+        item.need = PROOF_BYTES
+        if not self._send(item, CHALLENGE.pack(CHALLENGE_MAGIC, OK, item.nonce_s, item.mac_s)):
+            self._pending.remove(item)
+            self._reject(item, "it did not take the handshake's challenge")
+
+    def _refusal(self, hello: Hello) -> tuple[int, str] | None:
+        if hello.token != self._token:
+            return OTHER_JOB, "another job's context"
+        if hello.receiver != self._rank:
+            return UNEXPECTED, f"this is rank {self._rank}"
+        why = self._admit(hello)
+        if why is not None:
+            return UNEXPECTED, why
+        return None
+
+    def _on_proof(self, item: _Pending, proof: bytes) -> None:
+        self._pending.remove(item)
+        hello = item.hello
+        assert hello is not None
+        good = equal(proof, self._auth.mac(b"C", item.hello_bytes, item.nonce_s, item.mac_s))
+        status = OK if good else BAD_PROOF
+        sent = self._send(item, ACK.pack(ACK_MAGIC, status, self._auth.mac(b"A", item.hello_bytes, item.nonce_s,
+                                                                            bytes([status]))))
+        if not good:
+            self._reject(item, f"it claimed to be rank {hello.sender} but did not prove the job secret")
+            return
+        if not sent:
+            self._reject(item, "it did not take the handshake's acknowledgement")
+            return
+        item.sock.setblocking(True)
+        item.sock.settimeout(None)
+        with self._cond:
+            if self._closed:
+                item.sock.close()
+                return
+            self._ready.append((hello, item.sock, item.peer))
+            self._cond.notify_all()
+
+    @staticmethod
+    def _send(item: _Pending, frame: bytes) -> bool:
+        """A fresh connection always has room for a frame this small; a peer that does not
+        take it is not a rank."""
+        try:
+            return item.sock.send(frame) == len(frame)
+        except OSError:
+            return False
+
+
+def _describe(addr) -> str:
+    if isinstance(addr, tuple):
+        host, port = addr[0], addr[1]
+        return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    return "a local process (Unix socket)"
+

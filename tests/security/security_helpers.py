@@ -1,0 +1,65 @@
+"""Helpers of the security tests: the outsider is a real process of another user (uid 65534 via
+setpriv) running only the standard library, with no access to the job's files or environment.
+(A module, not a conftest.py: tests/launcher's helpers are imported as `conftest`, and a second
+conftest module would shadow them when both directories run in one session.)"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+
+ATTACKS = HERE / "attacks"
+OUTSIDER_UID = 65534
+SYSTEM_PYTHON = "/usr/bin/python3"
+
+
+def outsider_available() -> str | None:
+    if os.geteuid() != 0:
+        return "needs root to run the outsider as another uid"
+    if shutil.which("setpriv") is None or not os.path.exists(SYSTEM_PYTHON):
+        return "needs setpriv and /usr/bin/python3"
+    return None
+
+
+@pytest.fixture(name="outsider")
+def outsider_fixture():
+    """outsider(script, *args) starts attacks/<script> as uid 65534 from a 0755 directory
+    holding only the attack scripts; returns the Popen (text stdout). All are killed after."""
+    reason = outsider_available()
+    if reason:
+        pytest.skip(reason)
+    home = tempfile.mkdtemp(prefix="jacklring-outsider-")
+    os.chmod(home, 0o755)
+    for script in ATTACKS.glob("*.py"):
+        shutil.copy(script, home)
+        os.chmod(os.path.join(home, script.name), 0o644)
+    procs: list[subprocess.Popen] = []
+
+    def start(script: str, *args: str) -> subprocess.Popen:
+        cmd = ["setpriv", f"--reuid={OUTSIDER_UID}", f"--regid={OUTSIDER_UID}", "--clear-groups",
+               SYSTEM_PYTHON, "-u", os.path.join(home, script), *map(str, args)]
+        proc = subprocess.Popen(cmd, cwd=home, env={"PATH": "/usr/bin:/bin"}, stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        procs.append(proc)
+        return proc
+
+    yield start
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+    shutil.rmtree(home, ignore_errors=True)
+
+
+def wait_ready(proc: subprocess.Popen, tag: str = "READY", timeout: float = 15) -> None:
+    import select
+    ready, _, _ = select.select([proc.stdout], [], [], timeout)
+    line = proc.stdout.readline() if ready else ""
+    assert line.startswith(tag), (f"outsider did not start: {line!r} "
+                                  f"{proc.stderr.read() if proc.poll() is not None else ''}")
