@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from ..errors import IntegrityError
 from .base import ReduceOp
 from .elements import CODE_NAMES
+from .transport.integrity import CRC as CHECKSUM  # noqa: F401  (the trailer layout, for the backends)
 from .transport.integrity import CRC_NAME, crc
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "barrier", "send", "split", "recv", "abort")

@@ -216,7 +216,7 @@ def store_ring(store, rank: int, size: int, timeout_s: float) -> Backend:
                                    f"their address within {wait_s:g} s ({exc})") from None
         addresses = [[store.get(k).decode()] for k in keys]
         log.info("rank %d: jacklring ring addresses %s", rank, addresses)
-        return RingBackend(rank, addresses, [listener], timeout_s, wait_s, store_auth(store, prefix, rank))
+        return RingBackend(rank, addresses, [listener], timeout_s, wait_s, job=store_auth(store, prefix, rank))
     except BaseException:
         listener.close()
         raise

@@ -644,7 +644,7 @@ class RingBackend(Backend):
         """Form sub-rings: fresh listeners, addresses exchanged over this ring."""
         self._check_usable()
         if self._size == 1:
-            return RingBackend(0, self._addresses, [], self.timeout, self._connect_timeout, self._auth)
+            return RingBackend(0, self._addresses, [], self.timeout, self._connect_timeout, job=self._auth)
         k = min(len(a) for a in self._addresses)
         # Sub-ring connection c listens on the host of this rank's address c, so a sub-ring
         # uses the same interfaces as its parent.

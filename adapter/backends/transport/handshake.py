@@ -85,6 +85,12 @@ class HandshakeRetry(Exception):
     """The listener closed the connection before answering (it may be shedding load): try again."""
 
 
+class OtherJob(PeerError):
+    """The listener is a jacklring rank of another job context: often this job's peer still in
+    an earlier incarnation of the group (it has not closed and re-formed yet), so the connector
+    tries again until its deadline."""
+
+
 def _recv_fixed(sock: socket.socket, size: int, timeout_at: float, magic: bytes) -> bytes:
     """Up to size bytes; fewer when the peer closes, or as soon as they cannot start with magic
     (a foreign service is named at once). A reset after some bytes counts as a close."""
@@ -131,7 +137,8 @@ def client_handshake(sock: socket.socket, hello: Hello, auth: Auth, where: str, 
                         f"answered the handshake with {answer[:16].hex() or 'nothing'}")
     _, status, nonce_s, mac_s = CHALLENGE.unpack(answer)
     if status != OK:
-        raise PeerError(f"{who} at {where} refused this connection: {STATUS_TEXT.get(status, f'status {status}')}")
+        refusal = OtherJob if status == OTHER_JOB else PeerError
+        raise refusal(f"{who} at {where} refused this connection: {STATUS_TEXT.get(status, f'status {status}')}")
     if not equal(mac_s, auth.mac(b"S", hello_bytes, nonce_s)):
         raise PeerError(f"the process listening on {where} (expected: {who}) did not prove the job secret: a "
                         f"process outside this job listens there, or the ranks were given different secrets")

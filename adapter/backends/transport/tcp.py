@@ -24,6 +24,7 @@ from .handshake import (  # noqa: F401  (Hello is part of this module's interfac
     Admit,
     HandshakeRetry,
     Hello,
+    OtherJob,
     client_handshake,
     peer_uid,
 )
@@ -253,6 +254,9 @@ def connect(addr: tuple[str, int], hello: Hello, deadline: float, who: str, auth
                     raise PeerError(f"the process listening on {where} (expected: {who}) closed "
                                     f"{closed_without_answer} connections without answering the jacklring "
                                     f"handshake; another program listens on that address") from None
+            except OtherJob as exc:
+                sock.close()
+                last_error = str(exc)  # an earlier incarnation of the peer still listens: wait for it
             except PeerError:
                 sock.close()
                 raise
