@@ -9,16 +9,19 @@
   a `.then` callback that issues (and even waits for) a new collective, as PowerSGD does,
   runs while the communication thread is free to execute it.
 - The Work keeps c10d's contract (docs/torch.md, "Work and Future contract"): wait() returns
-  only once the future is completed; the future carries errors the way C++ Future::setError
+  only once the future is completed and the callbacks added before have run; the future carries errors the way C++ Future::setError
   does, so DDP's reducer and other C++ callers see a failed future, never a "successful" one
   holding an exception object.
 """
 from __future__ import annotations
 
+import atexit
 import collections
 import datetime
 import queue
 import threading
+import time
+import weakref
 from typing import Any, Callable
 
 import torch
@@ -44,10 +47,10 @@ class JacklringWork(dist.Work):
         self._result = result
         self._peer = source_rank
         self._error: BaseException | None = None
-        self._completed = threading.Event()  # set by the future's first callback
+        self._completed = threading.Event()  # the future is completed and its callbacks have run
+        self._completing_thread: int | None = None
         self._raw: torch.futures.Future = torch.futures.Future()
         self._future = self._raw.then(self._outcome)
-        self._future.add_done_callback(self._mark_completed)  # first callback: runs before users'
 
     # ---- called by the executors ----------------------------------------------------------
 
@@ -56,21 +59,28 @@ class JacklringWork(dist.Work):
         self._error = error
 
     def _complete_future(self) -> None:
-        self._raw.set_result(None)
+        """Complete the future and run the callbacks added so far (as gloo's AsyncWork does
+        before it finishes its Work); only then may wait() return. A thread still inside C++
+        completion code when the interpreter shuts down is aborted (std::terminate), so wait()
+        must not let the main thread run ahead of it."""
+        self._completing_thread = threading.get_ident()
+        try:
+            self._raw.set_result(None)
+        finally:
+            self._completed.set()
 
     def _outcome(self, _raw: Any) -> list[torch.Tensor]:
         if self._error is not None:
             raise self._error
         return self._result
 
-    def _mark_completed(self, _future: Any) -> None:
-        self._completed.set()
-
     # ---- torch's Work interface -----------------------------------------------------------
 
     def wait(self, timeout: datetime.timedelta | float | None = None) -> bool:
         seconds = _seconds(timeout)
-        if not self._completed.wait(seconds):
+        if self._completing_thread == threading.get_ident() and self._future.done():
+            pass  # called from one of this future's own callbacks: it is completed
+        elif not self._completed.wait(seconds):
             raise torch_flavoured(CollectiveTimeout)(f"Timed out waiting {seconds * 1000:.0f}ms for {self._what} to complete "
                                     f"(the timeout given to Work.wait)")
         if self._error is not None:
@@ -119,6 +129,18 @@ def _seconds(timeout: datetime.timedelta | float | None) -> float | None:
     return seconds if seconds > 0 else None
 
 
+_COMPLETERS: weakref.WeakSet = weakref.WeakSet()
+
+
+@atexit.register
+def _drain_completions_at_exit() -> None:
+    """Completions still running when the interpreter shuts down would be aborted inside
+    torch's C++ future code (std::terminate, SIGABRT): let them finish first."""
+    deadline = time.monotonic() + 2.0
+    for completer in list(_COMPLETERS):
+        completer.drain(max(0.0, deadline - time.monotonic()))
+
+
 class Completer:
     """Completes futures (runs user callbacks) off the communication threads.
 
@@ -137,7 +159,9 @@ class Completer:
         self._idle = 0
         self._workers: list[threading.Thread] = []
         self._live = 0  # workers that have not returned (counted under the lock)
+        self._busy = 0  # completions running now
         self._stopped = False
+        _COMPLETERS.add(self)
 
     def put(self, work: JacklringWork) -> None:
         with self._cond:
@@ -175,7 +199,23 @@ class Completer:
                     self._live -= 1
                     return
                 work = self._pending.popleft()
-            self._complete(work)
+                self._busy += 1
+            try:
+                self._complete(work)
+            finally:
+                with self._cond:
+                    self._busy -= 1
+                    self._cond.notify_all()
+
+    def drain(self, timeout: float) -> None:
+        """Wait until no completion is queued or running (bounded by timeout)."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while (self._pending or self._busy) and (self._live or self._busy):
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return
+                self._cond.wait(remaining)
 
     def stop(self, timeout: float) -> None:
         with self._cond:
@@ -310,6 +350,7 @@ class Inbox:
         self._posted: list[PostedRecv] = []
         self._stash: dict[int, collections.deque] = {}
         self._broken: BaseException | None = None
+        self._failed: list[PostedRecv] = []
         self._stopped = False
         self._thread: threading.Thread | None = None
 
@@ -382,6 +423,10 @@ class Inbox:
         return None
 
     def _loop(self) -> None:
+        # The last delivered recv stays referenced here until the next one: once its Work is
+        # completed the main thread may exit, and a daemon thread that frees a tensor while the
+        # interpreter shuts down is aborted inside torch (std::terminate).
+        delivered: PostedRecv | None = None  # noqa: F841
         while True:
             with self._cond:
                 while not self._has_live() and not self._stopped:
@@ -400,12 +445,13 @@ class Inbox:
                 self._fail_all(exc)
                 return
             try:
-                self._receive(envelope)
+                delivered = self._receive(envelope)  # noqa: F841
             except BaseException as exc:
                 self._fail_all(exc)
                 return
 
-    def _receive(self, envelope: Any) -> None:
+    def _receive(self, envelope: Any) -> PostedRecv | None:
+        """Read one message; returns the recv it completed, if any."""
         with self._cond:
             entry = self._take_posted(envelope.tag)
         if entry is None:
@@ -414,27 +460,30 @@ class Inbox:
                 entry = self._take_posted(envelope.tag)
                 if entry is None:
                     self._stash.setdefault(envelope.tag, collections.deque()).append((envelope, payload))
-                    return
+                    return None
             self._deliver_stashed(entry, envelope, payload)
-            return
+            return entry
         try:
             self._check(envelope, entry.array, entry.tag)
         except BaseException as exc:
             self._read_payload(envelope, None)  # drain it: the stream stays aligned
             self._finish(entry, exc)
-            return
+            return entry
         try:
             self._read_payload(envelope, entry.array)
             entry.done()
         except BaseException as exc:
             self._finish(entry, exc)
+            self._failed.append(entry)
             raise
         self._finish(entry, None)
+        return entry
 
     def _fail_all(self, exc: BaseException) -> None:
         with self._cond:
             self._broken = exc
             pending, self._posted = self._posted, []
+        self._failed.extend(pending)  # referenced by the Inbox, not freed by this ending thread
         for entry in pending:
             if entry.any_source is None or entry.any_source.claim(self._peer, entry.work):
                 self._finish(entry, exc)
@@ -456,14 +505,15 @@ class Inbox:
 
 def torch_flavoured(cls: type) -> type:
     """`cls` that is also a torch.distributed.DistBackendError, the class c10d's own backends
-    raise, so `except dist.DistBackendError` catches jacklring's errors too. The classes are
-    module attributes (TorchPeerError, ...) so they pickle."""
+    raise, so `except dist.DistBackendError` catches jacklring's errors too. The classes keep the
+    jacklring name (PeerError, ...) and are module attributes (TorchPeerError, ...) so they pickle."""
     if issubclass(cls, dist.DistBackendError):
         return cls
     name = f"Torch{cls.__name__}"
     flavoured = globals().get(name)
     if flavoured is None:
-        flavoured = type(name, (cls, dist.DistBackendError), {"__module__": __name__, "__doc__": cls.__doc__})
+        flavoured = type(cls.__name__, (cls, dist.DistBackendError), {"__module__": __name__, "__doc__": cls.__doc__})
+        flavoured.__qualname__ = name  # pickled by this name; shown as the jacklring class's name
         globals()[name] = flavoured
     return flavoured
 
