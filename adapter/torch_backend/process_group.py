@@ -480,6 +480,9 @@ class JacklringProcessGroup(dist.ProcessGroup):
                     comm.close()
                 except Exception as exc:  # closing a broken communicator must not mask the real error
                     log.debug("rank %d: closing %r: %s", self._rank, comm, exc)
+        deadline = time.monotonic() + _STOP_TIMEOUT_S
+        for inbox in list(self._inboxes.values()):  # their reads end with the closed connections
+            inbox.join(max(0.0, deadline - time.monotonic()))
 
     def abort(self) -> None:
         self.shutdown()

@@ -255,6 +255,7 @@ class Executor:
             except BaseException as exc:  # surfaces in wait() / the future, never lost
                 error = self._describe_error(work._what, exc)
             work._finish(error)
+            item = run = None  # free staging buffers before the Work can complete (see Inbox._finish)
             self._completer.put(work)
 
     def stop(self, timeout: float) -> None:
@@ -423,10 +424,6 @@ class Inbox:
         return None
 
     def _loop(self) -> None:
-        # The last delivered recv stays referenced here until the next one: once its Work is
-        # completed the main thread may exit, and a daemon thread that frees a tensor while the
-        # interpreter shuts down is aborted inside torch (std::terminate).
-        delivered: PostedRecv | None = None  # noqa: F841
         while True:
             with self._cond:
                 while not self._has_live() and not self._stopped:
@@ -445,7 +442,7 @@ class Inbox:
                 self._fail_all(exc)
                 return
             try:
-                delivered = self._receive(envelope)  # noqa: F841
+                self._receive(envelope)
             except BaseException as exc:
                 self._fail_all(exc)
                 return
@@ -490,6 +487,10 @@ class Inbox:
 
     def _finish(self, entry: PostedRecv, error: BaseException | None) -> None:
         entry.work._finish(None if error is None else self._describe_error(entry.work._what, error))
+        # Free the staging buffers now, before the Work can complete: once it has, the main
+        # thread may exit, and a daemon thread that frees a tensor while the interpreter shuts
+        # down is aborted inside torch (std::terminate, SIGABRT).
+        entry.array = entry.done = None
         self._completer.put(entry.work)
 
     def finish(self, entry: PostedRecv, error: BaseException) -> None:
@@ -501,6 +502,11 @@ class Inbox:
         with self._cond:
             self._stopped = True
             self._cond.notify_all()
+
+    def join(self, timeout: float) -> None:
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
 
 
 def torch_flavoured(cls: type) -> type:
