@@ -81,8 +81,8 @@ class JacklringWork(dist.Work):
         if self._completing_thread == threading.get_ident() and self._future.done():
             pass  # called from one of this future's own callbacks: it is completed
         elif not self._completed.wait(seconds):
-            raise torch_flavoured(CollectiveTimeout)(f"Timed out waiting {seconds * 1000:.0f}ms for {self._what} to complete "
-                                    f"(the timeout given to Work.wait)")
+            raise torch_flavoured(CollectiveTimeout)(
+                f"Timed out waiting {seconds * 1000:.0f}ms for {self._what} to complete (the timeout given to Work.wait)")
         if self._error is not None:
             raise self._error
         return True

@@ -113,13 +113,15 @@ def main() -> int:
         print("\n".join(names))
         return 0
     backends = args.backends.split(",")
-    table: dict[str, dict[str, list[str]]] = {b: {} for b in backends}
+    table: dict[str, dict[str, list[int]]] = {b: {} for b in backends}
+    passed_by: dict[str, set[str]] = {b: set() for b in backends}
     for run in range(args.runs):
         for backend in backends:
             start = time.monotonic()
             result = run_backend(backend, names, args.world_size, args.timeout)
             for key in ("passed", "failed", "skipped"):
                 table[backend].setdefault(key, []).append(len(result[key]))
+            passed_by[backend].update(result["passed"])
             print(f"run {run + 1} {backend}: {len(result['passed'])} passed, {len(result['failed'])} failed, "
                   f"{len(result['skipped'])} skipped in {time.monotonic() - start:.0f} s"
                   + (f"; failed: {', '.join(result['failed'])}" if result["failed"] else ""), flush=True)
@@ -130,6 +132,11 @@ def main() -> int:
     for backend in backends:
         cells = ["/".join(str(c) for c in table[backend][k]) for k in ("passed", "failed", "skipped")]
         print(f"| {backend} | " + " | ".join(cells) + " |")
+    for backend in backends:
+        others = set().union(*(passed_by[b] for b in backends if b != backend))
+        missing = sorted(others - passed_by[backend])
+        if missing:
+            print(f"passed elsewhere but not on {backend} (failed or skipped there): {', '.join(missing)}")
     return 0
 
 
