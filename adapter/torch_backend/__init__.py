@@ -72,7 +72,24 @@ def _create_process_group(common: Any, pg_options: Any) -> Any:
                                  rendezvous=origin)
 
 
-__all__ = ["register_backend", "autoload", "BACKEND_NAME", "JacklringOptions"]
+def monitored_barrier(group: Any = None, timeout: Any = None, wait_all_ranks: bool = False) -> None:
+    """torch.distributed.monitored_barrier for jacklring groups (torch offers it on gloo only):
+    rank 0 waits for every rank until `timeout` (timedelta or seconds; default the group's
+    deadline) and raises naming the first group rank that did not arrive, or all of them with
+    wait_all_ranks=True; the other ranks raise when rank 0 does not release them in time.
+    Groups of other backends are handed to torch's own monitored_barrier."""
+    import torch.distributed as dist
+
+    from .process_group import JacklringProcessGroup
+
+    pg = group if group is not None else dist.distributed_c10d._get_default_group()
+    if isinstance(pg, JacklringProcessGroup):
+        pg.monitored_barrier(timeout, wait_all_ranks=wait_all_ranks)
+    else:
+        dist.monitored_barrier(group=pg, timeout=timeout, wait_all_ranks=wait_all_ranks)
+
+
+__all__ = ["register_backend", "autoload", "monitored_barrier", "BACKEND_NAME", "JacklringOptions"]
 
 # Importing this module registers the backend when torch.distributed is already loaded.
 autoload()

@@ -10,21 +10,25 @@ its errors surface from Work.wait() / the future, naming rank, group and operati
 """
 from __future__ import annotations
 
+import datetime
 import logging
 import threading
+import time
 from typing import Any, Sequence
 
 import torch
 import torch.distributed as dist
 
 from ..backends.base import Backend
+from ..errors import CollectiveTimeout, DistributedError
 from . import ops
-from .work import Completer, Executor, Inbox, JacklringWork, PeerExecutors, wrap_error
+from .work import AnySource, Completer, Executor, Inbox, JacklringWork, PeerExecutors, PostedRecv, torch_flavoured, wrap_error
 
 log = logging.getLogger("jacklring.torch")
 
 BACKEND_NAME = "jacklring"
 _STOP_TIMEOUT_S = 5.0
+MONITORED_BARRIER_TAG = -0x4A4C4D42  # reserved tag of monitored_barrier's messages (users' tags are >= 0)
 
 
 def _as_list(tensors: Any) -> list[torch.Tensor]:
@@ -37,6 +41,16 @@ def _op_name(opts: Any, default: str = "SUM") -> str:
         return default
     op = getattr(opts, "reduceOp", opts)
     return ops.reduce_op_name(op)
+
+
+def _barrier_seconds(opts: Any, default: float) -> float:
+    """A monitored barrier's timeout from BarrierOptions, a timedelta or seconds; torch's
+    "unset" (negative) means the group's deadline."""
+    timeout = getattr(opts, "timeout", opts)
+    if timeout is None:
+        return default
+    seconds = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else float(timeout)
+    return default if seconds < 0 else seconds
 
 
 def _root(opts: Any, attr: str = "rootRank") -> int:
@@ -118,7 +132,7 @@ class JacklringProcessGroup(dist.ProcessGroup):
     # ---- plumbing ---------------------------------------------------------------------------
 
     def _error(self, what: str, exc: BaseException) -> BaseException:
-        return wrap_error(self._rank, self._group_id or "default", what, exc)
+        return wrap_error(self._rank, self._group_id or "default", what, exc, self._timeout_s)
 
     def _check_open(self, what: str) -> None:
         if self._closed:
@@ -337,7 +351,54 @@ class JacklringProcessGroup(dist.ProcessGroup):
         return self._collective("barrier", [], self._comm.barrier)
 
     def monitored_barrier(self, opts: Any = None, wait_all_ranks: bool = False) -> None:
-        self.barrier(opts).wait()
+        """gloo's monitored barrier: every rank reports to rank 0, which waits for each in turn
+        until the deadline and raises naming the first rank that did not arrive (every such
+        rank with wait_all_ranks), else releases them all. Runs over tagged point-to-point
+        messages, so it works while a collective is stuck. opts: a BarrierOptions or a timeout
+        (timedelta or seconds); by default the group's deadline."""
+        self._check_open("monitored_barrier")
+        seconds = _barrier_seconds(opts, self._timeout_s)
+        if self._size == 1:
+            return
+        deadline = time.monotonic() + seconds
+        ms = f"{seconds * 1000:.0f} ms"
+        token = torch.zeros(1, dtype=torch.uint8)
+        if self._rank != 0:
+            self._monitored_step(self.send([token], 0, MONITORED_BARRIER_TAG), deadline,
+                                 f"Rank {self._rank} could not report to rank 0 in monitoredBarrier")
+            self._monitored_step(self.recv([torch.zeros(1, dtype=torch.uint8)], 0, MONITORED_BARRIER_TAG),
+                                 deadline, f"Rank {self._rank} timed out in monitoredBarrier after {ms} "
+                                 f"(rank 0 did not release it: another rank is missing or rank 0 is stuck)")
+            return
+        arrivals = {q: self.recv([torch.zeros(1, dtype=torch.uint8)], q, MONITORED_BARRIER_TAG)
+                    for q in range(1, self._size)}
+        missing: list[int] = []
+        reasons: list[str] = []
+        for q, work in arrivals.items():
+            try:
+                work.wait(max(deadline - time.monotonic(), 1e-3))
+            except Exception as exc:
+                missing.append(q)
+                reasons.append(f"rank {q}: {str(exc).splitlines()[0]}")
+                if not wait_all_ranks:
+                    break
+        if missing:
+            who = (f"Rank {missing[0]}" if len(missing) == 1
+                   else "Ranks " + ", ".join(str(q) for q in missing))
+            raise torch_flavoured(CollectiveTimeout)(
+                f"rank 0: jacklring monitored_barrier (group {self._group_id or 'default'!r}): {who} failed to pass "
+                f"monitoredBarrier in {ms} (Timed out waiting {ms} for them; {'; '.join(reasons)})")
+        for q in range(1, self._size):
+            self._monitored_step(self.send([token], q, MONITORED_BARRIER_TAG), deadline,
+                                 f"Rank 0 could not release rank {q} in monitoredBarrier")
+
+    @staticmethod
+    def _monitored_step(work: JacklringWork, deadline: float, failure: str) -> None:
+        try:
+            work.wait(max(deadline - time.monotonic(), 1e-3))
+        except Exception as exc:
+            raise torch_flavoured(CollectiveTimeout if isinstance(exc, TimeoutError) else DistributedError)(
+                f"{failure}: {str(exc).splitlines()[0]}") from exc
 
     # ---- point to point ---------------------------------------------------------------------
 
@@ -365,7 +426,7 @@ class JacklringProcessGroup(dist.ProcessGroup):
             inbox = self._inboxes.get(src)
             if inbox is None:
                 comm, rank = self._comm, self._rank
-                inbox = Inbox(f"jacklring-r{rank}-{self._group_id or 'pg'}-recv-{src}",
+                inbox = Inbox(f"jacklring-r{rank}-{self._group_id or 'pg'}-recv-{src}", src,
                               lambda: ops.recv_envelope(comm, src),
                               lambda env, into: ops.recv_payload(comm, src, env, into),
                               lambda env, array, tag: ops.check_envelope(rank, src, env, array, tag),
@@ -381,8 +442,25 @@ class JacklringProcessGroup(dist.ProcessGroup):
         return tensors[0]
 
     def recv_anysource(self, tensors: Any, tag: int = 0) -> JacklringWork:
-        raise RuntimeError("jacklring does not support recv from any source (src=None): the adapter "
-                           "backends receive from a named peer; pass src")
+        """The first message with `tag` from any peer; work.source_rank() names that peer."""
+        tensor = self._single_tensor("recv", tensors)
+        self._check_open("recv")
+        if self._size == 1:
+            raise ValueError(f"jacklring: rank {self._rank} cannot recv from any source in a group of one")
+        staged = ops.view(tensor, fill=False)
+        work = JacklringWork(f"recv from any source (tag {tag})", [tensor])
+        entry = PostedRecv(work, tag, staged.array, staged.write_back, AnySource())
+        outcomes = []
+        for peer in range(self._size):
+            if peer != self._rank:
+                outcome = self._inbox(peer).post_any(entry)
+                outcomes.append(outcome)
+                if outcome == "taken":
+                    break
+        if outcomes and all(o == "broken" for o in outcomes):
+            self._inbox((self._rank + 1) % self._size).finish(
+                entry, DistributedError("the connection from every peer failed earlier"))
+        return work
 
     # ---- lifecycle --------------------------------------------------------------------------
 
@@ -402,6 +480,9 @@ class JacklringProcessGroup(dist.ProcessGroup):
                     comm.close()
                 except Exception as exc:  # closing a broken communicator must not mask the real error
                     log.debug("rank %d: closing %r: %s", self._rank, comm, exc)
+        deadline = time.monotonic() + _STOP_TIMEOUT_S
+        for inbox in list(self._inboxes.values()):  # their reads end with the closed connections
+            inbox.join(max(0.0, deadline - time.monotonic()))
 
     def abort(self) -> None:
         self.shutdown()

@@ -8,13 +8,20 @@
 - Futures are completed on a separate completion thread, never on a communication thread:
   a `.then` callback that issues (and even waits for) a new collective, as PowerSGD does,
   runs while the communication thread is free to execute it.
+- The Work keeps c10d's contract (docs/torch.md, "Work and Future contract"): wait() returns
+  only once the future is completed and the callbacks added before have run; the future carries errors the way C++ Future::setError
+  does, so DDP's reducer and other C++ callers see a failed future, never a "successful" one
+  holding an exception object.
 """
 from __future__ import annotations
 
+import atexit
 import collections
 import datetime
 import queue
 import threading
+import time
+import weakref
 from typing import Any, Callable
 
 import torch
@@ -26,47 +33,68 @@ _STOP = object()
 
 
 class JacklringWork(dist.Work):
-    """The handle torch gets back from every operation of the jacklring process group."""
+    """The handle torch gets back from every operation of the jacklring process group.
+
+    Two futures: `_raw` is completed (always with None) by the completer; the future handed
+    out is `_raw.then(self._outcome)`, which returns the output tensors or raises the error.
+    An exception raised in a `then` callback is stored by C++ with Future::setError, so
+    Python and C++ callers both see a failed future. Every query below reads the handed-out
+    future's state, so they agree with it at every moment."""
 
     def __init__(self, what: str, result: list[torch.Tensor], source_rank: int = -1) -> None:
         super().__init__()
         self._what = what
         self._result = result
-        self._source_rank = source_rank
-        self._done = threading.Event()
+        self._peer = source_rank
         self._error: BaseException | None = None
-        self._future: torch.futures.Future = torch.futures.Future()
+        self._completed = threading.Event()  # the future is completed and its callbacks have run
+        self._completing_thread: int | None = None
+        self._raw: torch.futures.Future = torch.futures.Future()
+        self._future = self._raw.then(self._outcome)
 
     # ---- called by the executors ----------------------------------------------------------
 
     def _finish(self, error: BaseException | None) -> None:
+        """Communication is over; the future is completed later, by the completer."""
         self._error = error
-        self._done.set()
 
     def _complete_future(self) -> None:
-        if self._error is None:
-            self._future.set_result(self._result)
-        else:
-            self._future.set_exception(self._error)
+        """Complete the future and run the callbacks added so far (as gloo's AsyncWork does
+        before it finishes its Work); only then may wait() return. A thread still inside C++
+        completion code when the interpreter shuts down is aborted (std::terminate), so wait()
+        must not let the main thread run ahead of it."""
+        self._completing_thread = threading.get_ident()
+        try:
+            self._raw.set_result(None)
+        finally:
+            self._completed.set()
+
+    def _outcome(self, _raw: Any) -> list[torch.Tensor]:
+        if self._error is not None:
+            raise self._error
+        return self._result
 
     # ---- torch's Work interface -----------------------------------------------------------
 
     def wait(self, timeout: datetime.timedelta | float | None = None) -> bool:
         seconds = _seconds(timeout)
-        if not self._done.wait(seconds):
-            raise CollectiveTimeout(f"{self._what} did not finish within {seconds:g} s (Work.wait timeout)")
+        if self._completing_thread == threading.get_ident() and self._future.done():
+            pass  # called from one of this future's own callbacks: it is completed
+        elif not self._completed.wait(seconds):
+            raise torch_flavoured(CollectiveTimeout)(
+                f"Timed out waiting {seconds * 1000:.0f}ms for {self._what} to complete (the timeout given to Work.wait)")
         if self._error is not None:
             raise self._error
         return True
 
     def is_completed(self) -> bool:
-        return self._done.is_set()
+        return self._future.done()
 
     def is_success(self) -> bool:
-        return self._done.is_set() and self._error is None
+        return self._future.done() and self._error is None
 
     def exception(self) -> BaseException | None:
-        return self._error
+        return self._error if self._future.done() else None
 
     def result(self) -> list[torch.Tensor]:
         self.wait()
@@ -76,13 +104,20 @@ class JacklringWork(dist.Work):
         return self._future
 
     def source_rank(self) -> int:
-        return self._source_rank
+        return self._peer
+
+    def _source_rank(self) -> int:  # what torch.distributed.recv(src=None) asks
+        return self._peer
+
+    def _set_source_rank(self, peer: int) -> None:
+        """A recv from any source learns its peer when a message is matched."""
+        self._peer = peer
 
     def synchronize(self) -> None:
         """CPU work has no stream to synchronise with."""
 
     def __repr__(self) -> str:
-        state = "pending" if not self._done.is_set() else ("ok" if self._error is None else "failed")
+        state = "pending" if not self._future.done() else ("ok" if self._error is None else "failed")
         return f"<JacklringWork {self._what} {state}>"
 
 
@@ -94,13 +129,26 @@ def _seconds(timeout: datetime.timedelta | float | None) -> float | None:
     return seconds if seconds > 0 else None
 
 
+_COMPLETERS: weakref.WeakSet = weakref.WeakSet()
+
+
+@atexit.register
+def _drain_completions_at_exit() -> None:
+    """Completions still running when the interpreter shuts down would be aborted inside
+    torch's C++ future code (std::terminate, SIGABRT): let them finish first."""
+    deadline = time.monotonic() + 2.0
+    for completer in list(_COMPLETERS):
+        completer.drain(max(0.0, deadline - time.monotonic()))
+
+
 class Completer:
     """Completes futures (runs user callbacks) off the communication threads.
 
     Completions run in finishing order on one thread while callbacks return promptly. A
     callback that blocks (PowerSGD's waits on the future of a collective it just issued)
-    would starve every later completion, including the one it waits for; so when no worker
-    is idle another is started (at most MAX_WORKERS) to keep completions flowing."""
+    would starve every later completion, including the one it waits for; so whenever more
+    completions are queued than workers are idle another worker is started (at most
+    MAX_WORKERS) to keep completions flowing."""
 
     MAX_WORKERS = 32
 
@@ -110,18 +158,35 @@ class Completer:
         self._pending: collections.deque = collections.deque()
         self._idle = 0
         self._workers: list[threading.Thread] = []
+        self._live = 0  # workers that have not returned (counted under the lock)
+        self._busy = 0  # completions running now
         self._stopped = False
+        _COMPLETERS.add(self)
 
     def put(self, work: JacklringWork) -> None:
         with self._cond:
-            self._pending.append(work)
-            if self._idle > 0:
-                self._cond.notify()
-            elif len(self._workers) < self.MAX_WORKERS and not self._stopped:
+            inline = self._stopped and self._live == 0
+            if not inline:
+                self._pending.append(work)
+            # An idle worker that was notified but has not woken yet still counts as idle:
+            # compare with the queue length, not with zero, or two quick puts share one worker.
+            if len(self._pending) > self._idle and len(self._workers) < self.MAX_WORKERS and not self._stopped:
                 worker = threading.Thread(target=self._loop, name=f"{self._name}-complete{len(self._workers)}",
                                           daemon=True)
                 self._workers.append(worker)
+                self._live += 1
                 worker.start()
+            elif not inline:
+                self._cond.notify()
+        if inline:  # after shutdown: a late completion must still complete its future
+            self._complete(work)
+
+    @staticmethod
+    def _complete(work: JacklringWork) -> None:
+        try:
+            work._complete_future()
+        except BaseException:  # a failing user callback must not stop later completions
+            pass
 
     def _loop(self) -> None:
         while True:
@@ -131,12 +196,26 @@ class Completer:
                     self._cond.wait()
                     self._idle -= 1
                 if not self._pending:
+                    self._live -= 1
                     return
                 work = self._pending.popleft()
+                self._busy += 1
             try:
-                work._complete_future()
-            except BaseException:  # a failing user callback must not stop later completions
-                pass
+                self._complete(work)
+            finally:
+                with self._cond:
+                    self._busy -= 1
+                    self._cond.notify_all()
+
+    def drain(self, timeout: float) -> None:
+        """Wait until no completion is queued or running (bounded by timeout)."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while (self._pending or self._busy) and (self._live or self._busy):
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return
+                self._cond.wait(remaining)
 
     def stop(self, timeout: float) -> None:
         with self._cond:
@@ -176,6 +255,7 @@ class Executor:
             except BaseException as exc:  # surfaces in wait() / the future, never lost
                 error = self._describe_error(work._what, exc)
             work._finish(error)
+            item = run = None  # free staging buffers before the Work can complete (see Inbox._finish)
             self._completer.put(work)
 
     def stop(self, timeout: float) -> None:
@@ -211,11 +291,38 @@ class PeerExecutors:
             executor.stop(timeout)
 
 
-class _Posted:
-    __slots__ = ("work", "tag", "array", "done")
+class AnySource:
+    """One recv from any source, posted to every peer's Inbox: the first Inbox whose peer sends
+    a message with its tag claims it (and names that peer as the Work's source rank); the
+    other Inboxes drop it."""
 
-    def __init__(self, work: JacklringWork, tag: int, array: Any, done: Callable[[], None]) -> None:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._taken = False
+
+    @property
+    def taken(self) -> bool:
+        return self._taken
+
+    def claim(self, peer: int, work: JacklringWork) -> bool:
+        with self._lock:
+            if self._taken:
+                return False
+            self._taken = True
+        work._set_source_rank(peer)
+        return True
+
+
+class PostedRecv:
+    __slots__ = ("work", "tag", "array", "done", "any_source")
+
+    def __init__(self, work: JacklringWork, tag: int, array: Any, done: Callable[[], None],
+                 any_source: AnySource | None = None) -> None:
         self.work, self.tag, self.array, self.done = work, tag, array, done
+        self.any_source = any_source
+
+    def live(self) -> bool:
+        return self.any_source is None or not self.any_source.taken
 
 
 class Inbox:
@@ -224,40 +331,39 @@ class Inbox:
     While recvs are posted, a thread reads the peer's messages in order (envelope, then
     payload): each goes to the first posted recv with its tag, or, when none is posted yet, into
     a stash that a later recv with that tag takes it from. Recvs posted in any tag order thus
-    complete as they do on gloo. After a transport error every pending and later recv fails
-    with it (the stream can no longer be trusted)."""
+    complete as they do on gloo. A recv from any source is posted to every peer's Inbox and
+    taken by the first matching message. After a transport error every pending and later recv
+    fails with it (the stream can no longer be trusted); a deadline that passes while no recv
+    is waiting on this peer (only a recv from any source that another peer satisfied) is not
+    an error."""
 
-    def __init__(self, name: str, read_envelope: Callable[[], Any], read_payload: Callable[[Any, Any], Any],
-                 check: Callable[[Any, Any, int], None], completer: Completer,
-                 describe_error: Callable[[str, BaseException], BaseException]) -> None:
+    def __init__(self, name: str, peer: int, read_envelope: Callable[[], Any],
+                 read_payload: Callable[[Any, Any], Any], check: Callable[[Any, Any, int], None],
+                 completer: Completer, describe_error: Callable[[str, BaseException], BaseException]) -> None:
         self._name = name
+        self._peer = peer
         self._read_envelope = read_envelope
         self._read_payload = read_payload  # (envelope, array or None) -> the bytes received
         self._check = check  # (envelope, array, tag): raise when the message does not fit the recv
         self._completer = completer
         self._describe_error = describe_error
         self._cond = threading.Condition()
-        self._posted: list[_Posted] = []
+        self._posted: list[PostedRecv] = []
         self._stash: dict[int, collections.deque] = {}
         self._broken: BaseException | None = None
+        self._failed: list[PostedRecv] = []
         self._stopped = False
         self._thread: threading.Thread | None = None
 
     def post(self, work: JacklringWork, tag: int, array: Any, done: Callable[[], None]) -> JacklringWork:
         """Receive the next message with `tag` into `array` (1-D numpy), then call done()."""
-        entry = _Posted(work, tag, array, done)
+        entry = PostedRecv(work, tag, array, done)
         with self._cond:
-            if self._broken is not None:
-                broken = self._broken
-            else:
-                broken = None
+            broken = self._broken
+            if broken is None:
                 stashed = self._stash.get(tag)
                 if not stashed:
-                    self._posted.append(entry)
-                    self._cond.notify()
-                    if self._thread is None:
-                        self._thread = threading.Thread(target=self._loop, name=self._name, daemon=True)
-                        self._thread.start()
+                    self._append(entry)
                     return work
                 envelope, payload = stashed.popleft()
         if broken is not None:
@@ -266,7 +372,34 @@ class Inbox:
             self._deliver_stashed(entry, envelope, payload)
         return work
 
-    def _deliver_stashed(self, entry: _Posted, envelope: Any, payload: Any) -> None:
+    def post_any(self, entry: PostedRecv) -> str:
+        """Offer a recv from any source: "taken" (a stashed message of this peer or an earlier
+        claim satisfied it), "posted", or "broken" (this peer's stream failed earlier)."""
+        assert entry.any_source is not None
+        with self._cond:
+            if entry.any_source.taken:
+                return "taken"
+            if self._broken is not None:
+                return "broken"
+            stashed = self._stash.get(entry.tag)
+            if not stashed:
+                self._append(entry)
+                return "posted"
+            if not entry.any_source.claim(self._peer, entry.work):
+                return "taken"
+            envelope, payload = stashed.popleft()
+        self._deliver_stashed(entry, envelope, payload)
+        return "taken"
+
+    def _append(self, entry: PostedRecv) -> None:
+        """Called with the lock held."""
+        self._posted.append(entry)
+        self._cond.notify()
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name=self._name, daemon=True)
+            self._thread.start()
+
+    def _deliver_stashed(self, entry: PostedRecv, envelope: Any, payload: Any) -> None:
         try:
             self._check(envelope, entry.array, entry.tag)
             entry.array.view("uint8")[...] = payload
@@ -276,59 +409,93 @@ class Inbox:
             return
         self._finish(entry, None)
 
-    def _take_posted(self, tag: int) -> _Posted | None:
+    def _has_live(self) -> bool:
+        """Drop recvs from any source that another peer satisfied. Called with the lock held."""
+        self._posted = [entry for entry in self._posted if entry.live()]
+        return bool(self._posted)
+
+    def _take_posted(self, tag: int) -> PostedRecv | None:
+        """The first posted recv this message may complete (claimed when from any source)."""
         for i, entry in enumerate(self._posted):
-            if entry.tag == tag:
+            if entry.tag != tag:
+                continue
+            if entry.any_source is None or entry.any_source.claim(self._peer, entry.work):
                 return self._posted.pop(i)
         return None
 
     def _loop(self) -> None:
         while True:
             with self._cond:
-                while not self._posted and not self._stopped:
+                while not self._has_live() and not self._stopped:
                     self._cond.wait()
                 if self._stopped:
                     return
             try:
                 envelope = self._read_envelope()
+            except CollectiveTimeout as exc:
                 with self._cond:
-                    entry = self._take_posted(envelope.tag)
-                if entry is None:
-                    payload = self._read_payload(envelope, None)
-                    with self._cond:  # a recv for this tag may have been posted meanwhile
-                        entry = self._take_posted(envelope.tag)
-                        if entry is None:
-                            self._stash.setdefault(envelope.tag, collections.deque()).append((envelope, payload))
-                            continue
-                    self._deliver_stashed(entry, envelope, payload)
-                    continue
-                try:
-                    self._check(envelope, entry.array, entry.tag)
-                except BaseException as exc:
-                    self._read_payload(envelope, None)  # drain it: the stream stays aligned
-                    self._finish(entry, exc)
-                    continue
-                try:
-                    self._read_payload(envelope, entry.array)
-                    entry.done()
-                except BaseException as exc:
-                    self._finish(entry, exc)
-                    raise
-                self._finish(entry, None)
+                    if not self._has_live():
+                        continue  # nobody was waiting on this peer any more: not a failure
+                self._fail_all(exc)
+                return
             except BaseException as exc:
                 self._fail_all(exc)
                 return
+            try:
+                self._receive(envelope)
+            except BaseException as exc:
+                self._fail_all(exc)
+                return
+
+    def _receive(self, envelope: Any) -> PostedRecv | None:
+        """Read one message; returns the recv it completed, if any."""
+        with self._cond:
+            entry = self._take_posted(envelope.tag)
+        if entry is None:
+            payload = self._read_payload(envelope, None)
+            with self._cond:  # a recv for this tag may have been posted meanwhile
+                entry = self._take_posted(envelope.tag)
+                if entry is None:
+                    self._stash.setdefault(envelope.tag, collections.deque()).append((envelope, payload))
+                    return None
+            self._deliver_stashed(entry, envelope, payload)
+            return entry
+        try:
+            self._check(envelope, entry.array, entry.tag)
+        except BaseException as exc:
+            self._read_payload(envelope, None)  # drain it: the stream stays aligned
+            self._finish(entry, exc)
+            return entry
+        try:
+            self._read_payload(envelope, entry.array)
+            entry.done()
+        except BaseException as exc:
+            self._finish(entry, exc)
+            self._failed.append(entry)
+            raise
+        self._finish(entry, None)
+        return entry
 
     def _fail_all(self, exc: BaseException) -> None:
         with self._cond:
             self._broken = exc
             pending, self._posted = self._posted, []
+        self._failed.extend(pending)  # referenced by the Inbox, not freed by this ending thread
         for entry in pending:
-            self._finish(entry, exc)
+            if entry.any_source is None or entry.any_source.claim(self._peer, entry.work):
+                self._finish(entry, exc)
 
-    def _finish(self, entry: _Posted, error: BaseException | None) -> None:
+    def _finish(self, entry: PostedRecv, error: BaseException | None) -> None:
         entry.work._finish(None if error is None else self._describe_error(entry.work._what, error))
+        # Free the staging buffers now, before the Work can complete: once it has, the main
+        # thread may exit, and a daemon thread that frees a tensor while the interpreter shuts
+        # down is aborted inside torch (std::terminate, SIGABRT).
+        entry.array = entry.done = None
         self._completer.put(entry.work)
+
+    def finish(self, entry: PostedRecv, error: BaseException) -> None:
+        """Fail a recv that could not be posted anywhere."""
+        self._finish(entry, error)
 
     def stop(self) -> None:
         """Let the thread end; one blocked in a read ends when the communicator is closed."""
@@ -336,15 +503,43 @@ class Inbox:
             self._stopped = True
             self._cond.notify_all()
 
+    def join(self, timeout: float) -> None:
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
 
-def wrap_error(rank: int, group: str, what: str, exc: BaseException) -> BaseException:
-    """A DistributedError naming rank, group and operation, chained to the cause."""
-    if isinstance(exc, DistributedError) and f"rank {rank}" in str(exc) and what in str(exc):
+
+def torch_flavoured(cls: type) -> type:
+    """`cls` that is also a torch.distributed.DistBackendError, the class c10d's own backends
+    raise, so `except dist.DistBackendError` catches jacklring's errors too. The classes keep the
+    jacklring name (PeerError, ...) and are module attributes (TorchPeerError, ...) so they pickle."""
+    if issubclass(cls, dist.DistBackendError):
+        return cls
+    name = f"Torch{cls.__name__}"
+    flavoured = globals().get(name)
+    if flavoured is None:
+        flavoured = type(cls.__name__, (cls, dist.DistBackendError), {"__module__": __name__, "__doc__": cls.__doc__})
+        flavoured.__qualname__ = name  # pickled by this name; shown as the jacklring class's name
+        globals()[name] = flavoured
+    return flavoured
+
+
+def wrap_error(rank: int, group: str, what: str, exc: BaseException,
+               deadline_s: float | None = None) -> BaseException:
+    """A DistributedError (also a DistBackendError) naming rank, group and operation, chained
+    to the cause. Timeouts carry torch's wording ("Timed out waiting <n>ms for ...") next to
+    ours, as gloo's do, so what users and torch's tests match on is there."""
+    if isinstance(exc, dist.DistBackendError) and f"rank {rank}" in str(exc) and what in str(exc):
         return exc
     cls = type(exc) if isinstance(exc, DistributedError) else DistributedError
+    detail = str(exc)
+    if isinstance(exc, TimeoutError) and "Timed out" not in detail:
+        waited = f"waiting {deadline_s * 1000:.0f}ms " if deadline_s else ""
+        detail = f"Timed out {waited}for {what} to complete: {detail}"
+    message = f"rank {rank}: jacklring {what} (group {group!r}) failed: {detail}"
     try:
-        wrapped = cls(f"rank {rank}: jacklring {what} (group {group!r}) failed: {exc}")
+        wrapped = torch_flavoured(cls)(message)
     except TypeError:
-        wrapped = DistributedError(f"rank {rank}: jacklring {what} (group {group!r}) failed: {exc}")
+        wrapped = torch_flavoured(DistributedError)(message)
     wrapped.__cause__ = exc
     return wrapped
