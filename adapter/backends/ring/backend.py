@@ -45,6 +45,7 @@ from ..base import Backend, ReduceOp
 from ..elements import CODE_NAMES, DTYPE_CODES, dtype_code, reduce_many
 from ..transport import tcp
 from ..transport.stream_engine import CRC, Engine, Link
+from . import shared, shm_algorithms
 from .algorithms import (
     Channel,
     bytes_of,
@@ -64,9 +65,10 @@ PURPOSE_PING = 3  # "are you alive?" from a rank waiting on recv(); closed witho
 
 HEADER = struct.Struct("<HBBIQq")  # magic, op, dtype code, sequence, byte count, extra (reduce op / root)
 HEADER_MAGIC = 0x4A4B
-OP_ALL_REDUCE, OP_ALL_GATHER, OP_REDUCE_SCATTER, OP_BROADCAST, OP_BARRIER, OP_SEND, OP_SPLIT = range(1, 8)
+OP_ALL_REDUCE, OP_ALL_GATHER, OP_REDUCE_SCATTER, OP_BROADCAST, OP_BARRIER, OP_SEND, OP_SPLIT, OP_SHM = range(1, 9)
 OP_NAMES = {OP_ALL_REDUCE: "all_reduce", OP_ALL_GATHER: "all_gather", OP_REDUCE_SCATTER: "reduce_scatter",
-            OP_BROADCAST: "broadcast", OP_BARRIER: "barrier", OP_SEND: "send", OP_SPLIT: "split"}
+            OP_BROADCAST: "broadcast", OP_BARRIER: "barrier", OP_SEND: "send", OP_SPLIT: "split",
+            OP_SHM: "shared-memory set-up"}
 REDUCE_CODES = {op: i for i, op in enumerate(ReduceOp)}
 REDUCE_NAMES = {i: op.value for op, i in REDUCE_CODES.items()}
 
@@ -215,11 +217,13 @@ class RingBackend(Backend):
         self.right: list[Link] = []
         self.left: list[Link] = []
         self.engine: Engine | None = None
+        self._shm = None  # a transport.shm.SharedGroup when the whole group is on this host
         if os.environ.get("MLX_RING_VERBOSE", "").strip().lower() in ("1", "true", "yes", "on"):
             logging.basicConfig()
             log.setLevel(logging.INFO)
         if self._size > 1:
             self._connect_ring()
+            self._attach_shared_memory()
 
     # ---- set-up ---------------------------------------------------------------------------
 
@@ -301,6 +305,8 @@ class RingBackend(Backend):
         if self._size == 1:
             return _copy(src, dst)
         header = self._header(OP_ALL_REDUCE, src, REDUCE_CODES[op])
+        if self._shared(header, shm_algorithms.all_reduce, src, dst, op, self._shm_small):
+            return
         n = self._size
         if src.nbytes <= self._small_limit:
             self._collective(header, lambda: self._small_all_reduce(header, src, dst, op))
@@ -312,6 +318,8 @@ class RingBackend(Backend):
         if self._size == 1:
             return _copy(src, dst)
         header = self._header(OP_REDUCE_SCATTER, src, REDUCE_CODES[op])
+        if self._shared(header, shm_algorithms.reduce_scatter, src, dst, op):
+            return
         n = self._size
         if src.nbytes <= self._small_limit:
             def run() -> None:
@@ -330,6 +338,8 @@ class RingBackend(Backend):
         if self._size == 1:
             return _copy(src, dst)
         header = self._header(OP_ALL_GATHER, src, 0)
+        if self._shared(header, shm_algorithms.all_gather, src, dst):
+            return
         if src.nbytes <= self._small_limit:
             def run() -> None:
                 parts = self._small_gather(header, bytes_of(src))
@@ -345,12 +355,16 @@ class RingBackend(Backend):
         if self._size == 1:
             return
         header = self._header(OP_BROADCAST, buf, root)
+        if self._shared(header, shm_algorithms.broadcast, buf, root):
+            return
         self._collective(header, lambda: self._broadcast(header, buf, root))
 
     def barrier(self) -> None:
         if self._size == 1:
             return
         header = HEADER.pack(HEADER_MAGIC, OP_BARRIER, 0, self._seq, 0, 0)
+        if self._shared(header, shm_algorithms.barrier):
+            return
         self._collective(header, lambda: self._small_gather(header, memoryview(b"")))
 
     def send(self, buf: np.ndarray, dst: int) -> None:
@@ -430,6 +444,9 @@ class RingBackend(Backend):
         return RingBackend(new_rank, [e["addrs"] for e in members], listeners, self.timeout, self._connect_timeout)
 
     def close(self) -> None:
+        if self._shm is not None:
+            self._shm.close()
+            self._shm = None
         for link in self.right + self.left:
             link.close()
         self.right, self.left = [], []
@@ -600,6 +617,26 @@ class RingBackend(Backend):
             root_pos = root if ci < n_forward else n - 1 - root
             chain_broadcast(ch, n, root_pos, buf[plo:phi], seg)
         self._run()
+
+    # ---- same-host shared memory (see shared.py) -------------------------------------------
+
+    def _attach_shared_memory(self) -> None:
+        self._shm_small = config.get("JACKLRING_SHM_SMALL_BYTES")
+
+        def gather(record: bytes) -> list[bytes]:
+            header = HEADER.pack(HEADER_MAGIC, OP_SHM, dtype_code(np.uint8), self._seq, len(record), 0)
+            parts: list[bytes] = []
+            self._collective(header, lambda: parts.extend(
+                bytes(p) for p in self._small_gather(header, memoryview(record))))
+            return parts
+        self._shm = shared.attach(self, gather)
+
+    def _shared(self, header: bytes, body, *args) -> bool:
+        """Run a collective over shared memory when this group has it (else return False)."""
+        if self._shm is None:
+            return False
+        self._collective(header, lambda: shared.run(self._shm, self._deadline, self._what, body, header, *args))
+        return True
 
     # ---- point to point -------------------------------------------------------------------
 
