@@ -127,6 +127,9 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
     # ring
     Setting("JACKLRING_RING_SMALL_BYTES", byte_size, 64 * 1024,
             "largest reduction sent by the one-pass small-message path"),
+    Setting("JACKLRING_RING_ONE_PASS_BYTES", byte_size, 32 * 1024,
+            "with more than 2 ranks, the one-pass path only while it sends at most this much per rank "
+            "((ranks - 1) x message); larger messages take reduce-scatter + all-gather"),
     Setting("JACKLRING_RING_SEGMENT_BYTES", byte_size, 256 * 1024,
             "pipelining segment of large ring reductions"),
     Setting("JACKLRING_RING_DIRECTIONS", integer(1, 2), 2,

@@ -200,6 +200,7 @@ class RingBackend(Backend):
         self._seq = 0
         self._verify = config.get("JACKLRING_VERIFY")
         self._small_limit = config.get("JACKLRING_RING_SMALL_BYTES")
+        self._one_pass_limit = config.get("JACKLRING_RING_ONE_PASS_BYTES")
         self._segment_bytes = config.get("JACKLRING_RING_SEGMENT_BYTES")
         self._both_directions = config.get("JACKLRING_RING_DIRECTIONS") == 2
         self._broken: BaseException | None = None
@@ -308,7 +309,7 @@ class RingBackend(Backend):
         if self._shared(header, shm_algorithms.all_reduce, src, dst, op, self._shm_small):
             return
         n = self._size
-        if src.nbytes <= self._small_limit:
+        if self._one_pass(src.nbytes):
             self._collective(header, lambda: self._small_all_reduce(header, src, dst, op))
             return
         blocks = split_evenly(src.size, n)
@@ -321,7 +322,7 @@ class RingBackend(Backend):
         if self._shared(header, shm_algorithms.reduce_scatter, src, dst, op):
             return
         n = self._size
-        if src.nbytes <= self._small_limit:
+        if self._one_pass(src.nbytes):
             def run() -> None:
                 full = self._buffer("rs-small", src.dtype, src.size)
                 self._small_all_reduce(header, src, full, op)
@@ -507,6 +508,15 @@ class RingBackend(Backend):
         if view is None or len(view) < nbytes:
             view = self._small_view = memoryview(bytearray(max(nbytes, 4096)))
         return view[:nbytes]
+
+    def _one_pass(self, nbytes: int) -> bool:
+        """Whether a reduction of nbytes takes the one-pass path (each rank sends (n-1) x nbytes
+        in n-1 hops) rather than reduce-scatter + all-gather (2(n-1)/n x nbytes in 2(n-1) hops).
+        Two ranks send the same either way; more ranks take the one pass only while what it
+        sends stays under JACKLRING_RING_ONE_PASS_BYTES, where latency, not bytes, sets the time."""
+        if nbytes > self._small_limit:
+            return False
+        return self._size <= 2 or nbytes * (self._size - 1) <= self._one_pass_limit
 
     def _check_header(self, mine: bytes, raw: memoryview, sender: int) -> None:
         if raw[:HEADER.size] != mine:
