@@ -207,6 +207,7 @@ class SharedGroup:
         self.buffers = [[np.ndarray((c,), np.uint8, buffer=self.mem, offset=base + (q * 2 + p) * c)
                          for p in range(2)] for q in range(n)]
         self._typed: dict = {}
+        self._stacked: dict = {}
         self.step = 0
         self.peers = [q for q in range(n) if q != r]
         self._bell_names = [f"\0jacklring-shm-{nonce}-{q}".encode() for q in range(n)]
@@ -233,6 +234,19 @@ class SharedGroup:
         """Also wake up and fail when this socket's peer hangs up (a ring link)."""
         self._watched[fd] = label
         self._poll.register(fd, select.POLLRDHUP)
+
+    def stacked(self, parity: int, dtype: np.dtype) -> np.ndarray:
+        """Every rank's buffer of this parity as rows of one (size, chunk) array of dtype, so a
+        reduction over ranks is a single ufunc call (cached: the small-message hot path)."""
+        key = (parity, dtype)
+        view = self._stacked.get(key)
+        if view is None:
+            dtype = np.dtype(dtype)
+            rows = self.buffers[1][parity].ctypes.data - self.buffers[0][parity].ctypes.data if self.size > 1 else 0
+            view = self._stacked[key] = np.ndarray(
+                (self.size, self.chunk_bytes // dtype.itemsize), dtype, buffer=self.mem,
+                offset=self._data_offset(self.size) + parity * self.chunk_bytes, strides=(rows, dtype.itemsize))
+        return view
 
     def typed(self, q: int, parity: int, dtype: np.dtype) -> np.ndarray:
         """Rank q's buffer of this parity as an array of dtype (cached: this is the hot path)."""
@@ -374,6 +388,7 @@ class SharedGroup:
         if words is not None:
             words.release()
         self._typed = {}
+        self._stacked = {}
         self.buffers = []
         self._counters = None  # type: ignore[assignment]
         ctrl = getattr(self, "_ctrl", None)
