@@ -198,8 +198,9 @@ class SharedGroup:
         self._mask_addr = self.words.address(0)
         self._counter_addr = [self.words.address(CONTROL * (q + 1) + COUNTER) for q in range(n)]
         self._broken_addr = [self.words.address(CONTROL * (q + 1) + BROKEN) for q in range(n)]
-        # Plain reads of the counters: a cheap hint while spinning, always confirmed by an atomic load.
-        self._counters = np.ndarray((n,), np.uint64, buffer=self.mem, offset=CONTROL + COUNTER, strides=(CONTROL,))
+        # Plain reads of the counters (index of each counter word): a cheap hint while spinning,
+        # always confirmed by an atomic load.
+        self._counter_word = [(CONTROL * (q + 1) + COUNTER) // 8 for q in range(n)]
         self._ctrl = memoryview(self.mem)
         self._header_at = [[CONTROL * (q + 1) + HEADER + p * HEADER_BYTES for p in range(2)] for q in range(n)]
         base = self._data_offset(n)
@@ -274,9 +275,9 @@ class SharedGroup:
         sleepers = words.load(self._mask_addr, SEQ_CST) & ~(1 << self.rank)
         if sleepers:
             self._ring(sleepers)
-        counters = self._counters
+        plain, index = words.plain, self._counter_word
         for q in self.peers:
-            if counters[q] < step or words.load(self._counter_addr[q], ACQUIRE) < step:
+            if plain[index[q]] < step or words.load(self._counter_addr[q], ACQUIRE) < step:
                 self._wait(q, step)
         if header is not None:
             for q in self.peers:
@@ -311,12 +312,12 @@ class SharedGroup:
         return None
 
     def _wait(self, q: int, step: int) -> None:
-        counters = self._counters
+        plain, index = self.words.plain, self._counter_word[q]
         if self.spin_s > 0:
             spin_until = time.monotonic() + self.spin_s
             yield_ = self.yield_while_spinning
             while True:
-                if counters[q] >= step and self._value(q, step) is not None:
+                if plain[index] >= step and self._value(q, step) is not None:
                     return
                 if yield_:
                     os.sched_yield()
@@ -390,7 +391,6 @@ class SharedGroup:
         self._typed = {}
         self._stacked = {}
         self.buffers = []
-        self._counters = None  # type: ignore[assignment]
         ctrl = getattr(self, "_ctrl", None)
         if ctrl is not None:
             ctrl.release()
