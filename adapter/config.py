@@ -139,12 +139,16 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
             "is on one host, else Unix sockets), unix (abstract Unix sockets on Linux) or tcp"),
     Setting("JACKLRING_SHM_CHUNK_BYTES", byte_size, 2 << 20,
             "shared-memory buffer per rank and step (the segment is 2 x ranks x this)"),
+    Setting("JACKLRING_SHM_YIELD_US", microseconds, 1000.0,
+            "after spinning, how long a rank waiting on shared memory keeps checking while giving its CPU "
+            "away (sched_yield) before it sleeps; 0: sleep at once"),
     Setting("JACKLRING_SHM_SMALL_BYTES", byte_size, 32 * 1024,
             "largest shared-memory all_reduce in which every rank reduces the whole message itself"),
     Setting("JACKLRING_SOCKET_BUFFER_BYTES", byte_size, 4 << 20,
             "send and receive buffer size requested for every TCP connection"),
     Setting("JACKLRING_SPIN_US", microseconds, None,
-            "how long a waiting rank busy-polls before sleeping; default 50 us, 0 when ranks outnumber CPUs"),
+            "how long a waiting rank busy-polls before sleeping; sockets: default 50 us, 0 when ranks outnumber "
+            "CPUs; shared memory: default 0 (it yields the CPU while checking instead)"),
     # JACCL
     Setting("JACKLRING_JACCL_TRANSPORT", choice("auto", "tcp", "rdma"), "auto",
             "JACCL's links: RDMA when every rank has its devices (auto), always the TCP mesh, or RDMA only"),

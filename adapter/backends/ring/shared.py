@@ -12,7 +12,7 @@ import logging
 from typing import TYPE_CHECKING, Callable
 
 from ... import config
-from ..transport import shm, tcp
+from ..transport import shm
 from ..transport.shm import SharedGroup
 
 if TYPE_CHECKING:
@@ -32,10 +32,12 @@ def attach(backend: "RingBackend", gather: Callable[[bytes], list[bytes]]) -> Sh
             log.warning("rank %d: JACKLRING_LOCAL_TRANSPORT=shm but the group cannot share memory; "
                         "using sockets", backend.rank())
         return None
-    oversubscribed = n > tcp.available_cpus()
-    group.spin_s = tcp.spin_seconds(n)
-    # More ranks than CPUs: a spinning rank would only keep its peer off the CPU, so it yields.
-    group.yield_while_spinning = oversubscribed
+    # Checking while yielding the CPU costs a system call per check (well under a microsecond)
+    # and never keeps a peer that waits for this CPU off it, whatever else the host runs; pure
+    # busy-spinning measured several times slower on a loaded host, so it is off unless asked for.
+    spin_us = config.get("JACKLRING_SPIN_US")
+    group.spin_s = (spin_us or 0.0) * 1e-6
+    group.yield_s = config.get("JACKLRING_SHM_YIELD_US") * 1e-6
     group.stall_report_s = config.get("JACKLRING_STALL_REPORT")
     for link in backend.right + backend.left:
         group.watch(link.fd, link.label)

@@ -12,7 +12,8 @@ the same step (acquire loads); then it may read the peers' buffers of that parit
 rewritten two steps later, by which time every peer has published the step in between, so it
 has finished reading. Every step is a full barrier, which is what makes that argument hold.
 
-Waiting spins briefly, then sleeps in poll() on a doorbell (an abstract Unix datagram socket),
+Waiting spins briefly, then spins calling sched_yield() (so that a peer waiting for this CPU
+runs at once), then sleeps in poll() on a doorbell (an abstract Unix datagram socket),
 the peers' pidfds (readable the moment a peer exits) and the ring sockets (a neighbour that
 closed them broke the group). A waiter announces its sleep in a shared bit mask (seq_cst
 fetch_or), re-checks, then sleeps; a publisher stores its counter (seq_cst) and rings the bell
@@ -224,7 +225,7 @@ class SharedGroup:
             self._poll.register(fd, select.POLLIN)
         self._watched: dict[int, str] = {}
         self.spin_s = 0.0
-        self.yield_while_spinning = False
+        self.yield_s = 0.0
         self.stall_report_s: float | None = None
         self.deadline = float("inf")
         self.what: object = "collective"
@@ -313,16 +314,18 @@ class SharedGroup:
 
     def _wait(self, q: int, step: int) -> None:
         plain, index = self.words.plain, self._counter_word[q]
-        if self.spin_s > 0:
-            spin_until = time.monotonic() + self.spin_s
-            yield_ = self.yield_while_spinning
-            while True:
-                if plain[index] >= step and self._value(q, step) is not None:
-                    return
-                if yield_:
-                    os.sched_yield()
-                if time.monotonic() >= spin_until:
-                    break
+        # Busy-spin (the peer is running elsewhere and about to publish), then spin giving the
+        # CPU away (the peer may be waiting for this very CPU: more runnable processes than
+        # CPUs), then sleep until a doorbell, a death or the deadline.
+        now = time.monotonic()
+        spin_until = now + self.spin_s
+        yield_until = spin_until + self.yield_s
+        while now < yield_until:
+            if plain[index] >= step and self._value(q, step) is not None:
+                return
+            if now >= spin_until:
+                os.sched_yield()
+            now = time.monotonic()
         bit = 1 << self.rank
         words = self.words
         words.fetch_or(self._mask_addr, bit)
