@@ -127,9 +127,10 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
     # ring
     Setting("JACKLRING_RING_SMALL_BYTES", byte_size, 64 * 1024,
             "largest reduction sent by the one-pass small-message path"),
-    Setting("JACKLRING_RING_ONE_PASS_BYTES", byte_size, 32 * 1024,
+    Setting("JACKLRING_RING_ONE_PASS_BYTES", byte_size, None,
             "with more than 2 ranks, the one-pass path only while it sends at most this much per rank "
-            "((ranks - 1) x message); larger messages take reduce-scatter + all-gather"),
+            "((ranks - 1) x message), else reduce-scatter + all-gather; default 32 KiB, or no limit below "
+            "JACKLRING_RING_SMALL_BYTES when every rank is on one host (latency-bound there)"),
     Setting("JACKLRING_RING_SEGMENT_BYTES", byte_size, 256 * 1024,
             "pipelining segment of large ring reductions"),
     Setting("JACKLRING_RING_DIRECTIONS", integer(1, 2), 2,

@@ -201,6 +201,12 @@ class RingBackend(Backend):
         self._verify = config.get("JACKLRING_VERIFY")
         self._small_limit = config.get("JACKLRING_RING_SMALL_BYTES")
         self._one_pass_limit = config.get("JACKLRING_RING_ONE_PASS_BYTES")
+        if self._one_pass_limit is None:
+            # Unset: 32 KiB between hosts. With every rank on this host (the same answer on every
+            # rank), bytes are memory copies and hops cost scheduler rounds, so the one-pass path
+            # (half the hops) wins up to the small limit.
+            local = tcp.local_rank_count([a[0] for a in addresses], addresses[rank][0]) == len(addresses)
+            self._one_pass_limit = self._small_limit * len(addresses) if local else 32 * 1024
         self._segment_bytes = config.get("JACKLRING_RING_SEGMENT_BYTES")
         self._both_directions = config.get("JACKLRING_RING_DIRECTIONS") == 2
         self._broken: BaseException | None = None
@@ -513,7 +519,8 @@ class RingBackend(Backend):
         """Whether a reduction of nbytes takes the one-pass path (each rank sends (n-1) x nbytes
         in n-1 hops) rather than reduce-scatter + all-gather (2(n-1)/n x nbytes in 2(n-1) hops).
         Two ranks send the same either way; more ranks take the one pass only while what it
-        sends stays under JACKLRING_RING_ONE_PASS_BYTES, where latency, not bytes, sets the time."""
+        sends stays under JACKLRING_RING_ONE_PASS_BYTES, where latency, not bytes, sets the time
+        (between hosts; a ring entirely on this host keeps the one pass up to the small limit)."""
         if nbytes > self._small_limit:
             return False
         return self._size <= 2 or nbytes * (self._size - 1) <= self._one_pass_limit
