@@ -147,3 +147,27 @@ def test_mixed_group_with_a_rank_that_is_not_on_this_host_falls_back_to_sockets(
     results = run(3, "shm/scripts/mixed.py", timeout=80, env={"JACKLRING_LOCAL_TRANSPORT": "auto"})
     assert_all_ok(results)
     assert all("SHM=1" in r.stdout for r in results), [r.stdout for r in results]
+
+
+@pytest.mark.timeout(60)
+def test_a_rank_that_never_arrives_gives_a_deadline_error_naming_it():
+    body = ("import numpy as np, sys, time, adapter\n"
+            "g = adapter.init(strict=True)\n"
+            "assert g.backend._shm is not None\n"
+            "if g.rank() == 2:\n"
+            "    time.sleep(4)\n"
+            "    sys.exit(0)\n"
+            "t = time.monotonic()\n"
+            "try:\n"
+            "    adapter.all_sum(np.ones(10, np.float32))\n"
+            "except adapter.DistributedError as e:\n"
+            "    print(round(time.monotonic() - t, 2), type(e).__name__, e)\n"
+            "    sys.exit(3)\n")
+    res = run(3, "ring_scripts/exec.py", [body], timeout=50, env=dict(SHM, JACKLRING_TIMEOUT="1"))
+    for r in res[:2]:
+        assert r.returncode == 3, r.stdout + r.stderr
+        elapsed = float(r.stdout.split()[0])
+        assert 0.9 < elapsed < 3, r.stdout
+    # The first to reach its deadline names rank 2; the other may instead learn that it gave up.
+    timeouts = [r.stdout for r in res[:2] if "CollectiveTimeout" in r.stdout]
+    assert timeouts and all("rank 2" in t and "timed out" in t for t in timeouts), [r.stdout for r in res]

@@ -43,6 +43,7 @@ from .atomic_words import ACQUIRE, SEQ_CST, AtomicWords
 log = logging.getLogger("jacklring.shm")
 
 MASK64 = (1 << 64) - 1
+BEYOND = MASK64                 # a step no rank reaches
 MAX_RANKS = 64                  # one bit per rank in the sleepers mask
 CONTROL = 128                   # bytes per control block (a cache line on Apple silicon)
 COUNTER, BROKEN, HEADER = 0, 8, 16  # step counter, "left after an error" flag, two headers (by parity)
@@ -146,8 +147,9 @@ def form(rank: int, size: int, gather: Callable[[bytes], list[bytes]], chunk_byt
             try:
                 group = SharedGroup(rank, size, chunk_bytes, first["path"] if rank else fd,
                                     first["nonce"], [r["pid"] for r in second])
-            except OSError as exc:
-                mine = {"ok": False, "why": f"rank {rank} cannot attach: {exc.strerror or exc}"}
+            except Exception as exc:  # whatever it is, every rank must still reach the last exchange
+                why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+                mine = {"ok": False, "why": f"rank {rank} cannot attach: {why}"}
         third = [_unpack(r) for r in gather(_pack(mine))]
     finally:
         if fd >= 0:
@@ -353,6 +355,9 @@ class SharedGroup:
                     # A peer that exited after finishing its part is no error: re-check first.
                     if gone is not None and self._value(q, step) is None:
                         raise PeerError(f"rank {self.rank}: {self.what}: {gone}")
+                for other in self.peers:  # any rank that gave up dooms this collective too
+                    if other != q and words.load(self._broken_addr[other], ACQUIRE):
+                        self._value(other, BEYOND)
         finally:
             words.fetch_and(self._mask_addr, ~bit & MASK64)
 
