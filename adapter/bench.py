@@ -129,10 +129,13 @@ def worker(args: argparse.Namespace) -> None:
     runners = [Runner(name, rank, size) for name in args.backends]
     # Warm up every library (lazy connections, allocator, CPU clocks) before the first timing:
     # otherwise the first size pays for it and a 4-byte op looks five times slower than it is.
+    # Several passes (the same count on every rank): right after mpirun starts, its daemons keep
+    # a CPU busy for a second or so.
     warm = np.zeros(1024, np.float32)
-    for r in runners:
-        for _ in range(200):
-            r.fn(warm, np.empty_like(warm))
+    for _ in range(3):
+        for r in runners:
+            for _ in range(1000):
+                r.fn(warm, np.empty_like(warm))
     results = {}
     for nbytes in args.sizes:
         count = max(1, nbytes // 4)
