@@ -143,7 +143,7 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
     Setting("JACKLRING_SHM_YIELD_US", microseconds, 1000.0,
             "after spinning, how long a rank waiting on shared memory keeps checking while giving its CPU "
             "away (sched_yield) before it sleeps; 0: sleep at once"),
-    Setting("JACKLRING_SHM_SMALL_BYTES", byte_size, 64 * 1024,
+    Setting("JACKLRING_SHM_SMALL_BYTES", byte_size, 128 * 1024,
             "largest shared-memory all_reduce in which every rank reduces the whole message itself"),
     Setting("JACKLRING_SOCKET_BUFFER_BYTES", byte_size, 4 << 20,
             "send and receive buffer size requested for every TCP connection"),

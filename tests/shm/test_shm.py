@@ -33,12 +33,12 @@ def test_every_op_and_dtype_over_shared_memory(n):
 
 @pytest.mark.timeout(120)
 def test_one_step_and_chunked_all_reduce_meet_at_the_threshold():
-    # 16384 float32 = 64 KiB, the default switch between "everyone reduces everything" and the
+    # 32768 float32 = 128 KiB, the default switch between "everyone reduces everything" and the
     # sliced reduction (other dtypes land on either side); a 16 KiB chunk makes the sliced one run
     # many small chunks, and limits the one-step path to what one chunk holds.
     assert_all_ok(run(3, OPS, ["4095,4096,4097,16383,16384,16385"], timeout=50,
                       env=dict(SHM, JACKLRING_SHM_CHUNK_BYTES="16K")))
-    assert_all_ok(run(3, OPS, ["16383,16384,16385"], timeout=50, env=SHM))  # default chunk
+    assert_all_ok(run(3, OPS, ["32767,32768,32769"], timeout=50, env=SHM))  # default chunk
 
 
 @pytest.mark.timeout(90)
