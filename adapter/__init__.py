@@ -8,9 +8,10 @@ from .errors import (
     IntegrityError,
     MismatchError,
     PeerError,
+    ResourceExhausted,
 )
 from .gradients import average_gradients
-from .group import Group, init, is_available
+from .group import Group, init, is_available, shutdown
 from .ops import (
     all_gather,
     all_max,
@@ -27,11 +28,11 @@ from .ops import (
 )
 
 __all__ = [
-    "Group", "init", "is_available", "ReduceOp",
+    "Group", "init", "is_available", "shutdown", "ReduceOp",
     "all_sum", "all_max", "all_min", "all_reduce", "all_gather", "sum_scatter", "reduce_scatter",
     "broadcast", "barrier", "send", "recv", "recv_like",
     "DistributedError", "ConfigError", "BackendUnavailable", "PeerError", "MismatchError",
-    "CollectiveTimeout", "IntegrityError", "average_gradients",
+    "CollectiveTimeout", "IntegrityError", "ResourceExhausted", "average_gradients",
     "AllToShardedLinear", "ShardedToAllLinear", "shard_linear", "shard_inplace",
 ]
 

@@ -17,15 +17,6 @@ from .backends.elements import BFLOAT16, DTYPE_CODES
 Restore = Callable[[np.ndarray], Any]
 
 
-def _kind(x: Any) -> str:
-    module = type(x).__module__
-    if module.startswith("torch"):
-        return "torch"
-    if module.startswith("cupy"):
-        return "cupy"
-    return "numpy"
-
-
 def _torch_to_numpy(t: Any) -> np.ndarray:
     import torch
 
@@ -62,7 +53,7 @@ def numpy_to_torch(arr: np.ndarray, device: Any = None) -> Any:
 
 def as_numpy(x: Any) -> tuple[np.ndarray, Restore]:
     """A C-contiguous numpy view of x, and a function turning a numpy result back into x's type."""
-    kind = _kind(x)
+    kind = gpu.library_of(x)
     if kind != "numpy" and gpu.is_cuda_array(x):
         # GPU buffers for host backends: one copy into pinned memory, one copy back.
         arr = gpu.stage_to_host(x)

@@ -80,15 +80,17 @@ class Runner:
             from adapter.backends.base import ReduceOp
             from adapter.backends.ring.backend import RingBackend, load_ring_hostfile
             addresses = load_ring_hostfile(os.environ[f"BENCH_HOSTFILE_{name[5:].upper()}"])
-            saved = os.environ.get("JACKLRING_LOCAL_TRANSPORT")
-            os.environ["JACKLRING_LOCAL_TRANSPORT"] = name[5:]  # read while the group forms
+            # The setting is read (through adapter.config) while the group forms: set it for
+            # that moment only, then put back whatever the user had.
+            key = "JACKLRING_LOCAL_TRANSPORT"
+            saved = dict(os.environ)
+            os.environ.update({key: name[5:]})
             try:
                 backend = RingBackend.from_addresses(rank, addresses)
             finally:
-                if saved is None:
-                    del os.environ["JACKLRING_LOCAL_TRANSPORT"]
-                else:
-                    os.environ["JACKLRING_LOCAL_TRANSPORT"] = saved
+                os.environ.pop(key, None)
+                if key in saved:
+                    os.environ.update({key: saved[key]})
             self.fn = lambda src, dst: backend.all_reduce(src, dst, ReduceOp.SUM)
         elif name == "gloo":
             import torch

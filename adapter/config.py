@@ -117,7 +117,9 @@ class Setting:
 SETTINGS: dict[str, Setting] = {s.name: s for s in (
     # deadlines and diagnostics (every backend)
     Setting("JACKLRING_TIMEOUT", seconds, DEFAULT_TIMEOUT_S,
-            "per-operation deadline in seconds (init(timeout=...) and torch's timeout take precedence)"),
+            "per-operation deadline in seconds, measured as silence: an operation fails when no byte has "
+            "moved for that long (JACCL: no frame of up to 1 MiB), so a slow but live link is not a dead "
+            "peer; init(timeout=...) and torch's timeout take precedence"),
     Setting("JACKLRING_CONNECT_TIMEOUT", seconds, DEFAULT_CONNECT_TIMEOUT_S,
             "deadline in seconds for forming a group (connecting to every peer)"),
     Setting("JACKLRING_STALL_REPORT", seconds_or_off, 30.0,
@@ -145,6 +147,9 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
             "away (sched_yield) before it sleeps; 0: sleep at once"),
     Setting("JACKLRING_SHM_SMALL_BYTES", byte_size, 128 * 1024,
             "largest shared-memory all_reduce in which every rank reduces the whole message itself"),
+    Setting("JACKLRING_P2P_SPILL_BYTES", byte_size, 1 << 30,
+            "most bytes per peer read ahead (ring send/recv, JACCL TCP mesh) while nobody waits for them, so "
+            "two ranks sending large messages to each other before receiving do not deadlock"),
     Setting("JACKLRING_SOCKET_BUFFER_BYTES", byte_size, 4 << 20,
             "send and receive buffer size requested for every TCP connection"),
     Setting("JACKLRING_SPIN_US", microseconds, None,
@@ -170,6 +175,10 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
             "what the torch process group runs on; auto: the launcher's backend, else a ring formed through the store"),
     Setting("JACKLRING_TORCH_HOST", text, None,
             "address the torch process group's ring listens on; default the address that reaches MASTER_ADDR"),
+    # engines (adapter/engines.py)
+    Setting("JACKLRING_SLURM_PORT", integer(1, 65535), None,
+            "port task 0 of an srun step serves the rendezvous on; default the step's reserved port, "
+            "else one derived from the job and step ids"),
 )}
 
 

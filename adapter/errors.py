@@ -27,3 +27,7 @@ class CollectiveTimeout(DistributedError, TimeoutError):
 
 class IntegrityError(DistributedError):
     """A message failed its checksum (JACKLRING_VERIFY=1)."""
+
+
+class ResourceExhausted(DistributedError):
+    """The operating system refused a resource (file descriptors, memory, buffers, ports)."""

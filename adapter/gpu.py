@@ -27,25 +27,26 @@ from .backends.elements import BFLOAT16, DTYPE_CODES
 # Device facts live with the NCCL backend (a backend must not import this upper layer).
 from .backends.nccl.device import DeviceBuffer, cuda_visible_reason, device_count
 
-__all__ = ["is_cuda_array", "array_kind", "cuda_visible_reason", "device_count", "numpy_dtype_of",
+__all__ = ["library_of", "is_cuda_array", "array_kind", "cuda_visible_reason", "device_count", "numpy_dtype_of",
            "DeviceBuffer", "device_buffer", "empty_like", "copy_of", "PinnedPool", "pinned_pool", "stage_to_host",
            "host_empty", "to_device"]
 
 # ---- recognising GPU arrays ----------------------------------------------------------------
 
 
-def _kind(x: Any) -> str:
+def library_of(x: Any) -> str:
+    """'torch', 'cupy' or 'numpy' (anything else), from the type's module: imports neither library."""
     module = type(x).__module__ or ""
     if module.startswith("torch"):
         return "torch"
     if module.startswith("cupy"):
         return "cupy"
-    return "other"
+    return "numpy"
 
 
 def is_cuda_array(x: Any) -> bool:
     """True for a cupy array or a CUDA torch tensor; never imports either library."""
-    kind = _kind(x)
+    kind = library_of(x)
     if kind == "cupy":
         return hasattr(type(x), "__cuda_array_interface__")
     if kind == "torch":
@@ -55,7 +56,7 @@ def is_cuda_array(x: Any) -> bool:
 
 def array_kind(x: Any) -> str:
     """'cupy', 'torch' (CUDA tensor) or 'host' (anything else)."""
-    return _kind(x) if is_cuda_array(x) else "host"
+    return library_of(x) if is_cuda_array(x) else "host"
 
 
 # ---- dtypes --------------------------------------------------------------------------------
@@ -64,7 +65,7 @@ def array_kind(x: Any) -> str:
 def numpy_dtype_of(x: Any) -> np.dtype:
     """The numpy dtype (ml_dtypes.bfloat16 for bfloat16) matching a cupy array or torch tensor;
     TypeError for a dtype jacklring does not move (float8, quantised types, ...)."""
-    if _kind(x) == "torch":
+    if library_of(x) == "torch":
         name = str(x.dtype).replace("torch.", "")
         dtype = BFLOAT16 if name == "bfloat16" else _named_dtype(name)
     else:

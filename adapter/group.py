@@ -7,10 +7,12 @@ group, creating it on first use.
 from __future__ import annotations
 
 import threading
+import weakref
 
+from . import engines
 from .backends import registry
 from .backends.base import Backend
-from .backends.registry import ANY_ORDER
+from .backends.registry import ANY_ORDER  # noqa: F401  (the backends' order, kept importable here)
 from .backends.singleton import SingletonBackend
 from .errors import BackendUnavailable, DistributedError
 
@@ -20,6 +22,7 @@ class Group:
 
     def __init__(self, backend: Backend) -> None:
         self._backend = backend
+        _live.add(self)
 
     @property
     def backend(self) -> Backend:
@@ -41,6 +44,12 @@ class Group:
             key = self.rank()
         return Group(self._backend.split(int(color), int(key)))
 
+    def close(self) -> None:
+        """Release this group's connections and listeners; later operations on it raise. Safe to
+        call twice. After closing the group init() returned, init() forms a new one."""
+        _forget(self)
+        self._backend.close()
+
     def __repr__(self) -> str:
         return f"Group(backend={self.backend_name!r}, rank={self.rank()}, size={self.size()})"
 
@@ -48,23 +57,34 @@ class Group:
 _lock = threading.RLock()
 _groups: dict[str, Group] = {}
 _first: Group | None = None
+# Every group not yet garbage-collected, so shutdown() can close sub-groups too.
+_live: "weakref.WeakSet[Group]" = weakref.WeakSet()
 
 
 def is_available(backend: str = "any") -> bool:
     """Whether the named backend (or any backend) can start from this environment."""
     registry.check_name(backend)
-    names = ANY_ORDER if backend == "any" else (backend,)
-    return any(registry.probe(name) is None for name in names)
+    names = engines.SOURCES if backend == "any" else (backend,)
+    return any(_present(name) for name in names)
+
+
+def _present(source: str) -> bool:
+    try:
+        return engines.probe(source) is None
+    except DistributedError:
+        return True  # a malformed variable is present: init() reports it
 
 
 def init(strict: bool = False, backend: str = "any", timeout: float | None = None) -> Group:
     """Initialize (once) and return the distributed group.
 
-    backend: "any" tries, in order, nccl, jaccl, ring and mpi, skipping those whose
-    environment is absent. A backend whose environment is present but that fails to
-    connect raises: silently training alone on every rank would be worse.
+    backend: "any" forms the group from whatever started the process, trying in order
+    (adapter.engines.SOURCES): the MLX variables of nccl, jaccl and ring (our launcher), an
+    existing torch process group, torchrun-style RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT,
+    an srun step, mpirun. A source whose environment is present but that fails to connect
+    raises: silently training alone on every rank would be worse.
     With nothing to start, the result is a group of size 1, unless strict=True, which
-    raises naming each backend and why it could not start.
+    raises naming each source and why it could not start.
     timeout: per-operation deadline in seconds (default JACKLRING_TIMEOUT, else 300).
     """
     global _first
@@ -74,15 +94,16 @@ def init(strict: bool = False, backend: str = "any", timeout: float | None = Non
             return _first
         if backend in _groups:
             return _groups[backend]
-        names = ANY_ORDER if backend == "any" else (backend,)
+        names = engines.SOURCES if backend == "any" else (backend,)
         reasons = []
         for name in names:
-            reason = registry.probe(name)
+            reason = engines.probe(name)
             if reason is not None:
                 reasons.append(f"{name}: {reason}")
                 continue
-            group = Group(registry.create(name, timeout))
-            _groups[name] = group
+            group = Group(engines.create(name, timeout))
+            if name in registry.BACKENDS:
+                _groups[name] = group
             if _first is None:
                 _first = group
             return group
@@ -98,6 +119,28 @@ def default_group(group: Group | None) -> Group:
     if not isinstance(group, Group):
         raise DistributedError(f"group must be an adapter.Group, not {type(group).__name__}")
     return group
+
+
+def _forget(group: Group) -> None:
+    global _first
+    with _lock:
+        for name, cached in list(_groups.items()):
+            if cached is group:
+                del _groups[name]
+        if _first is group:
+            _first = None
+
+
+def shutdown() -> None:
+    """Close every group this process created (init()'s and their sub-groups); the next init()
+    forms a new group with a fresh identity."""
+    global _first
+    with _lock:
+        groups = list(_live)
+        _groups.clear()
+        _first = None
+    for group in groups:
+        group._backend.close()
 
 
 def _reset_for_tests() -> None:

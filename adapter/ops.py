@@ -12,7 +12,7 @@ import numpy as np
 from . import gpu
 from .arrays import as_numpy, flat, numpy_dtype, result_like
 from .backends.base import ReduceOp
-from .backends.elements import check_reducible
+from .backends.elements import check_reducible, dtype_code
 from .group import Group, default_group
 
 
@@ -156,6 +156,7 @@ def recv(shape: Sequence[int], dtype: Any, src: int, *, group: Group | None = No
     """Receive an array of the given shape and dtype from rank src."""
     g = default_group(group)
     _check_peer(g, src, "recv source")
+    dtype_code(numpy_dtype(dtype))  # an unsupported dtype is refused before any byte is read
     out = np.empty((int(shape),) if isinstance(shape, (int, np.integer)) else tuple(shape), numpy_dtype(dtype))
     g.backend.recv(flat(out), src)
     return result_like(dtype)(out)

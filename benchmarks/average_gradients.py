@@ -2,6 +2,11 @@
 
     python benchmarks/average_gradients.py            # spawns 2 ranks, prints two tables
     python benchmarks/average_gradients.py -n 3 --rounds 15
+    launcher -n 2 benchmarks/average_gradients.py --launched     # ranks started by an engine
+    torchrun --nproc-per-node 2 benchmarks/average_gradients.py --launched
+
+--launched measures with the engine's own thread settings (the launcher's and torchrun's
+OMP_NUM_THREADS); the spawned form pins one intra-op thread per rank.
 
 (a) a ResNet-50 gradient set (161 tensors, 25.6M float32): average_gradients against one
     all_sum of a single buffer with the same number of bytes (the floor packing can reach);
@@ -49,14 +54,15 @@ def time_it(fn, barrier) -> float:
     return time.perf_counter() - start
 
 
-def worker(rounds: int, out: str) -> None:
+def worker(rounds: int, out: str, pin_threads: bool = True) -> None:
     import numpy as np
     import torch
 
     import adapter
     from adapter.gradients import average_gradients
 
-    torch.set_num_threads(1)
+    if pin_threads:
+        torch.set_num_threads(1)
     group = adapter.init(strict=True)
     barrier = adapter.barrier
     gen = torch.Generator().manual_seed(group.rank())
@@ -135,10 +141,22 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("-n", type=int, default=2, help="ranks (default 2)")
     parser.add_argument("--rounds", type=int, default=11)
+    parser.add_argument("--launched", action="store_true",
+                        help="this process is a rank started by launcher/torchrun/srun (rank 0 prints)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.worker:
+    if args.launched:
+        import torch
+
+        out = Path(tempfile.gettempdir(), f"average_gradients-{os.getpid()}.json")
+        worker(args.rounds, str(out), pin_threads=False)
+        if out.exists():
+            print(f"intra-op threads per rank: {torch.get_num_threads()} "
+                  f"(OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')})")
+            report(json.loads(out.read_text()))
+            out.unlink()
+    elif args.worker:
         sys.path.insert(0, str(REPO))
         worker(args.rounds, args.out)
     else:

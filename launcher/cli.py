@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from .environment import LaunchOptions, RankPlan, ignored_assignments, parse_env_assignments, plan_ranks
+from .environment import LaunchOptions, RankPlan, ignored_assignments, parse_env_assignments, plan_ranks, threads_notice
 from .hostfile import BACKENDS, Hostfile, HostfileError, check_backend, hosts_from_list, load_hostfile
 from .output import OutputRouter
 from .supervisor import GRACE, Supervisor
@@ -68,6 +68,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="pass rank output through unchanged (no '[rank] ' prefix)")
     p.add_argument("--log-dir", type=Path, default=None,
                    help="also write each rank's output to DIR/rank<N>.log")
+    p.add_argument("--log-errors", choices=("continue", "stop"), default="continue",
+                   help="when a --log-dir file cannot be written (disk full): report it once and "
+                        "go on (continue, default) or stop the job with an error (stop)")
     p.add_argument("--ssh-config", default=None,
                    help="ssh_config file for remote hosts (default: ~/.ssh/config)")
     p.add_argument("command", nargs=argparse.REMAINDER,
@@ -214,6 +217,9 @@ def launch(args) -> int:
         connections_per_ip=args.connections_per_ip, nccl_port=args.nccl_port,
         verbose=args.verbose, columns=(cols, lines) if cols > 0 and os.isatty(1) else None)
     plans = plan_ranks(hosts, options)
+    notice = threads_notice(plans, options)
+    if notice:
+        print(f"launcher: {notice}", file=sys.stderr)
     ignored = ignored_assignments(plans, options.envs)
     if ignored:
         print(f"launcher: warning: not setting {', '.join(ignored)} from --env/envs: the "
@@ -251,7 +257,7 @@ def launch(args) -> int:
                 plan.files, cwd=args.cwd or os.getcwd(), cwd_required=bool(args.cwd),
                 grace=GRACE, host_label=plan.host.ssh))
     try:
-        return Supervisor(procs, output).run()
+        return Supervisor(procs, output, stop_on_log_error=args.log_errors == "stop").run()
     finally:
         for conn in connections.values():
             conn.close()
@@ -270,7 +276,7 @@ def _launch_mpi(args, hosts, plans: list[RankPlan], argv, python, output) -> int
         print("launcher: running " + " ".join(cmd), file=sys.stderr)
     if args.no_prefix and args.log_dir is not None:
         output.prefix = False
-    return Supervisor([MpiRun(cmd, slots, tagged)], output).run()
+    return Supervisor([MpiRun(cmd, slots, tagged)], output, stop_on_log_error=args.log_errors == "stop").run()
 
 
 def _log_plan(plans: list[RankPlan], argv: list[str], backend: str) -> None:

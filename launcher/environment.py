@@ -1,4 +1,4 @@
-"""What each rank's environment holds, per backend (the contract in DESIGN.md).
+"""What each rank's environment holds, per backend (the contract in docs/environment.md).
 
 Pure planning: no process is started here. Files (MLX_HOSTFILE, MLX_IBV_DEVICES) are
 returned as contents; whoever starts the rank writes them on the rank's own host.
@@ -7,6 +7,7 @@ returned as contents; whoever starts the rank writes them on the rank's own host
 from __future__ import annotations
 
 import json
+import os
 import socket
 from collections import Counter
 from contextlib import ExitStack
@@ -63,6 +64,9 @@ def plan_ranks(hosts: list[Host], options: LaunchOptions) -> list[RankPlan]:
         if options.columns:
             env["COLUMNS"], env["LINES"] = map(str, options.columns)
         env.update(verbose_env)
+        threads = default_threads(host, per_host[host.ssh], options)
+        if threads is not None:
+            env["OMP_NUM_THREADS"] = str(threads)
         env.update(parse_env_assignments(options.envs))
         env.update(shared_env)
         for name in files:
@@ -72,6 +76,37 @@ def plan_ranks(hosts: list[Host], options: LaunchOptions) -> list[RankPlan]:
             env["CUDA_VISIBLE_DEVICES"] = str(local_rank)
         plans.append(RankPlan(rank, host, local_rank, per_host[host.ssh], env, dict(files)))
     return plans
+
+
+def default_threads(host: Host, ranks_on_host: int, options: LaunchOptions) -> Optional[int]:
+    """OMP_NUM_THREADS for a rank unless the user chose it: the host's cores shared among its
+    ranks (at least 1), so torch's intra-op threads of several ranks do not fight over the
+    same cores. A remote host's core count is unknown here: 1 when it runs several ranks
+    (torchrun's default), unset when it runs one."""
+    if "OMP_NUM_THREADS" in parse_env_assignments(options.envs) or "OMP_NUM_THREADS" in os.environ:
+        return None
+    if host.is_local:
+        return max(1, local_cores() // ranks_on_host)
+    return 1 if ranks_on_host > 1 else None
+
+
+def local_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def threads_notice(plans: list[RankPlan], options: LaunchOptions) -> Optional[str]:
+    """The one line the launcher prints when it chose OMP_NUM_THREADS (torchrun prints one too)."""
+    chosen = sorted({p.env["OMP_NUM_THREADS"] for p in plans if "OMP_NUM_THREADS" in p.env})
+    user_set = "OMP_NUM_THREADS" in os.environ or "OMP_NUM_THREADS" in parse_env_assignments(options.envs)
+    if not chosen or user_set:
+        return None
+    local = [p for p in plans if p.host.is_local]
+    basis = (f" ({local_cores()} cores / {local[0].local_world_size} local ranks)" if local else "")
+    return (f"setting OMP_NUM_THREADS={','.join(chosen)} for each rank{basis} so ranks do not "
+            f"oversubscribe the CPUs; set OMP_NUM_THREADS (environment or --env) to choose")
 
 
 def _verbose_env(options: LaunchOptions) -> dict[str, str]:

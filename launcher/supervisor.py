@@ -44,23 +44,30 @@ class EventSink:
 
 
 def _write_output(sink: EventSink, output: OutputRouter) -> None:
-    """The writer thread: the only one that touches `output`."""
+    """The writer thread: the only one that touches `output`. It never dies of an error in
+    the output path: a dead writer would leave every rank blocked on a full pipe."""
     while True:
         try:
             event = sink.output.get(timeout=TICK)
         except queue.Empty:
-            output.flush_partials()
-            continue
-        kind = event[0]
+            event = None
+        kind = event[0] if event else None
         if kind == "output":
             sink.slots.release()
-            output.write(*event[1:])
-        elif kind == "end":
-            output.end_rank(event[1])
-        elif kind == "close":
-            output.close()
+        try:
+            if kind == "output":
+                output.write(*event[1:])
+            elif kind == "end":
+                output.end_rank(event[1])
+            elif kind == "close":
+                output.close()
+            output.flush_partials()
+        except Exception as e:  # a bug here must cost output, not the job
+            output.failures.append(f"output error: {type(e).__name__}: {e}")
+        for message in output.take_failures():
+            sink.control.put(("log-failed", message))
+        if kind == "close":
             return
-        output.flush_partials()
 
 
 def _stdin_reader(events: queue.Queue) -> None:
@@ -107,8 +114,9 @@ def _signal_name(signum: int) -> str:
 
 class Supervisor:
     def __init__(self, ranks: list[RankProcess], output: OutputRouter,
-                 grace: float = GRACE, log=None) -> None:
+                 grace: float = GRACE, log=None, stop_on_log_error: bool = False) -> None:
         self.ranks = ranks
+        self.stop_on_log_error = stop_on_log_error
         self.output = output
         self.grace = grace
         self.log = log or (lambda msg: print(f"launcher: {msg}", file=sys.stderr, flush=True))
@@ -132,6 +140,8 @@ class Supervisor:
 
     def _run(self) -> int:
         failure: Optional[tuple[RankProcess, int, str, int]] = None
+        first_end: Optional[tuple[RankProcess, str, int]] = None  # before any stop of ours
+        log_error: Optional[str] = None
         interrupted: Optional[int] = None
         writer = threading.Thread(target=_write_output, args=(self.sink, self.output),
                                   daemon=True)
@@ -175,10 +185,17 @@ class Supervisor:
             kind = event[0]
             if kind == "stdin":
                 self._broadcast_stdin(event[1])
+            elif kind == "log-failed":
+                self.log(event[1])
+                if self.stop_on_log_error and stop_at is None:
+                    log_error = event[1]
+                    stop_at = self._stop(signal.SIGTERM)
             elif kind == "exit":
                 _, index, code, signum = event
                 self.running.discard(index)
                 self.sink.after_output(("end", self.ranks[index].rank))
+                if first_end is None and stop_at is None:
+                    first_end = (self.ranks[index], describe_exit(code, signum), len(self.running))
                 if code != 0 and failure is None and stop_at is None:
                     failure = (self.ranks[index], code, describe_exit(code, signum),
                                len(self.running))
@@ -187,7 +204,34 @@ class Supervisor:
         for proc in self.ranks:
             proc.cleanup()
         self._finish_output(writer)
+        late = self._late_log_failures()  # while writing the ranks' last output
+        if late and self.stop_on_log_error and log_error is None:
+            log_error = late[0]
+        if log_error is not None and failure is None and interrupted is None:
+            if stop_at is not None:
+                self.log(f"stopped all {len(self.ranks)} ranks: a --log-dir file could not be written "
+                         f"(--log-errors stop)")
+            else:
+                self.log("a --log-dir file could not be written (--log-errors stop); the ranks had already ended")
+            return 1
+        if failure is not None and first_end is not None and first_end[0] is not failure[0]:
+            # The failure is often a consequence (a peer raised because this rank was gone).
+            proc, how, left = first_end
+            self.log(f"{proc.describe()} ended first: it {how} while {left} other "
+                     f"rank{'s were' if left != 1 else ' was'} still running")
         return self._summarize(failure, interrupted)
+
+    def _late_log_failures(self) -> list[str]:
+        """Log failures the writer reported after the control loop ended: said here, once."""
+        late = []
+        while True:
+            try:
+                event = self.events.get_nowait()
+            except queue.Empty:
+                return late
+            if event[0] == "log-failed":
+                self.log(event[1])
+                late.append(event[1])
 
     def _running_procs(self) -> list[RankProcess]:
         return [p for p in self.ranks if p.index in self.running]

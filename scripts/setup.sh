@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One-time set-up on a fresh Debian machine: the servers the tests start (sshd), a venv with
+# One-time set-up on a fresh Debian machine: the servers the tests start (sshd, Slurm), a venv with
 # the CPU build of torch, and jacklring with every CPU extra. Safe to run again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -11,6 +11,18 @@ if ! [ -x /usr/sbin/sshd ] || ! command -v ip >/dev/null; then
         apt-get install -y -qq openssh-server openssh-client iproute2 >/dev/null
     else
         echo "setup: openssh-server and iproute2 are missing; install them (sudo apt-get install openssh-server iproute2)" >&2
+    fi
+fi
+
+# Slurm and munge: tests/engines starts a real one-node Slurm (munged, slurmctld, slurmd) by hand;
+# libpmix-dev lets Slurm's PMIx plugin load (srun --mpi=pmix).
+if ! [ -x /usr/sbin/slurmctld ] || ! [ -x /usr/sbin/munged ] || ! [ -e /usr/lib/x86_64-linux-gnu/libpmix.so ]; then
+    if [ "$(id -u)" = 0 ]; then
+        export DEBIAN_FRONTEND=noninteractive
+        apt-get update -qq
+        apt-get install -y -qq slurm-wlm munge libpmix-dev >/dev/null
+    else
+        echo "setup: slurm-wlm and munge are missing; install them (sudo apt-get install slurm-wlm munge libpmix-dev) or the Slurm tests skip" >&2
     fi
 fi
 

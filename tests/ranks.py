@@ -1,4 +1,12 @@
-"""Start N real rank processes on 127.0.0.1 with the MLX environment contract (no launcher)."""
+"""The one harness that starts rank processes for the tests, two ways:
+
+- launch(): the real launcher (`python -m launcher.cli`), as a user starts a job: every
+  backend, hostfiles, the launcher's own environment. Use this unless the test is about the
+  raw environment a backend reads.
+- spawn()/run(): N processes on 127.0.0.1 with the MLX environment contract set by hand
+  (MLX_RANK, MLX_HOSTFILE), for ring tests that need a hostfile the launcher would never
+  write (duplicate addresses, IPv6, many addresses per rank, per-rank settings).
+"""
 from __future__ import annotations
 
 import json
@@ -7,11 +15,75 @@ import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
 
 from adapter.bench import free_ports  # noqa: F401  (re-exported for the tests)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
+LAUNCHER = [sys.executable, "-m", "launcher.cli"]
+INHERITED_PREFIXES = ("MLX_", "JACKLRING_", "NCCL_", "OMPI_", "PMIX_", "PMI_", "PRTE_")
+MPI_ENV = {
+    "OMPI_ALLOW_RUN_AS_ROOT": "1",
+    "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+    "OMPI_MCA_btl_tcp_if_include": "lo",
+    # Only the transports one machine needs: probing ofi/uct costs about a second per launch.
+    "OMPI_MCA_btl": "self,sm,tcp",
+    # Ranks waiting in MPI yield the CPU: with more ranks than cores, busy polling made each
+    # MPI call wait for a scheduler time slice (tens of ms).
+    "OMPI_MCA_mpi_yield_when_idle": "1",
+}
+
+
+def launch_env(**extra: str) -> dict[str, str]:
+    """This environment without inherited backend settings, Open MPI set up for root on
+    loopback, and deadlines short enough that a stuck rank fails a test instead of hanging it."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(INHERITED_PREFIXES) and k != "MPI_LOCALNRANKS"}
+    env.update(MPI_ENV)
+    env.update(JACKLRING_TIMEOUT="30", JACKLRING_CONNECT_TIMEOUT="30", PYTHONUNBUFFERED="1",
+               PYTHONPATH=ROOT + os.pathsep + env.get("PYTHONPATH", ""))
+    env.update(extra)
+    return env
+
+
+def launch(args: Sequence[str], timeout: float = 120, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """`launcher *args` from the repository root, output captured. Past timeout the launcher
+    gets SIGTERM (it stops its ranks and says which were running), then SIGKILL (its ranks die
+    with it), and subprocess.TimeoutExpired is raised with the output so far."""
+    proc = subprocess.Popen([*LAUNCHER, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=launch_env(**(env or {})), cwd=ROOT)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.terminate()
+        try:
+            out, err = proc.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+        raise subprocess.TimeoutExpired(proc.args, timeout, out, err) from None
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def rank_lines(result: subprocess.CompletedProcess, marker: str) -> list[str]:
+    """The launcher's '[rank] ...' output lines containing marker, without the prefix, sorted."""
+    return sorted(line.split("] ", 1)[1] for line in result.stdout.splitlines() if "] " in line and marker in line)
+
+
+def local_hostfile(path: Path, backend: str, ranks: int, rdma: list[list[str | None]] | None = None,
+                   ips: Sequence[str] = ("127.0.0.1",)) -> Path:
+    """A launcher hostfile of `ranks` hosts on this machine (ssh is never used for 127.0.0.1)."""
+    hosts: list[dict] = [{"ssh": "127.0.0.1", "ips": list(ips)} for _ in range(ranks)]
+    for host, row in zip(hosts, rdma or []):
+        host["rdma"] = row
+    path.write_text(json.dumps({"backend": backend, "hosts": hosts}))
+    return path
+
+
+def output_tail(result: subprocess.CompletedProcess, chars: int = 3000) -> str:
+    return (f"--- launcher exit {result.returncode}\n--- stdout\n{result.stdout[-chars:]}\n"
+            f"--- stderr\n{result.stderr[-chars:]}")
 
 
 def ring_hostfile(n: int, connections: int = 1, directory: str | None = None) -> str:

@@ -93,6 +93,10 @@ def test_spec_case_3_first_created_wins_for_any(one_rank_ring):
 
 def test_any_order_prefers_explicit_configuration():
     assert group_module.ANY_ORDER == ("nccl", "jaccl", "ring", "mpi")
+    # the engines that started the process come between the explicit files and MPI
+    from adapter import engines
+    assert engines.SOURCES == ("nccl", "jaccl", "ring", "torch-group", "torchrun", "slurm", "mpi")
+    assert tuple(s for s in engines.SOURCES if s not in engines.ENGINES) == group_module.ANY_ORDER
 
 
 def test_split_of_a_group_of_one(one_rank_ring):

@@ -17,7 +17,9 @@ from adapter.backends.base import ReduceOp
 from adapter.backends.elements import dtype_code
 from adapter.backends.jaccl.backend import Checks, JacclBackend
 from adapter.backends.jaccl.config import MESH
-from adapter.backends.jaccl.exchange import CRC, HEADER, KIND_CODES, VERIFY_FLAG
+from adapter.backends.jaccl.exchange import HEADER, VERIFY_FLAG
+from adapter.backends.protocol import CHECKSUM as CRC
+from adapter.backends.protocol import OP_CODES
 from adapter.backends.transport.tcp_mesh import TcpMeshTransport
 from adapter.errors import CollectiveTimeout, DistributedError, IntegrityError, MismatchError, PeerError
 
@@ -81,7 +83,7 @@ def test_checksummed_all_reduce_and_send_recv_are_right(count):
 
 def forged_send_frame(payload: bytes, seq: int = 0, verify: bool = True) -> bytes:
     """What rank 0's send(float32 array) to rank 1 puts on the wire (checksummed with verify)."""
-    kind = KIND_CODES["send"] | (VERIFY_FLAG if verify else 0)
+    kind = OP_CODES["send"] | (VERIFY_FLAG if verify else 0)
     header = HEADER.pack(kind, 0, dtype_code(np.float32), 0, seq, 0, 1, len(payload))
     body = header + payload + (CRC.pack(zlib.crc32(header + payload)) if verify else b"")
     return _LEN.pack(len(body)) + body

@@ -119,8 +119,8 @@ def test_collective_mismatch_raises_on_both_sides(tmp_path):
         assert error and error.startswith("MismatchError"), error
         assert "all_reduce(sum) of 16 bytes (float32)" in error and "all_gather of 16 bytes (float32)" in error
     # rank 0 sees rank 1's request; rank 1 may report either of the two ranks that disagree with it
-    assert "rank 0 and rank 1" in reports[0]["error"]
-    assert "rank 1 and rank" in reports[1]["error"]
+    assert "rank 0: mismatched operations with rank 1" in reports[0]["error"]
+    assert "rank 1: mismatched operations with rank" in reports[1]["error"]
 
 
 @pytest.mark.timeout(60)

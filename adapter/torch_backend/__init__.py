@@ -36,6 +36,11 @@ def register_backend() -> bool:
         return False
     if BACKEND_NAME.upper() not in dist.Backend._plugins:
         dist.Backend.register_backend(BACKEND_NAME, _create_process_group, extended_api=True, devices=DEVICES)
+    # env:// (init_process_group's default) reads RANK/WORLD_SIZE/MASTER_*: under plain srun or
+    # mpirun take them from the scheduler, as adapter.init() does.
+    from .rendezvous import fill_torch_env
+
+    fill_torch_env()
     _registered = True
     return True
 

@@ -15,7 +15,8 @@ import torch
 
 from ..arrays import as_numpy
 from ..backends.base import Backend, ReduceOp
-from ..backends.elements import CODE_NAMES, DTYPE_CODES
+from ..backends.elements import DTYPE_CODES
+from ..backends.protocol import RECV, SEND, Request, mismatch_message
 from ..errors import MismatchError
 
 RED_OPS = {
@@ -91,10 +92,6 @@ class Staged:
 
 def view(tensor: torch.Tensor, fill: bool = True) -> Staged:
     return Staged(tensor, fill)
-
-
-def empty_like_flat(tensor: torch.Tensor, numel: int) -> torch.Tensor:
-    return torch.empty(numel, dtype=tensor.dtype)
 
 
 # ---- reductions -------------------------------------------------------------------------------
@@ -351,9 +348,6 @@ class Envelope:
     def of(cls, array: np.ndarray, tag: int) -> "Envelope":
         return cls(int(tag), int(array.nbytes), DTYPE_CODES.get(array.dtype, 0))
 
-    def describe(self) -> str:
-        return f"{self.nbytes} bytes of {CODE_NAMES.get(self.code, 'an unknown dtype')} (tag {self.tag})"
-
 
 def send_tagged(comm: Backend, array: np.ndarray, dst: int, tag: int) -> None:
     env = Envelope.of(array, tag)
@@ -383,5 +377,6 @@ def recv_payload(comm: Backend, src: int, env: Envelope, into: np.ndarray | None
 def check_envelope(rank: int, src: int, env: Envelope, array: np.ndarray, tag: int) -> None:
     mine = Envelope.of(array, tag)
     if mine.nbytes != env.nbytes or mine.code != env.code:
-        raise MismatchError(f"rank {rank}: recv from rank {src} expected {mine.describe()} but rank {src} "
-                            f"sent {env.describe()}")
+        expected = Request(RECV, dtype=mine.code, nbytes=mine.nbytes, extra=src)
+        sent = Request(SEND, dtype=env.code, nbytes=env.nbytes, extra=rank)
+        raise MismatchError(mismatch_message(rank, src, expected, sent, f" (tag {tag})"))

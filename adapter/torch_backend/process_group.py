@@ -5,7 +5,7 @@ a process group (DDP's reducer, broadcast_coalesced, the coalescing manager) rea
 methods below through pybind11 trampolines, and torch.distributed's Python functions call
 them directly. Both the torch 2.13 names and the older ones are provided.
 
-Argument errors raise in the caller; communication runs on the executors (torch_work) and
+Argument errors raise in the caller; communication runs on the executors (work.py) and
 its errors surface from Work.wait() / the future, naming rank, group and operation.
 """
 from __future__ import annotations

@@ -18,6 +18,7 @@ import json
 import logging
 import os
 import socket
+import zlib
 from dataclasses import dataclass
 
 from .. import config
@@ -124,6 +125,63 @@ def _ring_env_agrees(rank: int, size: int) -> bool:
         return int(os.environ["MLX_RANK"]) == rank and isinstance(hosts, list) and len(hosts) == size
     except (OSError, ValueError, KeyError):
         return False
+
+
+# ---- torch's env:// variables from Slurm or MPI ---------------------------------------------
+
+def fill_torch_env(environ: "os._Environ[str] | dict[str, str]" = os.environ) -> dict[str, str]:
+    """Set RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT from an srun step or an
+    MPI launcher when RANK and WORLD_SIZE are both absent, so init_process_group("jacklring")
+    (env://, torch's default) works under plain srun or mpirun. Returns what was set; never
+    overrides a variable the user set. MASTER_ADDR: the step's first node under Slurm (task 0
+    runs there), 127.0.0.1 for an MPI job on one host; a multi-host MPI job needs the user's
+    (mpirun -x MASTER_ADDR=<rank 0's host>). MASTER_PORT: derived from the job's identity, so
+    every rank agrees without talking."""
+    from .. import engines
+
+    if environ.get("RANK") or environ.get("WORLD_SIZE"):
+        return {}
+    wanted = _slurm_torch_env(environ, engines) or _mpi_torch_env(environ, engines)
+    added = {k: v for k, v in wanted.items() if not environ.get(k)}
+    environ.update(added)
+    if added:
+        log.debug("jacklring: torch variables from the scheduler: %s", added)
+    return added
+
+
+def _slurm_torch_env(environ, engines) -> dict[str, str]:
+    try:
+        if not all(environ.get(v) for v in ("SLURM_PROCID", "SLURM_STEP_ID", "SLURM_STEP_NODELIST")):
+            return {}  # not an srun step (a batch script's own shell has no step node list)
+        rank, size = engines.slurm_world(environ)
+        mpi = engines.mpi_world(environ)
+        if mpi is not None and mpi != (rank, size):
+            return {}  # mpirun inside an allocation: its world, not the batch step's
+        host, port = engines.slurm_rendezvous(environ)
+    except (DistributedError, KeyError, ValueError):
+        return {}
+    return {"RANK": str(rank), "WORLD_SIZE": str(size), "LOCAL_RANK": environ.get("SLURM_LOCALID", "0"),
+            "MASTER_ADDR": host, "MASTER_PORT": str(port)}
+
+
+def _mpi_torch_env(environ, engines) -> dict[str, str]:
+    try:
+        world = engines.mpi_world(environ)
+    except DistributedError:
+        return {}
+    if world is None:
+        return {}
+    rank, size = world
+    env = {"RANK": str(rank), "WORLD_SIZE": str(size)}
+    local_rank, local_size = environ.get("OMPI_COMM_WORLD_LOCAL_RANK"), environ.get("OMPI_COMM_WORLD_LOCAL_SIZE")
+    if local_rank is not None:
+        env["LOCAL_RANK"] = local_rank
+    if local_size is not None and local_size == str(size):
+        env["MASTER_ADDR"] = "127.0.0.1"  # the whole job is on this host
+    job = environ.get("PMIX_NAMESPACE") or environ.get("OMPI_MCA_ess_base_jobid") or environ.get("PMI_JOBID")
+    if job:
+        env["MASTER_PORT"] = str(20000 + zlib.crc32(job.encode()) % 12000)
+    return env
 
 
 # ---- store ring -------------------------------------------------------------------------------

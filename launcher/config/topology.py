@@ -212,6 +212,3 @@ def explain_no_ring(topo: Topology) -> str:
             parts.append("every host has two neighbours but no single ring passes through all of them")
     return "no ring through every host: " + "; ".join(parts)
 
-
-def ring_is_full(topo: Topology) -> bool:
-    return find_ring(topo) is not None

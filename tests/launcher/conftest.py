@@ -22,6 +22,9 @@ def base_env(**extra) -> dict:
     env = dict(os.environ)
     env.pop("CUDA_VISIBLE_DEVICES", None)  # the default backend must not depend on the caller
     env["OMPI_MCA_btl_tcp_if_include"] = "lo"
+    # Chosen by the caller, so the launcher's one-line OMP_NUM_THREADS notice stays out of the
+    # stderr these tests compare (test_output.py checks the notice itself).
+    env.setdefault("OMP_NUM_THREADS", "1")
     env.update(extra)
     return env
 

@@ -169,6 +169,7 @@ def test_the_stopped_count_leaves_out_ranks_that_already_finished():
                'case $RANK in 0) exit 0;; 1) sleep 0.5; exit 9;; *) sleep 30;; esac')
     assert r.returncode == 9
     assert launcher_lines(r.stderr) == [
+        "launcher: rank 0 (host 127.0.0.1) ended first: it exited with code 0 while 2 other ranks were still running",
         "launcher: rank 1 (host 127.0.0.1) exited with code 9; stopped the other 1 rank"]
 
 

@@ -18,7 +18,8 @@ import numpy as np
 from ...errors import DistributedError
 from ..base import ReduceOp
 from ..elements import dtype_code, reduce_into, reduce_many
-from .exchange import KIND_CODES, REDUCE_CODES, Link, Request
+from ..protocol import OP_CODES, REDUCE_CODES, Request
+from .exchange import Link
 
 # Above this, with more than two ranks, the mesh all_reduce uses reduce-scatter + all-gather.
 MESH_LARGE_BYTES = 64 << 10
@@ -44,7 +45,7 @@ def _request(kind: str, arr: np.ndarray | None = None, op: ReduceOp | None = Non
 @functools.lru_cache(maxsize=512)
 def _cached_request(kind: str, dtype, nbytes: int, op: ReduceOp | None, extra: int) -> Request:
     """Requests repeat (the same op on the same sizes every step): build each once."""
-    return Request(KIND_CODES[kind], REDUCE_CODES[op.value] if op else 0,
+    return Request(OP_CODES[kind], REDUCE_CODES[op] if op else 0,
                    dtype_code(dtype) if dtype is not None else 0, nbytes, extra)
 
 

@@ -13,19 +13,22 @@ JACKLRING_VERIFY=1 adds a CRC-32 to every frame, checked on receipt; JACKLRING_S
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import threading
 import time
 import zlib
-from typing import NamedTuple
+from typing import Iterator, NamedTuple
 
 import numpy as np
 
 from ... import config
-from ...errors import BackendUnavailable, ConfigError
+from ...errors import BackendUnavailable, ConfigError, DistributedError, PeerError
 from ..base import Backend, ReduceOp
 from ..singleton import SingletonBackend
 from ..transport import tcp, tcp_mesh, verbs
+from ..transport.names import check_resolvable
 from ..transport.slots import Transport
 from . import config as jaccl_config
 from .algorithms import MeshAlgorithms, RingAlgorithms
@@ -55,16 +58,23 @@ def stall_report_seconds() -> float | None:
     return config.get("JACKLRING_STALL_REPORT")
 
 
+_incarnations = 0  # groups this process formed from the environment (part of the job token)
+
+
 def create(timeout: float | None = None) -> "Backend":
     """Validate the environment, then form the group through the side channel."""
+    global _incarnations
     cfg = jaccl_config.load()
     choice = transport_choice()
     op_timeout = config.op_timeout(timeout)
     checks = Checks(config.get("JACKLRING_VERIFY"), stall_report_seconds())
     if cfg.size == 1:
         return SingletonBackend()  # `launcher --backend jaccl -n 1`: nobody to connect to
+    check_resolvable(cfg.coordinator[0], f"MLX_JACCL_COORDINATOR={tcp.format_address(cfg.coordinator)}")
     deadline = time.monotonic() + config.connect_timeout()
-    token = zlib.crc32(json.dumps([tcp.format_address(cfg.coordinator), cfg.devices]).encode())
+    _incarnations += 1
+    # A group formed again after close() gets a new token: no connection of the earlier one is taken.
+    token = zlib.crc32(json.dumps([tcp.format_address(cfg.coordinator), cfg.devices, _incarnations]).encode())
     side = SideChannel(cfg.rank, cfg.size, cfg.coordinator, token, deadline)
     try:
         kind = _agree_on_transport(cfg, choice, side)
@@ -110,7 +120,7 @@ def _agree_on_transport(cfg: jaccl_config.JacclConfig, choice: str, side: SideCh
 
 
 def _build_transport(kind: str, rank: int, size: int, peers: list[int], device_row: list[list[str]],
-                     host: str, exchange, token: int, deadline: float) -> Transport:
+                     host: str, exchange, token: int, deadline: float, watch=None) -> Transport:
     """Connect the transport; calls exchange exactly once on every rank.
 
     peers: the ranks the topology needs; the TCP mesh connects to every rank regardless."""
@@ -119,7 +129,7 @@ def _build_transport(kind: str, rank: int, size: int, peers: list[int], device_r
     # TCP links every pair even in ring mode (the ring algorithms use only the neighbours), so
     # send/recv reach any rank as on every other backend; RDMA ring mode has only its cables.
     everyone = [p for p in range(size) if p != rank]
-    return tcp_mesh.connect_mesh(rank, size, everyone, host, exchange, token, deadline)
+    return tcp_mesh.connect_mesh(rank, size, everyone, host, exchange, token, deadline, watch)
 
 
 class JacclBackend(Backend):
@@ -136,13 +146,14 @@ class JacclBackend(Backend):
         self._timeout = timeout
         self._splits = 0
         self._checks = checks
+        self._busy = threading.Lock()
         self._link = Link(transport, timeout, checks.verify, checks.stall_report_s)
         algorithms = MeshAlgorithms if mode == MESH else RingAlgorithms
         self._algorithms: MeshAlgorithms | RingAlgorithms = algorithms(self._link, transport.size)
 
     def set_timeout(self, seconds: float) -> None:
         self._timeout = config.check_seconds(float(seconds), "timeout")
-        self._link.timeout = self._timeout
+        self._link.set_timeout(self._timeout)
 
     def rank(self) -> int:
         return self._transport.rank
@@ -152,33 +163,49 @@ class JacclBackend(Backend):
 
     # Each operation is numbered (the "seq" in timeouts and stall reports).
 
+    @contextlib.contextmanager
+    def _one_thread(self, what: str) -> Iterator[None]:
+        """One operation at a time per group. JACCL's frames carry per-peer sequence numbers over
+        shared links, so two threads interleaving their frames would read each other's data:
+        a second thread gets a clear error instead (the ring and MPI allow it; here each thread
+        needs a group of its own, from split())."""
+        if not self._busy.acquire(blocking=False):
+            raise DistributedError(f"rank {self.rank()}: {what} was called while another thread runs an operation "
+                                   f"on the same JACCL group; JACCL groups take one operation at a time: give "
+                                   f"each thread its own group (group.split)")
+        try:
+            self._link.op_seq += 1
+            yield
+        finally:
+            self._busy.release()
+
     def all_reduce(self, src: np.ndarray, dst: np.ndarray, op: ReduceOp) -> None:
-        self._link.op_seq += 1
-        self._algorithms.all_reduce(src, dst, op)
+        with self._one_thread("all_reduce"):
+            self._algorithms.all_reduce(src, dst, op)
 
     def all_gather(self, src: np.ndarray, dst: np.ndarray) -> None:
-        self._link.op_seq += 1
-        self._algorithms.all_gather(src, dst)
+        with self._one_thread("all_gather"):
+            self._algorithms.all_gather(src, dst)
 
     def reduce_scatter(self, src: np.ndarray, dst: np.ndarray, op: ReduceOp) -> None:
-        self._link.op_seq += 1
-        self._algorithms.reduce_scatter(src, dst, op)
+        with self._one_thread("reduce_scatter"):
+            self._algorithms.reduce_scatter(src, dst, op)
 
     def broadcast(self, buf: np.ndarray, root: int) -> None:
-        self._link.op_seq += 1
-        self._algorithms.broadcast(buf, root)
+        with self._one_thread("broadcast"):
+            self._algorithms.broadcast(buf, root)
 
     def barrier(self) -> None:
-        self._link.op_seq += 1
-        self._algorithms.barrier()
+        with self._one_thread("barrier"):
+            self._algorithms.barrier()
 
     def send(self, buf: np.ndarray, dst: int) -> None:
-        self._link.op_seq += 1
-        self._algorithms.send(buf, dst)
+        with self._one_thread("send"):
+            self._algorithms.send(buf, dst)
 
     def recv(self, buf: np.ndarray, src: int) -> None:
-        self._link.op_seq += 1
-        self._algorithms.recv(buf, src)
+        with self._one_thread("recv"):
+            self._algorithms.recv(buf, src)
 
     def _all_gather_blobs(self, blob: bytes) -> list[bytes]:
         """Variable-length all-gather over this group (lengths first, then padded bytes)."""
@@ -220,17 +247,59 @@ class JacclBackend(Backend):
         deadline = time.monotonic() + config.connect_timeout()
         if len(members) == 1:
             exchange(b"")   # every parent rank takes part in the same exchanges
-            self.barrier()
+            self._confirm_split(color, colors, keys, None)
             return SingletonBackend()
-        transport = _build_transport(self.transport_kind, new_rank, len(members), peers,
-                                     devices[new_rank], self._host, exchange, token, deadline)
         try:
-            self.barrier()  # every new connection is ready before the new group is used
-        except BaseException:
-            transport.close()
-            raise
+            transport = _build_transport(self.transport_kind, new_rank, len(members), peers,
+                                         devices[new_rank], self._host, exchange, token, deadline,
+                                         watch=lambda: self._watch_split(color, colors, keys))
+        except DistributedError as exc:
+            # The parent is now out of step (the others are mid-exchange): close it so they raise
+            # at once instead of waiting for their deadline.
+            self._link.broken = f"a split of this group failed: {exc}"
+            self._transport.close()
+            if str(exc).startswith(f"rank {me}:"):
+                raise
+            raise type(exc)(f"rank {me}: split(color={color}): {exc}") from None
+        self._confirm_split(color, colors, keys, transport)
         return JacclBackend(transport, devices, mode, self.transport_kind, self._host, token, self._timeout,
                             self._checks)
 
+    def _member_text(self, p: int, colors: np.ndarray, keys: np.ndarray) -> str:
+        same = sorted((q for q in range(self.size()) if colors[q] == colors[p]), key=lambda q: (keys[q], q))
+        return f"parent rank {p} (rank {same.index(p)} of the sub-group of color {int(colors[p])})"
+
+    def _ended_parent_peers(self) -> list[int]:
+        closed_peers = getattr(self._transport, "closed_peers", None)
+        return closed_peers() if closed_peers is not None else []
+
+    def _watch_split(self, color: int, colors: np.ndarray, keys: np.ndarray) -> None:
+        """Raise when a parent member's connection ended while the sub-groups form: every rank of
+        the TCP mesh is connected to every other, so each sees a death directly."""
+        ended = self._ended_parent_peers()
+        if ended:
+            self._link.broken = "a split of this group failed"
+            raise PeerError(f"rank {self.rank()}: split(color={color}): "
+                            f"{self._member_text(ended[0], colors, keys)} died while the sub-groups formed "
+                            f"(its connection closed)")
+
+    def _confirm_split(self, color: int, colors: np.ndarray, keys: np.ndarray, transport) -> None:
+        """A parent barrier: every new connection is ready everywhere before the new group is used.
+        Its failure names the parent members whose connections ended, in both numberings."""
+        try:
+            self.barrier()
+        except DistributedError as exc:
+            if transport is not None:
+                transport.close()
+            ended = ", ".join(self._member_text(p, colors, keys) for p in self._ended_parent_peers())
+            raise PeerError(f"rank {self.rank()}: split(color={color}): the sub-groups did not form on every "
+                            f"rank ({'ended: ' + ended if ended else 'no connection ended'}): {exc}") from None
+        except BaseException:
+            if transport is not None:
+                transport.close()
+            raise
+
     def close(self) -> None:
+        if self._link.broken is None:
+            self._link.broken = "the group was closed"
         self._transport.close()

@@ -21,65 +21,21 @@ from __future__ import annotations
 import logging
 import struct
 import time
-import zlib
-from dataclasses import dataclass
 
-from ...errors import CollectiveTimeout, DistributedError, IntegrityError, MismatchError, PeerError
-from ..elements import CODE_NAMES
+from ...errors import CollectiveTimeout, DistributedError, MismatchError, PeerError
+from ..protocol import CHECKSUM, Request, checksum, checksum_error, mismatch_message
 from ..transport.slots import SEND, Transport
 
 log = logging.getLogger("jacklring.jaccl")
 
 # kind (| VERIFY_FLAG), reduce op, dtype code, phase, sequence, frame index, extra (root / peer), request bytes
 HEADER = struct.Struct("<BBBBIIiQ")
-CRC = struct.Struct("<I")
 VERIFY_FLAG = 0x80
 SEQ_MASK = 0xFFFFFFFF
 _HS = HEADER.size
 
-KIND_NAMES = {1: "all_reduce", 2: "all_gather", 3: "reduce_scatter", 4: "broadcast",
-              5: "barrier", 6: "send", 7: "split", 8: "recv"}
-KIND_CODES = {name: code for code, name in KIND_NAMES.items()}
-REDUCE_CODES = {"sum": 1, "prod": 2, "max": 3, "min": 4, "band": 5, "bor": 6, "bxor": 7}
-REDUCE_NAMES = {code: name for name, code in REDUCE_CODES.items()}
 _EMPTY = memoryview(b"")
-
-
-@dataclass(frozen=True)
-class Request:
-    """What one rank asked for; every rank taking part must ask for the same thing."""
-    kind: int
-    reduce: int = 0
-    dtype: int = 0
-    nbytes: int = 0
-    extra: int = 0
-
-    def _name(self) -> str:
-        return KIND_NAMES.get(self.kind, f"unknown operation {self.kind}")
-
-    def _dtype(self) -> str:
-        return CODE_NAMES.get(self.dtype, "bytes") if self.dtype else "bytes"
-
-    def _peer_text(self) -> str:
-        if self.kind == KIND_CODES["broadcast"]:
-            return f" from root {self.extra}"
-        if self.kind == KIND_CODES["send"]:
-            return f" to rank {self.extra}"
-        if self.kind == KIND_CODES["recv"]:
-            return f" from rank {self.extra}"
-        return ""
-
-    def describe(self) -> str:
-        """For mismatch messages: 'all_reduce(sum) of 16 bytes (float32)'."""
-        name = self._name()
-        if self.reduce:
-            name += f"({REDUCE_NAMES.get(self.reduce, self.reduce)})"
-        return f"{name} of {self.nbytes} bytes ({self._dtype()}){self._peer_text()}"
-
-    def label(self, seq: int) -> str:
-        """For timeouts and stall reports: 'all_reduce(sum, float32, 4096 bytes, seq 7)'."""
-        reduce = f"{REDUCE_NAMES.get(self.reduce, self.reduce)}, " if self.reduce else ""
-        return f"{self._name()}({reduce}{self._dtype()}, {self.nbytes} bytes, seq {seq}){self._peer_text()}"
+RECENT_S = 1.0  # a stall report says "slow" when a frame completed this recently, else "stalled"
 
 
 class Link:
@@ -89,18 +45,23 @@ class Link:
                  stall_report_s: float | None = None) -> None:
         self.t = transport
         self.rank = transport.rank
-        self.timeout = timeout
         self.verify = verify
         self.flag = VERIFY_FLAG if verify else 0
-        self.trailer = CRC.size if verify else 0
-        # Reported only when it comes before the deadline.
-        self.stall_report_s = stall_report_s if stall_report_s and stall_report_s < timeout else None
+        self.trailer = CHECKSUM.size if verify else 0
+        self._stall_setting = stall_report_s
+        self.set_timeout(timeout)
         self.sent = {p: 0 for p in transport.peers}
         self.received = {p: 0 for p in transport.peers}
         self.broken: str | None = None
         self.payload = transport.frame_bytes - _HS - self.trailer
         self.op_seq = 0        # operations started on this group by this rank (the backend counts)
         self._stalled_op = -1  # the operation whose stall was already reported
+
+    def set_timeout(self, timeout: float) -> None:
+        self.timeout = timeout
+        # A stall is reported only when the report comes before the deadline.
+        stall = self._stall_setting
+        self.stall_report_s = stall if stall and stall < timeout else None
 
     def deadline(self) -> float:
         return time.monotonic() + self.timeout
@@ -151,7 +112,7 @@ class Link:
         sent, received = self.sent, self.received
         for p in targets:
             t.post_recv(p, 0)
-        kind, reduce, dtype, extra, total = request.kind | self.flag, request.reduce, request.dtype, \
+        kind, reduce, dtype, extra, total = request.op | self.flag, request.reduce, request.dtype, \
             request.extra, request.nbytes
         pack_into, verify = HEADER.pack_into, self.verify
         for p, data in sends.items():
@@ -162,8 +123,8 @@ class Link:
                 buf[_HS:_HS + n] = data
             n += _HS
             if verify:
-                CRC.pack_into(buf, n, zlib.crc32(buf[:n]))
-                n += CRC.size
+                CHECKSUM.pack_into(buf, n, checksum(buf[:n]))
+                n += CHECKSUM.size
             t.post_send(p, 0, n)
             sent[p] += 1
         sending = list(sends)
@@ -203,18 +164,19 @@ class Link:
             return deadline
         return deadline - self.timeout + self.stall_report_s
 
-    def _late(self, request: Request, deadline: float, pending: str) -> float:
-        """poll gave up: at the deadline raise naming the operation and the peers; before it,
-        report the stall once and return the deadline as the next wake-up."""
+    def _late(self, request: Request, deadline: float, pending: str, rate: float = 0.0) -> float:
+        """poll gave up: at the deadline (no frame moved for the timeout) raise naming the
+        operation and the peers; before it, report once, "slow, N MB/s" when frames still move
+        (rate, bytes/s so far), else "stalled", and return the deadline as the next wake-up."""
         now = time.monotonic()
         if now >= deadline:
-            raise CollectiveTimeout(f"rank {self.rank}: {request.label(self.op_seq)} timed out: "
-                                    f"waiting for {pending}") from None
+            raise CollectiveTimeout(f"rank {self.rank}: {request.label(self.op_seq)} timed out: waiting for "
+                                    f"{pending} (nothing moved for {self.timeout:g} s)") from None
         if self._stalled_op != self.op_seq:
             self._stalled_op = self.op_seq
-            waited = now - (deadline - self.timeout)
-            log.warning("rank %d: %s is stalled (%.1f s so far, deadline in %.1f s): waiting for %s",
-                        self.rank, request.label(self.op_seq), waited, deadline - now, pending)
+            pace = f"slow, {rate / 1e6:.2f} MB/s" if rate > 0 else "stalled"
+            log.warning("rank %d: %s is %s (deadline in %.1f s unless more arrives): waiting for %s",
+                        self.rank, request.label(self.op_seq), pace, deadline - now, pending)
         return deadline
 
     # ---- checks ------------------------------------------------------------------------------
@@ -225,12 +187,12 @@ class Link:
         `want` data bytes (and a matching checksum when verifying)."""
         if nbytes >= _HS:
             kind, reduce, dtype, their_phase, seq, index, extra, total = HEADER.unpack_from(buf, 0)
-            if (kind == expect.kind | self.flag and reduce == expect.reduce and dtype == expect.dtype
+            if (kind == expect.op | self.flag and reduce == expect.reduce and dtype == expect.dtype
                     and their_phase == phase and extra == expect.extra and total == expect.nbytes
                     and seq == self.received[peer] & SEQ_MASK and index == frame
                     and nbytes == _HS + want + self.trailer
-                    and (not self.verify or CRC.unpack_from(buf, nbytes - CRC.size)[0]
-                         == zlib.crc32(buf[:nbytes - CRC.size]))):
+                    and (not self.verify or CHECKSUM.unpack_from(buf, nbytes - CHECKSUM.size)[0]
+                         == checksum(buf[:nbytes - CHECKSUM.size]))):
                 return
         self._explain(request, expect, phase, peer, frame, buf, nbytes, want)
 
@@ -246,22 +208,18 @@ class Link:
             mine, theirs = ("on", "off") if self.verify else ("off", "on")
             raise MismatchError(f"rank {rank} has JACKLRING_VERIFY {mine} but {who} has it {theirs}: "
                                 "set it alike on every rank")
-        if self.verify and nbytes >= _HS + CRC.size:
-            (expected,) = CRC.unpack_from(buf, nbytes - CRC.size)
-            actual = zlib.crc32(buf[:nbytes - CRC.size])
+        if self.verify and nbytes >= _HS + CHECKSUM.size:
+            (expected,) = CHECKSUM.unpack_from(buf, nbytes - CHECKSUM.size)
+            actual = checksum(buf[:nbytes - CHECKSUM.size])
             if actual != expected:
-                raise IntegrityError(f"rank {rank}: checksum mismatch on a {nbytes}-byte message from {who} "
-                                     f"during {request.label(self.op_seq)}: crc32 {actual:#010x}, "
-                                     f"sender's {expected:#010x}")
+                raise checksum_error(nbytes, who, actual, expected, rank, f" during {request.label(self.op_seq)}")
         kind &= ~VERIFY_FLAG
         e = expect
-        if (kind, reduce, dtype, total, extra, their_phase) != (e.kind, e.reduce, e.dtype, e.nbytes, e.extra, phase):
+        if (kind, reduce, dtype, total, extra, their_phase) != (e.op, e.reduce, e.dtype, e.nbytes, e.extra, phase):
             theirs = Request(kind, reduce, dtype, total, extra)
             steps = "" if their_phase == phase else f" (at step {phase}; rank {peer} at step {their_phase})"
-            raise MismatchError(
-                f"mismatched operations on rank {rank} and rank {peer}: rank {rank} called "
-                f"{request.describe()}, rank {peer} called {theirs.describe()}{steps} "
-                f"[message #{seq} from rank {peer}]")
+            raise MismatchError(mismatch_message(rank, peer, request, theirs,
+                                                 f"{steps} [message #{seq} from rank {peer}]"))
         expected_seq = self.received[peer] & SEQ_MASK
         raise MismatchError(
             f"rank {rank}: out-of-step message from rank {peer} during {request.describe()}: got "
@@ -300,14 +258,25 @@ class _Transfer:
             while self.next_send[p] < min(slots, self.total_out[p]):
                 self._post_send(p)
         link = self.link
+        started = time.monotonic()
+        moved = 0
         wake = link._first_wake(self.deadline)
         while self._busy():
             try:
                 done = self.t.poll(wake)
             except CollectiveTimeout:
-                wake = link._late(self.request, self.deadline, self._pending())
+                now = time.monotonic()
+                flowing = now - self.deadline + link.timeout < RECENT_S  # a frame completed recently
+                wake = link._late(self.request, self.deadline, self._pending(),
+                                  moved / (now - started) if flowing else 0.0)
                 continue
+            if done:
+                # The deadline measures silence: each completed frame restarts it, so a slow link
+                # that keeps delivering is not mistaken for a dead peer.
+                self.deadline = time.monotonic() + link.timeout
+                wake = min(wake, self.deadline) if link._stalled_op != link.op_seq else self.deadline
             for c in done:
+                moved += c.nbytes
                 if c.kind == SEND:
                     self.unacked[c.peer] -= 1
                     if self.next_send[c.peer] < self.total_out[c.peer]:
@@ -327,7 +296,7 @@ class _Transfer:
     def _pending(self) -> str:
         label = self.t.peer_label
         parts = [f"{self.total_in[p] - self.next_recv[p]} frame(s) from {label(p)}, of its message "
-                 f"#{self.link.received[p]} to rank {self.rank}"
+                 f"#{self.link.received[p]} to rank {self.link.rank}"
                  for p in self.targets if self.next_recv[p] < self.total_in[p]]
         parts += [f"{label(p)} to take {self.total_out[p] - self.next_send[p] + self.unacked[p]} frame(s)"
                   for p in self.sends if self.next_send[p] < self.total_out[p] or self.unacked[p]]
@@ -345,14 +314,14 @@ class _Transfer:
         chunk = self.sends[peer][start:start + link.payload]
         buf = self.t.send_buffer(peer, slot)
         r = self.request
-        HEADER.pack_into(buf, 0, r.kind | link.flag, r.reduce, r.dtype, self.phase, self.seq_out[peer] & SEQ_MASK,
+        HEADER.pack_into(buf, 0, r.op | link.flag, r.reduce, r.dtype, self.phase, self.seq_out[peer] & SEQ_MASK,
                          frame, r.extra, r.nbytes)
         n = len(chunk)
         buf[_HS:_HS + n] = chunk
         n += _HS
         if link.verify:
-            CRC.pack_into(buf, n, zlib.crc32(buf[:n]))
-            n += CRC.size
+            CHECKSUM.pack_into(buf, n, checksum(buf[:n]))
+            n += CHECKSUM.size
         self.t.post_send(peer, slot, n)
         self.next_send[peer] += 1
         self.unacked[peer] += 1

@@ -10,7 +10,7 @@ in adapter.backends.registry.ANY_ORDER (nccl, jaccl, ring, mpi), so under mpirun
 explicit NCCL, JACCL or ring environment (MLX_HOSTFILE + MLX_RANK, ...) is also present.
 
 Buffers go to MPI through the buffer protocol with an explicit MPI datatype: no copies and
-nothing is pickled. float16 and bfloat16 use user-defined MPI ops (see mpi_types), and so do
+nothing is pickled. float16 and bfloat16 use user-defined MPI ops (see types.py), and so do
 MAX/MIN of float32/float64, so that a NaN propagates as on every other backend.
 MPI-3 counts are C ints (Open MPI 5 reports MPI 3.1): a buffer of more than 2**31-1 elements
 is moved by several calls (JACKLRING_MPI_MAX_COUNT lowers that limit, for tests).
@@ -21,14 +21,13 @@ What happens when things go wrong, honestly:
   other rank of the job; mpirun exits non-zero. Ranks get no Python exception. MPICH's
   Hydra behaves the same way by default.
 - A peer that is alive but never joins (a hang, a different code path): MPI calls block and
-  cannot be cancelled. A watchdog thread (mpi_watchdog) enforces the per-operation deadline
+  cannot be cancelled. A watchdog thread (watchdog.py) enforces the per-operation deadline
   (init(timeout=...), else JACKLRING_TIMEOUT, default 300 s): past it, it prints
   "CollectiveTimeout: rank R: <op> did not finish within T s" to stderr and calls MPI_Abort,
   which stops the whole job with exit code 124. It cannot raise CollectiveTimeout in the
-  caller: a nonblocking Iallreduce polled with Test could, but measured 20-65% slower than
-  the blocking call from 1 to 4 MiB on Open MPI 5 (2 ranks, shared memory; it was faster
-  from 16 MiB up), and after such a timeout the communicator would still hold the
-  unfinished collective, so the job could not continue anyway.
+  caller: a nonblocking Iallreduce polled with Test could, but it is slower for mid-sized
+  messages (docs/architecture.md, MPI), and after such a timeout the communicator would
+  still hold the unfinished collective, so the job could not continue anyway.
 - A rank that never initializes: MPI_Init (run by create()) waits for every rank of the job
   and holds the GIL, so faulthandler's C-level timer bounds it instead: past
   JACKLRING_CONNECT_TIMEOUT (default 120 s) it dumps the stack, whose innermost jacklring
@@ -59,7 +58,8 @@ from ... import config
 from ...config import connect_timeout, op_timeout
 from ...errors import BackendUnavailable, DistributedError, MismatchError
 from ..base import Backend, ReduceOp
-from ..elements import CODE_NAMES, dtype_code
+from ..elements import dtype_code
+from ..protocol import OP_CODES, RECV, REDUCE_CODES, SEND, Request, mismatch_message
 from .watchdog import Watchdog, describe
 
 # Any one of these means a process manager started us as part of an MPI job.
@@ -237,6 +237,8 @@ class MPIBackend(Backend):
         self._rank = comm.Get_rank()
         self._size = comm.Get_size()
         self._closed = False
+        # JACKLRING_VERIFY: every collective first checks that all ranks asked for the same one.
+        self._verify = bool(config.get("JACKLRING_VERIFY"))
         self._sends_lock = threading.Lock()
         self._sends: list[tuple[Any, np.ndarray, tuple]] = []  # (Isend request, its buffer, what)
         _open_backends.add(self)
@@ -255,7 +257,25 @@ class MPIBackend(Backend):
 
     # -- collectives ---------------------------------------------------------------------
 
+    def _agree(self, op: str, buf: np.ndarray | None, reduce: ReduceOp | None = None, extra: int = 0) -> None:
+        """With JACKLRING_VERIFY, one small MAX all-reduce of (request, -request) before the
+        collective: any difference between ranks is a MismatchError on every rank, where MPI
+        itself would return wrong data or fail with a truncation error."""
+        if not self._verify:
+            return
+        mine = Request(OP_CODES[op], REDUCE_CODES[reduce] if reduce else 0,
+                       dtype_code(buf.dtype) if buf is not None else 0, buf.nbytes if buf is not None else 0, extra)
+        fields = np.array([mine.op, mine.reduce, mine.dtype, mine.nbytes, mine.extra], np.int64)
+        extremes = np.empty(10, np.int64)
+        self._run(("agreement check before {}", op), self._comm.Allreduce, np.concatenate([fields, -fields]),
+                  extremes, self._MPI.MAX)
+        for other in (extremes[:5], -extremes[5:]):
+            if (other != fields).any():
+                theirs = Request(*(int(v) for v in other))
+                raise MismatchError(mismatch_message(self._rank, "another rank", mine, theirs))
+
     def all_reduce(self, src: np.ndarray, dst: np.ndarray, op: ReduceOp) -> None:
+        self._agree("all_reduce", dst, op)
         mpi_type, mpi_op, as_bytes = self._types.reduction(dst.dtype, op)
         what = ("all_reduce({0.name}, {1}, {2} elements)", op, dst.dtype, dst.size)
         in_place = src is dst
@@ -264,6 +284,7 @@ class MPIBackend(Backend):
             self._run(what, self._comm.Allreduce, send, [_wire(dst[lo:hi], as_bytes), mpi_type], mpi_op)
 
     def all_gather(self, src: np.ndarray, dst: np.ndarray) -> None:
+        self._agree("all_gather", src)
         mpi_type, as_bytes = self._types.transfer_type(src.dtype)
         what = ("all_gather({}, {} elements per rank)", src.dtype, src.size)
         if src.size <= MAX_COUNT:
@@ -278,6 +299,7 @@ class MPIBackend(Backend):
             blocks[:, lo:hi] = staging
 
     def reduce_scatter(self, src: np.ndarray, dst: np.ndarray, op: ReduceOp) -> None:
+        self._agree("reduce_scatter", dst, op)
         mpi_type, mpi_op, as_bytes = self._types.reduction(dst.dtype, op)
         what = ("reduce_scatter({0.name}, {1}, {2} elements per rank)", op, dst.dtype, dst.size)
         if dst.size <= MAX_COUNT:
@@ -291,12 +313,14 @@ class MPIBackend(Backend):
                       [_wire(staging, as_bytes), mpi_type], [_wire(dst[lo:hi], as_bytes), mpi_type], mpi_op)
 
     def broadcast(self, buf: np.ndarray, root: int) -> None:
+        self._agree("broadcast", buf, extra=root)
         mpi_type, as_bytes = self._types.transfer_type(buf.dtype)
         what = ("broadcast({}, {} elements, root {})", buf.dtype, buf.size, root)
         for lo, hi in _spans(buf.size, MAX_COUNT):
             self._run(what, self._comm.Bcast, [_wire(buf[lo:hi], as_bytes), mpi_type], root)
 
     def barrier(self) -> None:
+        self._agree("barrier", None)
         self._run(("barrier",), self._comm.Barrier)
 
     # -- point to point --------------------------------------------------------------------
@@ -351,12 +375,10 @@ class MPIBackend(Backend):
             return
         # Drain the mismatched message so the next recv from this peer starts clean.
         self._run(what, message.Recv, [bytearray(max(got_bytes, 0)), MPI.BYTE])
-        sent = CODE_NAMES.get(status.Get_tag() - _TAG_BASE, f"MPI tag {status.Get_tag()}")
-        where = "" if (lo, hi) == (0, buf.size) else f" (piece {lo}:{hi})"
-        raise MismatchError(
-            f"{self._label}: recv from rank {src} expected {buf.size} x {buf.dtype} ({buf.nbytes} bytes){where} "
-            f"but rank {src} sent {got_bytes} bytes of {sent}"
-        )
+        where = "" if (lo, hi) == (0, buf.size) else f" (piece {lo}:{hi} of {buf.size} elements)"
+        mine = Request(RECV, dtype=dtype_code(buf.dtype), nbytes=piece.nbytes, extra=src)
+        theirs = Request(SEND, dtype=status.Get_tag() - _TAG_BASE, nbytes=got_bytes, extra=self.rank())
+        raise MismatchError(mismatch_message(self.rank(), src, mine, theirs, where))
 
     # -- communicators -----------------------------------------------------------------------
 

@@ -6,8 +6,8 @@ flight a few times per second; when one passes its deadline it prints a Collecti
 message naming the rank, the call and the deadline to stderr and calls MPI_Abort, which
 makes mpirun stop every rank of the job with a non-zero exit code. The job ends, it never hangs.
 
-Registering a call costs two dict operations, so blocking calls keep their full speed
-(the nonblocking alternative, Iallreduce + Test, measured 20-60% slower from 1 to 4 MiB).
+Registering a call costs two dict operations, so blocking calls keep their full speed (the
+nonblocking alternative, Iallreduce polled with Test, is slower: docs/architecture.md, MPI).
 """
 from __future__ import annotations
 

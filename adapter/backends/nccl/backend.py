@@ -1,7 +1,7 @@
 """The NCCL backend over cupy.cuda.nccl: collectives between CUDA devices.
 
 Environment (as MLX): MLX_RANK, MLX_WORLD_SIZE, NCCL_HOST_IP and NCCL_PORT (where rank 0
-serves the NCCL unique id, see nccl_bootstrap), CUDA_VISIBLE_DEVICES. Each rank uses one
+serves the NCCL unique id, see bootstrap.py), CUDA_VISIBLE_DEVICES. Each rank uses one
 device: JACKLRING_CUDA_DEVICE, else local rank modulo the visible device count.
 
 Two kinds of buffers, in every method of the Backend interface:
@@ -24,7 +24,6 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
-import socket
 import threading
 import time
 from typing import Any, Callable
@@ -38,7 +37,7 @@ from ...errors import CollectiveTimeout, ConfigError, DistributedError, PeerErro
 from ..base import Backend, ReduceOp
 from ..transport import tcp
 from . import bootstrap as nccl_bootstrap
-from .device import DeviceBuffer, choose_device, cuda_visible_reason, device_count, shared_devices
+from .device import DeviceBuffer, choose_device, cuda_visible_reason, device_count
 from .types import NCCL_INT32, NCCL_SUM, NCCL_UINT8, ReducePlan, reduce_plan
 
 log = logging.getLogger("jacklring.nccl")
@@ -147,14 +146,6 @@ class NcclBackend(Backend):
         unique_id = nccl_bootstrap.exchange_id(rank, size, host, port, _make_unique_id, limit)
         remaining = max(1.0, limit - (time.monotonic() - started))
         return cls.from_unique_id(rank, size, unique_id, device, timeout, remaining)
-
-    @classmethod
-    def from_store(cls, store, prefix: str, rank: int, size: int, device: int,
-                   timeout: float | None = None, connect_timeout: float | None = None) -> "NcclBackend":
-        """Exchange the unique id through a key-value store (torch.distributed.Store: set/get),
-        the rendezvous a torch process group already has. `prefix` must be unique per group."""
-        unique_id = nccl_bootstrap.exchange_id_via_store(store, f"{prefix}/nccl_id", rank, _make_unique_id)
-        return cls.from_unique_id(rank, size, unique_id, device, timeout, connect_timeout)
 
     @classmethod
     def from_unique_id(cls, rank: int, size: int, unique_id: bytes, device: int,
@@ -479,34 +470,3 @@ def plan_name(plan: ReducePlan) -> str:
     ops = {0: "sum", 1: "prod", 2: "max", 3: "min"}
     return f"{ops.get(plan.nccl_op, plan.nccl_op)}, {nccl_dtype_name(plan.nccl_dtype)}"
 
-
-# ---- for the torch process group --------------------------------------------------------------
-
-def device_identity(device: int) -> str:
-    """host/PCI bus id of a device: equal for two ranks exactly when they share one GPU."""
-    cupy, _ = _cupy()
-    return f"{socket.gethostname()}/{cupy.cuda.runtime.deviceGetPCIBusId(device)}"
-
-
-def for_torch_group(store, prefix: str, rank: int, size: int, device: int,
-                    timeout: float | None = None) -> NcclBackend | None:
-    """The NCCL communicator a torch process group uses for its CUDA tensors, or None (on every
-    rank alike) when two ranks share one GPU (NCCL forbids it) or some rank lacks cupy / NCCL;
-    the group then stages CUDA tensors through pinned host memory over its CPU backend.
-    Collective: every rank of the group calls it with the same prefix, on its first CUDA
-    collective. The store is the group's torch.distributed.Store."""
-    try:
-        identity = device_identity(device)
-    except DistributedError as exc:  # no cupy / libnccl on this rank: every rank must hear it
-        log.info("rank %d: NCCL unavailable for CUDA tensors: %s", rank, exc)
-        identity = ""
-    store.set(f"{prefix}/device/{rank}", identity)
-    identities = [bytes(store.get(f"{prefix}/device/{r}")).decode() for r in range(size)]
-    if "" in identities:
-        return None  # some rank cannot run NCCL: all stage through host memory alike
-    pairs = shared_devices(identities)
-    if pairs:
-        a, b = pairs[0]
-        log.info("ranks %d and %d share GPU %s: CUDA tensors go through host memory", a, b, identities[a])
-        return None
-    return NcclBackend.from_store(store, prefix, rank, size, device, timeout=timeout)

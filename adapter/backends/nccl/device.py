@@ -82,19 +82,6 @@ def choose_device(rank: int, count: int, environ: Mapping[str, str] | None = Non
     return local % count
 
 
-def shared_devices(identities: list[str]) -> list[tuple[int, int]]:
-    """Pairs of ranks (first, later) with the same device identity (host + PCI bus id).
-    NCCL refuses two ranks on one GPU, so such a group must stage through host memory."""
-    first: dict[str, int] = {}
-    pairs = []
-    for rank, ident in enumerate(identities):
-        if ident in first:
-            pairs.append((first[ident], rank))
-        else:
-            first[ident] = rank
-    return pairs
-
-
 @dataclass(frozen=True)
 class DeviceBuffer:
     """`count` contiguous elements of `dtype` at device address `ptr` on CUDA device `device`.

@@ -5,7 +5,7 @@ the "ip:port" addresses it listens on. Rank r connects to every address of rank 
 connection each) and accepts the same number from rank r-1.
 
 Large reductions run reduce-scatter then all-gather with the buffer split across every
-connection and both directions of the ring, segments pipelined (see ring_algorithms).
+connection and both directions of the ring, segments pipelined (see algorithms.py).
 Small messages take a one-pass path: a ring all-gather of the whole inputs followed by a
 reduction in rank order, which costs one hop per rank instead of two phases.
 
@@ -22,11 +22,12 @@ import hashlib
 import json
 import logging
 import os
+import select
 import socket
 import struct
 import threading
 import time
-import zlib
+from collections import deque
 
 import numpy as np
 
@@ -37,14 +38,15 @@ from ...errors import (
     CollectiveTimeout,
     ConfigError,
     DistributedError,
-    IntegrityError,
     MismatchError,
     PeerError,
 )
 from ..base import Backend, ReduceOp
-from ..elements import CODE_NAMES, DTYPE_CODES, dtype_code, reduce_many
+from ..elements import DTYPE_CODES, dtype_code, reduce_many
+from ..protocol import CHECKSUM, OP_CODES, REDUCE_CODES, Request, checksum, checksum_error, mismatch_message
 from ..transport import tcp
-from ..transport.stream_engine import CRC, Engine, Link
+from ..transport.names import check_resolvable
+from ..transport.stream_engine import Engine, Link
 from . import shared, shm_algorithms
 from .algorithms import (
     Channel,
@@ -62,30 +64,36 @@ log = logging.getLogger("jacklring.ring")
 PURPOSE_RING = 1
 PURPOSE_P2P = 2
 PURPOSE_PING = 3  # "are you alive?" from a rank waiting on recv(); closed without a word
+ACCEPTED = b"\x01"  # a ring connection's acceptor sends this once it took the connection
 
 HEADER = struct.Struct("<HBBIQq")  # magic, op, dtype code, sequence, byte count, extra (reduce op / root)
 HEADER_MAGIC = 0x4A4B
-OP_ALL_REDUCE, OP_ALL_GATHER, OP_REDUCE_SCATTER, OP_BROADCAST, OP_BARRIER, OP_SEND, OP_SPLIT, OP_SHM = range(1, 9)
-OP_NAMES = {OP_ALL_REDUCE: "all_reduce", OP_ALL_GATHER: "all_gather", OP_REDUCE_SCATTER: "reduce_scatter",
-            OP_BROADCAST: "broadcast", OP_BARRIER: "barrier", OP_SEND: "send", OP_SPLIT: "split",
-            OP_SHM: "shared-memory set-up"}
-REDUCE_CODES = {op: i for i, op in enumerate(ReduceOp)}
-REDUCE_NAMES = {i: op.value for op, i in REDUCE_CODES.items()}
+OP_ALL_REDUCE, OP_ALL_GATHER, OP_REDUCE_SCATTER, OP_BROADCAST, OP_BARRIER, OP_SEND, OP_SPLIT, OP_ABORT, OP_SHM = (
+    OP_CODES[name] for name in ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "barrier", "send", "split",
+                                "abort", "shared-memory set-up"))
+_REDUCING = (OP_ALL_REDUCE, OP_REDUCE_SCATTER)
+# While sub-rings form, each rank looks at its parent ring this often for a neighbour that died or
+# gave up (an abort header: sequence = the reporting rank, extra = the rank that failed, or -1).
+WATCH_S = 0.1
+SPILL_CHUNK = 1 << 20   # bytes read ahead at a time from a peer while a send to it is blocked
+SPILL_POLL_S = 0.05     # how long a blocked send waits before looking for the peer's connection again
 
-# Below this many bytes moved per rank, one all-gather pass beats reduce-scatter + all-gather.
+
+def header_request(raw: bytes) -> Request | None:
+    """The request a ring header carries (None when it is not a ring header at all)."""
+    magic, op, dt, _seq, nbytes, extra = HEADER.unpack(raw)
+    if magic != HEADER_MAGIC:
+        return None
+    if op in _REDUCING:
+        return Request(op, reduce=extra, dtype=dt, nbytes=nbytes)
+    return Request(op, dtype=dt, nbytes=nbytes, extra=extra if op == OP_BROADCAST else 0)
 
 
 def describe_header(raw: bytes) -> str:
-    magic, op, dt, seq, nbytes, extra = HEADER.unpack(raw)
-    if magic != HEADER_MAGIC:
+    request = header_request(raw)
+    if request is None:
         return f"garbage header {raw[:8].hex()}"
-    name = OP_NAMES.get(op, f"op{op}")
-    detail = ""
-    if op in (OP_ALL_REDUCE, OP_REDUCE_SCATTER):
-        detail = f"{REDUCE_NAMES.get(extra, extra)}, "
-    elif op == OP_BROADCAST:
-        detail = f"root {extra}, "
-    return f"{name}({detail}{CODE_NAMES.get(dt, dt)}, {nbytes} bytes, seq {seq})"
+    return request.label(HEADER.unpack(raw)[3])
 
 
 def probe() -> str | None:
@@ -95,11 +103,16 @@ def probe() -> str | None:
     return None
 
 
+_incarnations = 0  # rings this process formed from the environment (see RingBackend's token)
+
+
 def create(timeout: float | None = None) -> "RingBackend":
+    global _incarnations
     path = os.environ["MLX_HOSTFILE"]
     addresses = load_ring_hostfile(path)
     rank = env_rank(len(addresses))
-    return RingBackend.from_addresses(rank, addresses, timeout=timeout)
+    _incarnations += 1
+    return RingBackend.from_addresses(rank, addresses, timeout=timeout, incarnation=_incarnations)
 
 
 def load_ring_hostfile(path: str) -> list[list[str]]:
@@ -125,6 +138,9 @@ def validate_addresses(data: object, where: str) -> list[list[str]]:
         for addr in entry:
             tcp.parse_address(addr, f"{where}: rank {rank} address")
     _reject_duplicates(data, where)
+    for rank, entry in enumerate(data):
+        for addr in entry:
+            check_resolvable(tcp.parse_address(addr)[0], f"{where}: rank {rank} address {addr!r}")
     return data
 
 
@@ -165,12 +181,20 @@ def _copy(src: np.ndarray, dst: np.ndarray) -> None:
         dst[...] = src
 
 
+class SplitAbandoned(PeerError):
+    """A sub-group stopped forming because `culprit` (a parent rank, or -1) died or gave up."""
+
+    def __init__(self, culprit: int, text: str) -> None:
+        super().__init__(text)
+        self.culprit = culprit
+
+
 class RingBackend(Backend):
     name = "ring"
 
     @classmethod
     def from_addresses(cls, rank: int, addresses: list[list[str]], timeout: float | None = None,
-                       connect_timeout: float | None = None) -> "RingBackend":
+                       connect_timeout: float | None = None, incarnation: int = 0) -> "RingBackend":
         """Listen on this rank's addresses and connect the ring (the constructor a store-based
         rendezvous, such as torch's, uses)."""
         addresses = validate_addresses([list(a) if not isinstance(a, str) else [a] for a in addresses], "addresses")
@@ -186,17 +210,24 @@ class RingBackend(Backend):
             for sock in listeners:
                 sock.close()
             raise PeerError(f"rank {rank}: {exc}") from None
-        return cls(rank, addresses, listeners, timeout, connect_timeout)
+        return cls(rank, addresses, listeners, timeout, connect_timeout, incarnation)
 
     def __init__(self, rank: int, addresses: list[list[str]], listeners: list[tcp.Listener],
-                 timeout: float | None, connect_timeout: float | None) -> None:
+                 timeout: float | None, connect_timeout: float | None, incarnation: int = 0,
+                 watch=None) -> None:
         self._rank = rank
+        self._watch = watch  # raises when the group this one is split from gave up forming it
+        self._describe_member = lambda p: f"rank {p}"  # a split names ranks in both numberings
+        self._abandon_on_failure = False
         self._size = len(addresses)
         self._addresses = addresses
         self._listeners = listeners
         self.timeout = op_timeout(timeout)
         self._connect_timeout = default_connect_timeout(connect_timeout)
-        self._token = int.from_bytes(hashlib.sha256(json.dumps(addresses).encode()).digest()[:8], "little")
+        # The incarnation (how many rings this process formed from the same hostfile) keeps a
+        # re-formed ring's connections out of a listener of the ring closed before it.
+        identity = json.dumps([addresses, incarnation]).encode()
+        self._token = int.from_bytes(hashlib.sha256(identity).digest()[:8], "little")
         self._seq = 0
         self._verify = config.get("JACKLRING_VERIFY")
         self._small_limit = config.get("JACKLRING_RING_SMALL_BYTES")
@@ -214,6 +245,13 @@ class RingBackend(Backend):
         self._small_view: memoryview | None = None
         self._p2p_out: dict[int, socket.socket] = {}
         self._p2p_in: dict[int, socket.socket] = {}
+        self._p2p_unusable: dict[int, str] = {}  # peer -> why its incoming stream was given up
+        # Bytes read ahead from a peer's stream while a send to it was blocked (see _send_bytes),
+        # consumed by recv() before the socket; at most JACKLRING_P2P_SPILL_BYTES per peer.
+        self._spill: dict[int, deque[memoryview]] = {q: deque() for q in range(self._size)}
+        self._spilled = dict.fromkeys(range(self._size), 0)
+        self._spill_ended: set[int] = set()
+        self._spill_limit = config.get("JACKLRING_P2P_SPILL_BYTES")
         self._p2p_lock = threading.Lock()
         self._accept_lock = threading.Lock()
         # One message at a time per peer and direction: two threads writing (or reading) one
@@ -229,8 +267,12 @@ class RingBackend(Backend):
             logging.basicConfig()
             log.setLevel(logging.INFO)
         if self._size > 1:
-            self._connect_ring()
-            self._attach_shared_memory()
+            try:
+                self._connect_ring()
+                self._attach_shared_memory()
+            except BaseException:
+                self.close()  # the listeners, so a failed formation leaves no fd behind
+                raise
 
     # ---- set-up ---------------------------------------------------------------------------
 
@@ -243,22 +285,29 @@ class RingBackend(Backend):
         # Every rank must use the same number of connections per neighbour pair.
         k = min(len(a) for a in self._addresses)
         deadline = time.monotonic() + self._connect_timeout
-        right = []
-        for c in range(k):
-            addr = tcp.parse_address(self._addresses[nxt][c])
-            hello = tcp.Hello(PURPOSE_RING, r, nxt, c, self._token)
-            try:
-                sock = tcp.connect(addr, hello, deadline, f"rank {nxt}")
-            except PeerError as exc:
-                raise PeerError(f"rank {r}: {exc}") from None
-            right.append(Link(sock, nxt, self._who(nxt, c), self._verify))
+        right: list = []
         left: list[Link | None] = [None] * k
-        for c in range(k):
-            sock = self._accept(  # type: ignore[assignment]
-                self._listeners[c], deadline,
-                lambda h, c=c: h.purpose == PURPOSE_RING and h.sender == prv and h.receiver == r and h.channel == c,
-                f"rank {r}: rank {prv} (connection {c} of {k})")
-            left[c] = Link(sock, prv, self._who(prv, c), self._verify)
+        try:
+            right.extend(self._connect_right(nxt, c, deadline) for c in range(k))
+            for c in range(k):
+                sock = self._accept(  # type: ignore[assignment]
+                    self._listeners[c], deadline,
+                    lambda h, c=c: h.purpose == PURPOSE_RING and h.sender == prv and h.receiver == r and h.channel == c,
+                    f"rank {r}: rank {prv} (connection {c} of {k})")
+                tcp.send_all(sock, ACCEPTED, deadline, f"rank {r}: rank {prv} (connection {c} of {k})")
+                left[c] = Link(sock, prv, self._who(prv, c), self._verify)
+            # Only now wait for the right neighbour's acceptance (every rank accepts before waiting, so
+            # nobody waits in a circle). A connection that landed in a listener being closed (an
+            # earlier ring of a peer that is re-forming) reads end-of-file instead: connect again.
+            for c in range(k):
+                while not self._accepted(right[c], deadline):
+                    right[c] = self._connect_right(nxt, c, deadline)
+            right = [Link(sock, nxt, self._who(nxt, c), self._verify) for c, sock in enumerate(right)]
+        except BaseException:
+            for item in right + left:
+                if item is not None:
+                    item.close()
+            raise
         self.right, self.left = right, left  # type: ignore[assignment]
         self.engine = Engine(right + left, r)  # type: ignore[operator]
         self.engine.stall_report_s = config.get("JACKLRING_STALL_REPORT")
@@ -266,11 +315,48 @@ class RingBackend(Backend):
             tcp.local_rank_count([a[0] for a in self._addresses], self._addresses[r][0]))
         log.info("rank %d: ring connected (%d connection(s) to rank %d and from rank %d)", r, k, nxt, prv)
 
+    def _connect_right(self, nxt: int, c: int, deadline: float) -> socket.socket:
+        addr = tcp.parse_address(self._addresses[nxt][c])
+        hello = tcp.Hello(PURPOSE_RING, self._rank, nxt, c, self._token)
+        while True:
+            self._watch_parent()
+            step = deadline if self._watch is None else min(deadline, time.monotonic() + WATCH_S)
+            try:
+                return tcp.connect(addr, hello, step, f"rank {nxt}")
+            except PeerError as exc:
+                if time.monotonic() < deadline:
+                    continue
+                raise PeerError(f"rank {self._rank}: {exc}") from None
+
+    def _watch_parent(self) -> None:
+        if self._watch is not None:
+            self._watch()
+
+    def _accepted(self, sock: socket.socket, deadline: float) -> bool:
+        """Whether the peer's ring accepted this connection (its one-byte acknowledgement)."""
+        ack = bytearray(1)
+        while True:
+            self._watch_parent()
+            step = deadline if self._watch is None else min(deadline, time.monotonic() + WATCH_S)
+            try:
+                tcp.recv_exact(sock, memoryview(ack), step, "the right neighbour")
+                return bytes(ack) == ACCEPTED
+            except PeerError:
+                sock.close()
+                return False
+            except CollectiveTimeout:
+                if time.monotonic() < deadline:
+                    continue
+                sock.close()
+                raise PeerError(f"rank {self._rank}: rank {(self._rank + 1) % self._size} did not accept the "
+                                f"ring connection before the connect deadline") from None
+
     def _accept(self, listener: tcp.Listener, deadline: float, wanted, who: str) -> socket.socket | None:
         """Accept until a connection whose handshake satisfies wanted(); a point-to-point
         connection arriving meanwhile is kept for recv(); anything else is rejected.
         With wanted=None, accept point-to-point connections until the deadline, then return None."""
         while True:
+            self._watch_parent()
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 if wanted is None:
@@ -278,7 +364,7 @@ class RingBackend(Backend):
                 raise PeerError(f"{who} did not connect to "
                                 f"{tcp.format_address(listener.getsockname())} before the deadline")
             try:
-                sock, peer = listener.accept(min(remaining, 0.5))
+                sock, peer = listener.accept(min(remaining, 0.5 if self._watch is None else WATCH_S))
             except (socket.timeout, InterruptedError):
                 continue
             hello = tcp.read_hello(sock, min(tcp.HELLO_TIMEOUT_S, max(0.1, remaining)))
@@ -384,13 +470,107 @@ class RingBackend(Backend):
         header = HEADER.pack(HEADER_MAGIC, OP_SEND, dtype_code(buf.dtype), 0, buf.nbytes, 0)
         sock = self._p2p_out_socket(dst, deadline)
         who = f"rank {self._rank}: send to {self._who(dst)}"
-        trailer = CRC.pack(zlib.crc32(bytes_of(buf))) if self._verify else b""
+        trailer = CHECKSUM.pack(checksum(bytes_of(buf))) if self._verify else b""
         if buf.nbytes <= self._small_limit:
-            tcp.send_all(sock, header + bytes_of(buf).tobytes() + trailer, deadline, who)
+            self._send_bytes(sock, memoryview(header + bytes_of(buf).tobytes() + trailer), dst, who)
         else:
-            tcp.send_all(sock, header, deadline, who)
-            tcp.send_all(sock, bytes_of(buf), deadline, who)
-            tcp.send_all(sock, trailer, deadline, who)
+            self._send_bytes(sock, memoryview(header), dst, who)
+            self._send_bytes(sock, bytes_of(buf), dst, who)
+            self._send_bytes(sock, memoryview(trailer), dst, who)
+
+    def _send_bytes(self, sock: socket.socket, data: memoryview, dst: int, who: str) -> None:
+        """Send all of data. While dst takes nothing, read what dst sends to this rank into its
+        spill buffer (dst may itself be blocked sending to us: both ranks sending large messages
+        before receiving must not deadlock). Fails when nothing moved either way for the timeout."""
+        view = data.cast("B") if data.format != "B" or data.ndim != 1 else data
+        sock.settimeout(0.0)  # non-blocking: a blocked send reads the peer's stream meanwhile
+        silence = self.timeout
+        last_move = time.monotonic()
+        poller: select.poll | None = None
+        while len(view):
+            try:
+                view = view[sock.send(view):]
+                continue
+            except (BlockingIOError, InterruptedError):
+                pass
+            except OSError as exc:
+                raise PeerError(f"connection to {who} failed: {exc.strerror or exc}") from None
+            if self._spill_from(dst):
+                last_move = time.monotonic()
+                continue
+            now = time.monotonic()
+            if now - last_move >= silence:
+                raise CollectiveTimeout(f"timed out sending to {who}: it took no byte for {silence:g} s "
+                                        f"({len(view)} bytes left; it is not reading)"
+                                        + self._spill_note(dst))
+            if poller is None:
+                poller = select.poll()
+                poller.register(sock, select.POLLOUT)
+            incoming = self._spill_socket(dst)
+            if incoming is not None:
+                try:
+                    poller.register(incoming, select.POLLIN)
+                except (ValueError, OSError):
+                    incoming = None
+            poller.poll(max(1, int(min(SPILL_POLL_S, silence - (now - last_move)) * 1000)))
+            if incoming is not None:
+                try:
+                    poller.unregister(incoming)
+                except (KeyError, ValueError, OSError):
+                    pass
+
+    def _spill_socket(self, peer: int) -> socket.socket | None:
+        """peer's incoming point-to-point connection, accepting it when it waits in the listener;
+        None when it is not there yet, at end of stream, or the spill buffer is full."""
+        if self._spilled[peer] >= self._spill_limit or peer in self._spill_ended:
+            return None
+        with self._p2p_lock:
+            sock = self._p2p_in.get(peer)
+        if sock is None and self._listeners and self._accept_lock.acquire(blocking=False):
+            try:
+                self._accept(self._listeners[0], time.monotonic() + 0.005, None, f"rank {self._rank}")
+            finally:
+                self._accept_lock.release()
+            with self._p2p_lock:
+                sock = self._p2p_in.get(peer)
+        return sock
+
+    def _spill_from(self, peer: int) -> bool:
+        """Read what peer already sent into its spill buffer; True when bytes were read. Only under
+        peer's receive lock (a recv() running in another thread owns the stream meanwhile), and the
+        chunk is queued before the lock is released, so the stream's order is kept."""
+        sock = self._spill_socket(peer)
+        if sock is None:
+            return False
+        lock = self._recv_locks[peer]
+        if not lock.acquire(blocking=False):
+            return False
+        try:
+            room = self._spill_limit - self._spilled[peer]
+            chunk = bytearray(min(SPILL_CHUNK, room))
+            try:
+                # Non-blocking: a socket with a timeout would wait for data despite MSG_DONTWAIT
+                # (recv() sets its own timeout again).
+                sock.settimeout(0.0)
+                n = sock.recv_into(chunk, len(chunk))
+            except (BlockingIOError, InterruptedError):
+                return False
+            except OSError:
+                n = 0  # an error, like the end of the stream, is for the next recv() to report
+            if n == 0:
+                self._spill_ended.add(peer)
+                return False
+            self._spill[peer].append(memoryview(chunk)[:n])
+            self._spilled[peer] += n
+            return True
+        finally:
+            lock.release()
+
+    def _spill_note(self, peer: int) -> str:
+        if self._spilled[peer] >= self._spill_limit:
+            return (f"; {self._spilled[peer]} bytes from rank {peer} wait in this rank's spill buffer, which is "
+                    f"full (JACKLRING_P2P_SPILL_BYTES={self._spill_limit})")
+        return ""
 
     def recv(self, buf: np.ndarray, src: int) -> None:
         with self._recv_locks[src]:
@@ -398,23 +578,95 @@ class RingBackend(Backend):
 
     def _recv(self, buf: np.ndarray, src: int) -> None:
         self._check_usable()
+        # Checks that need no bytes come first, so a refused recv leaves the stream untouched.
+        mine = HEADER.pack(HEADER_MAGIC, OP_SEND, dtype_code(buf.dtype), 0, buf.nbytes, 0)
+        unusable = self._p2p_unusable.get(src)
+        if unusable is not None:
+            raise DistributedError(f"rank {self._rank}: recv from rank {src}: the stream from rank {src} is "
+                                   f"unusable after an earlier error ({unusable})")
         deadline = time.monotonic() + self.timeout
         sock = self._p2p_in_socket(src, deadline)
         who = f"rank {self._rank}: recv from {self._who(src)}"
         raw = bytearray(HEADER.size)
-        tcp.recv_exact(sock, memoryview(raw), deadline, who)
-        mine = HEADER.pack(HEADER_MAGIC, OP_SEND, dtype_code(buf.dtype), 0, buf.nbytes, 0)
+        self._recv_bytes(sock, memoryview(raw), src, deadline, who)
         if bytes(raw) != mine:
-            raise MismatchError(f"rank {self._rank}: recv from rank {src} expected "
-                                f"{describe_header(mine).replace('send', 'a message', 1)} but rank {src} "
-                                f"sent {describe_header(bytes(raw))}")
-        tcp.recv_exact(sock, bytes_of(buf), deadline, who)
+            expected = (f"rank {self._rank}: recv from rank {src} expected "
+                        f"{describe_header(mine).replace('send', 'a message', 1)} but rank {src} "
+                        f"sent {describe_header(bytes(raw))}")
+            raise MismatchError(expected + self._resynchronise(sock, bytes(raw), src, deadline, who, expected))
+        self._recv_bytes(sock, bytes_of(buf), src, deadline, who)
         if self._verify:
-            trailer = bytearray(CRC.size)
-            tcp.recv_exact(sock, memoryview(trailer), deadline, who)
-            if CRC.unpack(trailer)[0] != zlib.crc32(bytes_of(buf)):
-                raise IntegrityError(f"rank {self._rank}: checksum mismatch on a {buf.nbytes}-byte message "
-                                     f"from {self._who(src)}")
+            trailer = bytearray(CHECKSUM.size)
+            self._recv_bytes(sock, memoryview(trailer), src, deadline, who)
+            (expected,), actual = CHECKSUM.unpack(trailer), checksum(bytes_of(buf))
+            if actual != expected:
+                raise checksum_error(buf.nbytes, self._who(src), actual, expected, self._rank)
+
+    def _recv_bytes(self, sock: socket.socket, view: memoryview, src: int, deadline: float, who: str) -> None:
+        """Fill view from src's spill buffer first, then its stream (caller holds src's receive lock).
+        The deadline measures silence: each byte that arrives restarts it."""
+        view = view.cast("B") if view.format != "B" or view.ndim != 1 else view
+        spill = self._spill[src]
+        while spill and len(view):
+            chunk = spill[0]
+            n = min(len(chunk), len(view))
+            view[:n] = chunk[:n]
+            view = view[n:]
+            self._spilled[src] -= n
+            if n == len(chunk):
+                spill.popleft()
+            else:
+                spill[0] = chunk[n:]
+        if not len(view):
+            return
+        if not spill:
+            self._spill_ended.discard(src)
+        got = 0
+        total = len(view)
+        while got < total:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise CollectiveTimeout(f"timed out waiting for {total - got} more bytes from {who} "
+                                        f"(nothing arrived for {self.timeout:g} s)")
+            sock.settimeout(remaining)
+            try:
+                n = sock.recv_into(view[got:])
+            except socket.timeout:
+                continue
+            except OSError as exc:
+                raise PeerError(f"connection to {who} failed: {exc.strerror or exc}") from None
+            if n == 0:
+                raise PeerError(f"{who} closed the connection ({total - got} bytes still expected)")
+            got += n
+            deadline = time.monotonic() + self.timeout
+
+    def _resynchronise(self, sock: socket.socket, raw: bytes, src: int, deadline: float, who: str,
+                       reason: str) -> str:
+        """After a header that is not the expected one: drain the message it announces so the next
+        recv starts at the next message, or (a header that announces no message) close the stream
+        and mark it unusable. Returns what was done, for the error message."""
+        magic, op, _, _, nbytes, _ = HEADER.unpack(raw)
+        if magic == HEADER_MAGIC and op == OP_SEND and 0 <= nbytes:
+            remaining = nbytes + (CHECKSUM.size if self._verify else 0)
+            scratch = memoryview(bytearray(min(remaining, 1 << 20) or 1))
+            try:
+                while remaining:
+                    step = min(remaining, len(scratch))
+                    self._recv_bytes(sock, scratch[:step], src, deadline, who)
+                    remaining -= step
+            except DistributedError as exc:
+                self._mark_p2p_unusable(src, f"{reason}; draining its payload failed: {exc}")
+                return f"; draining its payload failed, so the stream from rank {src} is now unusable"
+            return f"; its {nbytes}-byte payload was discarded, the next recv from rank {src} reads its next message"
+        self._mark_p2p_unusable(src, reason)
+        return f"; the stream from rank {src} is out of step, so it is now closed and unusable"
+
+    def _mark_p2p_unusable(self, src: int, reason: str) -> None:
+        with self._p2p_lock:
+            self._p2p_unusable[src] = reason
+            sock = self._p2p_in.pop(src, None)
+        if sock is not None:
+            sock.close()
 
     def split(self, color: int, key: int) -> "RingBackend":
         """Form sub-rings: fresh listeners, addresses exchanged over this ring."""
@@ -425,7 +677,62 @@ class RingBackend(Backend):
         # Sub-ring connection c listens on the host of this rank's address c, so a sub-ring
         # uses the same interfaces as its parent.
         hosts = [tcp.parse_address(a)[0] for a in self._addresses[self._rank][:k]]
-        listeners = [tcp.Listener(host, 0) for host in hosts]
+        listeners: list[tcp.Listener] = []
+        try:
+            for host in hosts:
+                listeners.append(tcp.Listener(host, 0))
+        except DistributedError as exc:
+            for s in listeners:
+                s.close()
+            self._abandon_split(self._rank)  # the others must not wait for this rank's record
+            raise type(exc)(f"rank {self._rank}: split(color={color}): {exc}") from None
+        try:
+            entries = self._gather_split_records(color, key, listeners)
+        except BaseException:
+            for s in listeners:
+                s.close()
+            raise
+        members = sorted((e for e in entries if e["color"] == color), key=lambda e: (e["key"], e["rank"]))
+        new_rank = [e["rank"] for e in members].index(self._rank)
+        if len(members) == 1:
+            for s in listeners:
+                s.close()
+            listeners = []
+        order = sorted(entries, key=lambda e: (e["key"], e["rank"]))
+        sub_ranks = {e["rank"]: [m["rank"] for m in order if m["color"] == e["color"]].index(e["rank"])
+                     for e in entries}
+        self._describe_member = lambda p: (f"parent rank {p} (rank {sub_ranks[p]} of the sub-group of color "
+                                           f"{entries[p]['color']})")
+        what = f"rank {self._rank}: split(color={color}) (rank {new_rank} of its sub-group)"
+        try:
+            sub = RingBackend(new_rank, [e["addrs"] for e in members], listeners, self.timeout,
+                              self._connect_timeout, watch=self._watch_split)
+        except SplitAbandoned as exc:
+            self._abandon_split(exc.culprit)
+            raise PeerError(f"{what}: {exc}") from None
+        except DistributedError as exc:
+            try:
+                self._watch_split()  # the sub-group's failure is often the echo of a death in the parent
+            except SplitAbandoned as cause:
+                self._abandon_split(cause.culprit)
+                raise PeerError(f"{what}: {cause} ({exc})") from None
+            self._abandon_split(-1)
+            raise type(exc)(f"{what}: {exc}") from None
+        self._abandon_on_failure = True
+        try:
+            self.barrier()  # every rank formed its sub-group: the formation ends together everywhere
+        except DistributedError as exc:
+            sub.close()
+            neighbours = "; ".join(self._describe_member(p) for p in sorted({link.peer for link in self.right}
+                                                                            | {link.peer for link in self.left}))
+            raise PeerError(f"{what}: the sub-groups did not form on every rank: {exc} "
+                            f"(this rank's parent neighbours: {neighbours})") from None
+        finally:
+            self._abandon_on_failure = False
+        return sub
+
+    def _gather_split_records(self, color: int, key: int, listeners: list[tcp.Listener]) -> list[dict]:
+        k = len(listeners)
         mine = json.dumps({"color": color, "key": key, "rank": self._rank,
                            "addrs": [tcp.format_address(s.getsockname()[:2]) for s in listeners]}).encode()
         # Same size on every rank (k is): room for k of the longest "[ipv6]:port" plus the ints.
@@ -441,14 +748,50 @@ class RingBackend(Backend):
                 table[q * record.size:(q + 1) * record.size] = np.frombuffer(part, np.uint8)
         self._collective(header, run)
         size = record.size
-        entries = [json.loads(bytes(table[q * size:(q + 1) * size]).rstrip(b"\0")) for q in range(self._size)]
-        members = sorted((e for e in entries if e["color"] == color), key=lambda e: (e["key"], e["rank"]))
-        new_rank = [e["rank"] for e in members].index(self._rank)
-        if len(members) == 1:
-            for s in listeners:
-                s.close()
-            listeners = []
-        return RingBackend(new_rank, [e["addrs"] for e in members], listeners, self.timeout, self._connect_timeout)
+        return [json.loads(bytes(table[q * size:(q + 1) * size]).rstrip(b"\0")) for q in range(self._size)]
+
+    def _watch_split(self) -> None:
+        """Raise SplitAbandoned when a parent neighbour died (its connection ended) or gave up
+        (an abort header, sent before it stops writing) while the sub-groups form. A neighbour
+        may have sent its next collective's header first: that is looked past, and left in place."""
+        poller = select.poll()
+        for link in self.right + self.left:
+            poller.register(link.fd, select.POLLRDHUP)
+        ended = {fd for fd, events in poller.poll(0) if events & (select.POLLRDHUP | select.POLLHUP | select.POLLERR)}
+        for link in self.right + self.left:
+            if link.fd not in ended:
+                continue
+            try:
+                data = link.sock.recv(4 * HEADER.size, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+            except OSError:
+                data = b""
+            for at in range(0, len(data) - HEADER.size + 1, HEADER.size):
+                magic, op, _, reporter, _, culprit = HEADER.unpack(data[at:at + HEADER.size])
+                if magic == HEADER_MAGIC and op == OP_ABORT:
+                    raise SplitAbandoned(culprit, self._abort_text(reporter, culprit))
+            raise SplitAbandoned(link.peer, f"{self._describe_member(link.peer)} died while the "
+                                             f"sub-groups formed (its connection closed)")
+
+    def _abort_text(self, reporter: int, culprit: int) -> str:
+        if culprit == reporter:
+            return f"{self._describe_member(reporter)} gave up the split after an error of its own"
+        if culprit < 0:
+            return f"{self._describe_member(reporter)} gave up forming its sub-group"
+        return (f"{self._describe_member(culprit)} died or gave up while the sub-groups formed "
+                f"(reported by parent rank {reporter})")
+
+    def _abandon_split(self, culprit: int) -> None:
+        """Tell both parent neighbours (who tell theirs) that the split failed and why, then stop
+        writing: every member of every sub-group raises within a few WATCH_S per ring hop."""
+        abort = HEADER.pack(HEADER_MAGIC, OP_ABORT, 0, self._rank, 0, culprit)
+        for link in self.right + self.left:
+            try:
+                link.sock.send(abort, socket.MSG_DONTWAIT)
+                link.sock.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass
+        if self._broken is None:
+            self._broken = PeerError(f"rank {self._rank}: a split of this group failed")
 
     def close(self) -> None:
         if self._shm is not None:
@@ -490,6 +833,9 @@ class RingBackend(Backend):
             try:
                 body()
             except BaseException as exc:
+                if self._abandon_on_failure:  # a split's closing barrier: pass the verdict on first
+                    self._abandon_split(exc.culprit if isinstance(exc, SplitAbandoned)
+                                        else getattr(exc, "peer", -1))
                 self._broken = exc
                 for link in self.right + self.left:
                     link.reset()
@@ -528,9 +874,15 @@ class RingBackend(Backend):
     def _check_header(self, mine: bytes, raw: memoryview, sender: int) -> None:
         if raw[:HEADER.size] != mine:
             theirs = bytes(raw[:HEADER.size])
-            raise MismatchError(
-                f"rank {self._rank}: collective mismatch with rank {sender}: this rank called "
-                f"{describe_header(mine)} but rank {sender} called {describe_header(theirs)}")
+            magic, op, _, reporter, _, culprit = HEADER.unpack(theirs)
+            if magic == HEADER_MAGIC and op == OP_ABORT:
+                raise SplitAbandoned(culprit, f"rank {self._rank}: {self._abort_text(reporter, culprit)}")
+            request = header_request(theirs)
+            if request is None:
+                raise MismatchError(f"rank {self._rank}: rank {sender} sent {describe_header(theirs)} "
+                                    f"during {describe_header(mine)}")
+            step = "" if reporter == self._seq else f" (its operation #{reporter}; this rank's #{self._seq})"
+            raise MismatchError(mismatch_message(self._rank, sender, header_request(mine), request, step))
 
     def _small_gather(self, header: bytes, data: memoryview) -> list[memoryview]:
         """Ring all-gather of header+data messages along the forward direction; each message

@@ -11,17 +11,18 @@ from __future__ import annotations
 import logging
 import select
 import socket
-import struct
 import time
-import zlib
 from collections import deque
 from typing import Callable, Iterable
 
-from ...errors import CollectiveTimeout, IntegrityError, PeerError
+from ...errors import CollectiveTimeout, PeerError
+from ..protocol import CHECKSUM, checksum, checksum_error
 
 log = logging.getLogger("jacklring.engine")
 
-CRC = struct.Struct("<I")
+# A stall report says "slow" when a byte moved this recently (and within the last half of the
+# wait so far), else "stalled".
+RECENT_S = 1.0
 Callback = Callable[[], None]
 Truncated = Callable[[int], None]
 
@@ -50,7 +51,7 @@ class Link:
         if len(view):
             self.sendq.append(view)
             if self.verify:
-                self.sendq.append(memoryview(CRC.pack(zlib.crc32(view))))
+                self.sendq.append(memoryview(CHECKSUM.pack(checksum(view))))
 
     def post_recv(self, view: memoryview, on_done: Callback | None = None,
                   on_truncated: Truncated | None = None) -> None:
@@ -60,18 +61,17 @@ class Link:
             if on_done is not None:
                 on_done()
         elif self.verify:
-            trailer = bytearray(CRC.size)
+            trailer = bytearray(CHECKSUM.size)
             self.recvq.append((view, None, on_truncated))
             self.recvq.append((memoryview(trailer), lambda: self._check(view, trailer, on_done), None))
         else:
             self.recvq.append((view, on_done, on_truncated))
 
     def _check(self, view: memoryview, trailer: bytearray, on_done: Callback | None) -> None:
-        (expected,) = CRC.unpack(trailer)
-        actual = zlib.crc32(view)
+        (expected,) = CHECKSUM.unpack(trailer)
+        actual = checksum(view)
         if actual != expected:
-            raise IntegrityError(f"checksum mismatch on a {len(view)}-byte message from {self.label}: "
-                                 f"crc32 {actual:#010x}, sender's {expected:#010x}")
+            raise checksum_error(len(view), self.label, actual, expected)
         if on_done is not None:
             on_done()
 
@@ -115,11 +115,18 @@ class Engine:
         self.spin_s = 0.0
 
     def run(self, deadline: float, what: str) -> None:
-        """Progress every link until all their queues are empty; raise on a dead peer or the deadline."""
+        """Progress every link until all their queues are empty; raise on a dead peer, or when no
+        byte has moved for as long as `deadline` allowed at the start (the deadline measures
+        silence: a slow transfer that keeps moving bytes is not a dead peer)."""
         all_links = self.links
         links = [link for link in all_links if link.sendq or link.recvq]
-        stall_at = time.monotonic() + self.stall_report_s if self.stall_report_s else None
-        spin_until = time.monotonic() + self.spin_s
+        started = time.monotonic()
+        silence = max(0.0, deadline - started)
+        last_move = started
+        moved = False
+        stall_at = started + self.stall_report_s if self.stall_report_s else None
+        spin_until = started + self.spin_s
+        bytes_at_start = self._bytes_moved()
         while links:
             progressed = False
             try:
@@ -128,29 +135,46 @@ class Engine:
                         progressed = True
                     if link.recvq and self._pull(link, what):
                         progressed = True
-            except PeerError:
+            except PeerError as exc:
                 self._drain_others(links, what)
+                if not hasattr(exc, "peer"):
+                    exc.peer = link.peer  # which connection failed (the ring names a split's culprit)
                 raise
             # A callback may have posted work on any link, not only the ones still busy.
             links = [link for link in all_links if link.sendq or link.recvq]
             if progressed or not links:
+                moved = True
                 continue
             now = time.monotonic()
+            if moved:  # time of the first idle look after bytes moved: when the silence began
+                last_move, moved = now, False
             if now < spin_until:
                 continue
-            if now >= deadline:
+            if now >= last_move + silence:
                 raise CollectiveTimeout(
-                    f"rank {self.rank}: {what} timed out: " + "; ".join(l.describe_pending() for l in links)
+                    f"rank {self.rank}: {what} timed out: no byte moved for {silence:.3g} s; "
+                    + "; ".join(l.describe_pending() for l in links)
                 )
-            wait = deadline - now
+            wait = last_move + silence - now
             if stall_at is not None:
                 if now >= stall_at:
-                    log.warning("rank %d: %s is stalled: %s", self.rank, what,
+                    log.warning("rank %d: %s is %s: %s", self.rank, what,
+                                self._pace(bytes_at_start, now - started, now - last_move),
                                 "; ".join(l.describe_pending() for l in links))
                     stall_at = None
                 else:
                     wait = min(wait, stall_at - now)
             self._wait(links, wait)
+
+    def _bytes_moved(self) -> int:
+        return sum(link.bytes_in + link.bytes_out for link in self.links)
+
+    def _pace(self, bytes_at_start: int, elapsed: float, quiet: float) -> str:
+        """'slow, N MB/s' (the average so far) while bytes still flow, else 'stalled'."""
+        moved = self._bytes_moved() - bytes_at_start
+        if moved <= 0 or elapsed <= 0 or quiet > min(RECENT_S, elapsed / 2):
+            return "stalled"
+        return f"slow, {moved / elapsed / 1e6:.2f} MB/s"
 
     def _drain_others(self, links: list[Link], what: str) -> None:
         """A peer hung up: first read whatever already arrived on the other links, so that a

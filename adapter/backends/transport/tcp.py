@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from ... import config
 from ...errors import CollectiveTimeout, ConfigError, PeerError
+from .os_errors import from_os_error
 
 log = logging.getLogger("jacklring.tcp")
 
@@ -108,7 +109,7 @@ def tune(sock: socket.socket) -> None:
 
 def listen(host: str, port: int, backlog: int = 64) -> socket.socket:
     """A listening socket on host:port (port 0 picks a free one)."""
-    sock = socket.socket(_family(host), socket.SOCK_STREAM)
+    sock = _new_socket(_family(host), f"socket() for a listener on {format_address((host, port))}")
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
@@ -139,7 +140,12 @@ class Listener:
         self.unix: socket.socket | None = None
         name = local_name(host, self.tcp.getsockname()[1])
         if name is not None:
-            unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                unix = _new_socket(socket.AF_UNIX, f"socket() for a local listener beside "
+                                                   f"{format_address(self.tcp.getsockname())}")
+            except BaseException:
+                self.tcp.close()
+                raise
             try:
                 unix.bind(name)
                 unix.listen(64)
@@ -156,13 +162,25 @@ class Listener:
         ready, _, _ = select.select([s for s in (self.tcp, self.unix) if s is not None], [], [], timeout)
         if not ready:
             raise socket.timeout()
-        sock, peer = ready[0].accept()
+        try:
+            sock, peer = ready[0].accept()
+        except (BlockingIOError, InterruptedError, ConnectionAbortedError):
+            raise socket.timeout() from None  # the caller waits again
+        except OSError as exc:
+            raise from_os_error(exc, f"accept() on {format_address(self.tcp.getsockname())}") from None
         return sock, format_address(peer) if isinstance(peer, tuple) else "a local process (Unix socket)"
 
     def close(self) -> None:
         for sock in (self.tcp, self.unix):
             if sock is not None:
                 sock.close()
+
+
+def _new_socket(family: int, operation: str) -> socket.socket:
+    try:
+        return socket.socket(family, socket.SOCK_STREAM)
+    except OSError as exc:
+        raise from_os_error(exc, operation) from None
 
 
 def connect(addr: tuple[str, int], hello: Hello, deadline: float, who: str) -> socket.socket:
@@ -180,7 +198,7 @@ def connect(addr: tuple[str, int], hello: Hello, deadline: float, who: str) -> s
             )
         attempts = ([(socket.AF_UNIX, name)] if name else []) + [(_family(addr[0]), addr)]
         for family, target in attempts:
-            sock = socket.socket(family, socket.SOCK_STREAM)
+            sock = _new_socket(family, f"socket() to connect to {who} at {format_address(addr)}")
             try:
                 sock.settimeout(min(remaining, 5.0))
                 sock.connect(target)
@@ -232,7 +250,7 @@ def accept(listener: "socket.socket | Listener", deadline: float, accepts, who: 
         except OSError as exc:
             if exc.errno in (errno.EINTR, errno.ECONNABORTED):
                 continue
-            raise PeerError(f"accept on {format_address(listener.getsockname())} failed: {exc}") from None
+            raise from_os_error(exc, f"accept() on {format_address(listener.getsockname())}") from None
         hello = read_hello(sock, min(HELLO_TIMEOUT_S, max(0.1, deadline - time.monotonic())))
         if hello is not None and accepts(hello):
             tune(sock)

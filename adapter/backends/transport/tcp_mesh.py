@@ -19,8 +19,9 @@ import socket
 import struct
 import time
 from collections import deque
-from typing import Callable
+from typing import Any, Callable
 
+from ... import config
 from ...errors import CollectiveTimeout, PeerError
 from . import tcp
 from .slots import RECV, SEND, BufferPool, Completion, Transport
@@ -32,6 +33,7 @@ SLOTS = 2
 _LEN = struct.Struct("<Q")
 _LS = _LEN.size
 _INBUF_BYTES = 64 << 10
+_SPILL_CHUNK = 1 << 20
 _READ = select.POLLIN | select.POLLPRI
 _new = tuple.__new__
 
@@ -42,7 +44,8 @@ class _Peer:
     """One connection, its slot buffers and its queues of posted work, in posting order."""
 
     __slots__ = ("rank", "sock", "fd", "label", "sends", "recvs", "inbuf", "inview", "in_start", "in_end",
-                 "body_len", "body_got", "mask", "gone", "send_raw", "send_views", "recv_views")
+                 "body_len", "body_got", "mask", "gone", "send_raw", "send_views", "recv_views", "spill",
+                 "spilled")
 
     def __init__(self, rank: int, sock: socket.socket, label: str, slots: int) -> None:
         self.rank = rank
@@ -59,6 +62,10 @@ class _Peer:
         self.body_got = 0
         self.mask = 0
         self.gone: str | None = None           # why the connection ended; an error once a message is awaited
+        # Bytes that arrived while nobody waited on this peer and the read-ahead buffer was full
+        # (the peer may be blocked sending to us while we send to it); they follow inbuf's bytes.
+        self.spill: deque[memoryview] = deque()
+        self.spilled = 0
         self.send_raw: list[memoryview | None] = [None] * slots   # length prefix + body
         self.send_views: list[memoryview | None] = [None] * slots  # the body part
         self.recv_views: list[memoryview | None] = [None] * slots
@@ -89,6 +96,7 @@ class TcpMeshTransport(Transport):
         self._done: list[Completion] = []
         self._closed = False
         self.spin_s = spin_seconds(size) if spin_s is None else spin_s
+        self.spill_limit = config.get("JACKLRING_P2P_SPILL_BYTES")
 
     def peer_label(self, peer: int) -> str:
         state = self._peers[peer] if 0 <= peer < self.size else None
@@ -145,6 +153,8 @@ class TcpMeshTransport(Transport):
         if state.recv_views[slot] is None:
             self._make_recv(state, slot)
         state.recvs.append(slot)
+        if state.spill:
+            self._progress_recv(state)  # the message may be in the spill: no poll event will come for it
         if state.in_end > state.in_start:
             # A message may already sit in the read-ahead buffer: the socket will not signal it again.
             while state.recvs and state.body_len < 0 and self._parse(state):
@@ -222,18 +232,23 @@ class TcpMeshTransport(Transport):
         try:
             while True:
                 if state.body_len >= 0:   # a large body goes straight into its slot
-                    if drained:
-                        return
                     view = state.recv_views[state.recvs[0]][state.body_got:state.body_len]
-                    n = recv_into(view)
-                    if n == 0:
-                        raise PeerError(self._closed_text(state))
+                    if state.spill:
+                        n = self._take_spill(state, view)
+                    else:
+                        if drained:
+                            return
+                        n = recv_into(view)
+                        if n == 0:
+                            raise PeerError(self._closed_text(state))
+                        drained = n < len(view)
                     state.body_got += n
                     if state.body_got == state.body_len:
                         self._finish_recv(state, state.body_len)
                         state.body_len = -1
-                    drained = n < len(view)
                     continue
+                if state.spill:
+                    self._refill(state)
                 if state.recvs and self._parse(state):
                     continue
                 if drained:
@@ -243,10 +258,21 @@ class TcpMeshTransport(Transport):
                     state.inbuf[:tail] = state.inview[state.in_start:state.in_end]
                     state.in_start, state.in_end = 0, tail
                 space = _INBUF_BYTES - state.in_end
-                if not space:
-                    # Full and nobody waiting on this peer yet: stop reading until a recv is posted.
-                    self._set_mask(state, state.mask & ~_READ)
-                    return
+                if not space or state.spill:
+                    # Full and nobody waiting on this peer yet: keep reading into the spill, up to
+                    # its limit, so a peer blocked sending to us can finish and read our messages.
+                    if state.spilled >= self.spill_limit:
+                        self._set_mask(state, state.mask & ~_READ)
+                        return
+                    chunk = bytearray(min(_SPILL_CHUNK, self.spill_limit - state.spilled))
+                    n = recv_into(chunk)
+                    if n == 0:
+                        self._connection_ended(state, self._closed_text(state))
+                        return
+                    state.spill.append(memoryview(chunk)[:n])
+                    state.spilled += n
+                    drained = n < len(chunk)
+                    continue
                 n = recv_into(state.inview[state.in_end:])
                 if n == 0:
                     self._connection_ended(state, self._closed_text(state))
@@ -259,6 +285,34 @@ class TcpMeshTransport(Transport):
             raise
         except OSError as exc:
             self._connection_ended(state, f"receiving from {state.label} failed: {exc.strerror or exc}")
+
+    @staticmethod
+    def _take_spill(state: _Peer, view: memoryview) -> int:
+        """Copy the oldest spilled bytes into view; returns how many."""
+        got = 0
+        spill = state.spill
+        while spill and got < len(view):
+            chunk = spill[0]
+            n = min(len(chunk), len(view) - got)
+            view[got:got + n] = chunk[:n]
+            got += n
+            if n == len(chunk):
+                spill.popleft()
+            else:
+                spill[0] = chunk[n:]
+        state.spilled -= got
+        return got
+
+    def _refill(self, state: _Peer) -> None:
+        """Move spilled bytes into the read-ahead buffer's free space (they come right after it)."""
+        if state.in_start:
+            tail = state.in_end - state.in_start
+            state.inbuf[:tail] = state.inview[state.in_start:state.in_end]
+            state.in_start, state.in_end = 0, tail
+        if state.in_end < _INBUF_BYTES:
+            state.in_end += self._take_spill(state, state.inview[state.in_end:])
+        if state.spilled < self.spill_limit and not state.mask & select.POLLIN and state.gone is None:
+            self._set_mask(state, state.mask | _READ)
 
     def _parse(self, state: _Peer) -> bool:
         """Take one message (or the start of a large one) out of the read-ahead buffer."""
@@ -315,6 +369,22 @@ class TcpMeshTransport(Transport):
             self._poller.modify(state.fd, mask)
         state.mask = mask
 
+    def closed_peers(self) -> list[int]:
+        """Peers whose connection has ended (end of file or error), without consuming any data."""
+        ended = []
+        for state in self._by_fd.values():
+            if state.gone is not None:
+                ended.append(state.rank)
+                continue
+            try:
+                if state.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b"":
+                    ended.append(state.rank)
+            except (BlockingIOError, InterruptedError):
+                pass
+            except OSError:
+                ended.append(state.rank)
+        return sorted(ended)
+
     def close(self) -> None:
         if self._closed:
             return
@@ -327,11 +397,29 @@ class TcpMeshTransport(Transport):
         self._pool.clear()
 
 
+WATCH_S = 0.1
+
+
+def _in_slices(deadline: float, watch: Callable[[], None] | None, attempt: Callable[[float], Any]) -> Any:
+    """attempt(deadline), or with watch: attempts with short deadlines, calling watch (which raises
+    when the group being formed is abandoned) between them, until the real deadline."""
+    if watch is None:
+        return attempt(deadline)
+    while True:
+        watch()
+        try:
+            return attempt(min(deadline, time.monotonic() + WATCH_S))
+        except PeerError:
+            if time.monotonic() >= deadline:
+                raise
+
+
 def connect_mesh(rank: int, size: int, peers: list[int], host: str, exchange: Exchange,
-                 token: int, deadline: float) -> TcpMeshTransport:
+                 token: int, deadline: float, watch: Callable[[], None] | None = None) -> TcpMeshTransport:
     """Form the TCP mesh: every rank listens, the addresses are all-gathered with `exchange`
     (called exactly once, on every rank), then each rank connects to its lower peers and accepts
-    its higher ones. Listening happens before the exchange, so no connect can arrive early."""
+    its higher ones. Listening happens before the exchange, so no connect can arrive early.
+    watch (a split): called every WATCH_S while waiting; raises when the parent group saw a death."""
     listener = tcp.listen(host, 0)
     try:
         address = tcp.format_address(listener.getsockname()[:2])
@@ -343,16 +431,17 @@ def connect_mesh(rank: int, size: int, peers: list[int], host: str, exchange: Ex
             for p in peers:
                 if p < rank:
                     hello = tcp.Hello(PURPOSE_MESH, rank, p, 0, token)
-                    sockets[p] = tcp.connect(tcp.parse_address(addresses[p], f"rank {p}'s mesh address"),
-                                             hello, deadline, f"rank {p} (JACCL TCP mesh)")
+                    target = tcp.parse_address(addresses[p], f"rank {p}'s mesh address")
+                    sockets[p] = _in_slices(deadline, watch, lambda until, target=target, hello=hello, p=p: tcp.connect(
+                        target, hello, until, f"rank {p} (JACCL TCP mesh)"))
             higher = {p for p in peers if p > rank}
             while higher - set(sockets):
                 waiting = sorted(higher - set(sockets))
-                sock, hello = tcp.accept(
-                    listener, deadline,
+                sock, hello = _in_slices(deadline, watch, lambda until, waiting=waiting: tcp.accept(
+                    listener, until,
                     lambda h: (h.purpose == PURPOSE_MESH and h.token == token and h.receiver == rank
                                and h.sender in higher and h.sender not in sockets),
-                    f"JACCL ranks {waiting} (TCP mesh, rank {rank})")
+                    f"JACCL ranks {waiting} (TCP mesh, rank {rank})"))
                 sockets[hello.sender] = sock
         except BaseException:
             for s in sockets.values():

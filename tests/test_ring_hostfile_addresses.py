@@ -1,16 +1,12 @@
-"""Adversarial review of the public API on the ring, as an independent checker would run it:
-spec-style scripts under a scheduler's MLX_RANK / MLX_HOSTFILE (several addresses per rank),
-edge-case inputs, dtype extremes, split variants, threads, use after close."""
+"""Ring hostfiles as schedulers write them (MLX_HOSTFILE set by hand, no launcher): IPv6
+loopback, duplicate addresses, many addresses per rank. Two addresses per rank, several
+connections and the local transports run the whole backend contract (tests/contract)."""
 import json
 import time
-import warnings
 
-import numpy as np
 import pytest
 from ranks import assert_all_ok, free_ports, run
 
-from adapter.backends.base import ReduceOp
-from adapter.backends.elements import BFLOAT16, reduce_into, reduce_many
 from adapter.backends.ring.backend import validate_addresses
 from adapter.errors import ConfigError
 
@@ -19,16 +15,6 @@ def _hostfile(tmp_path, data) -> str:
     path = tmp_path / "ring.json"
     path.write_text(json.dumps(data))
     return str(path)
-
-
-@pytest.mark.timeout(200)
-@pytest.mark.parametrize("n, env", [(2, {}), (4, {}),
-                                    # every size through the two-phase pipelined path, tiny segments
-                                    (3, {"JACKLRING_RING_SMALL_BYTES": "0", "JACKLRING_RING_SEGMENT_BYTES": "4096"})])
-def test_review_script_with_two_addresses_per_rank(tmp_path, n, env):
-    ports = free_ports(2 * n)
-    data = [[f"127.0.0.1:{ports[2 * i]}", f"127.0.0.2:{ports[2 * i + 1]}"] for i in range(n)]
-    assert_all_ok(run(n, "ring_scripts/review.py", hostfile=_hostfile(tmp_path, data), timeout=180, env=env))
 
 
 @pytest.mark.timeout(60)
@@ -77,21 +63,6 @@ def test_duplicate_addresses_fail_fast_on_every_rank(tmp_path):
         assert r.returncode != 0 and "ConfigError" in r.stderr and "both listen on" in r.stderr, r.stderr
 
 
-def test_float_overflow_to_inf_is_silent():
-    # IEEE overflow to inf is the right answer, not a reason to print numpy warnings from the library.
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        for dt in (np.float16, BFLOAT16, np.float32):
-            big = np.full(3, 6e4 if dt == np.float16 else 3e38, dt)
-            out = np.empty_like(big)
-            reduce_into(out, big, big, ReduceOp.SUM)
-            assert np.isinf(out.astype(np.float32)).all()
-            reduce_many(out, [big, big, big], ReduceOp.SUM)
-            assert np.isinf(out.astype(np.float32)).all()
-        inf = np.array([np.inf], np.float64)
-        reduce_into(inf.copy(), inf, -inf, ReduceOp.SUM)  # inf - inf = nan, silently
-
-
 @pytest.mark.timeout(60)
 def test_split_with_many_addresses_per_rank_keeps_each_interface(tmp_path):
     # Before: the split record was a fixed 256 bytes (ConfigError beyond ~12 addresses per
@@ -104,16 +75,3 @@ def test_split_with_many_addresses_per_rank_keeps_each_interface(tmp_path):
             "assert hosts == [f'127.0.0.{c + 1}' for c in range(16)], hosts\n"
             "assert (d.all_sum(np.ones(100_000), group=s) == 2).all()\n")
     assert_all_ok(run(2, "ring_scripts/exec.py", [code], hostfile=_hostfile(tmp_path, data), timeout=50))
-
-
-@pytest.mark.timeout(60)
-def test_recv_from_a_live_rank_that_never_sends_is_a_timeout():
-    # Before: PeerError ("never connected"), although the peer was alive and only late.
-    code = ("import sys, time, numpy as np, adapter as d\nw = d.init()\n"
-            "if w.rank() == 1:\n    time.sleep(4)\n    sys.exit(0)\n"
-            "try:\n    d.recv((3,), np.float32, 1)\n"
-            "except d.CollectiveTimeout as e:\n    print('TIMEOUT', e)\n    sys.exit(3)\n")
-    res = run(2, "ring_scripts/exec.py", [code], env={"JACKLRING_TIMEOUT": "1"}, timeout=50)
-    assert res[0].returncode == 3 and "TIMEOUT" in res[0].stdout, res[0].stdout + res[0].stderr
-    assert "rank 0" in res[0].stdout and "rank 1" in res[0].stdout
-    assert res[1].returncode == 0, res[1].stderr

@@ -1,0 +1,118 @@
+"""One rank started by an engine (torchrun, srun, mpirun, or plain torch variables).
+
+    engine_rank.py MODE     prints one line: RESULT {"rank": r, "size": n, ...}
+
+numpy            adapter.init(strict=True) and an all_sum of the ranks
+grads            adapter.average_gradients(model) with rank-valued gradients, no torch group; an all_sum
+torch-first      init_process_group(ENGINE_TEST_PG_BACKEND) first, then the numpy API over it
+ddp              init_process_group("jacklring"), a DDP step, then the numpy API beside it
+torch-pg         init_process_group("jacklring") alone (rank and size from wherever torch finds them)
+all              numpy API, then average_gradients, then init_process_group("jacklring") and a DDP step
+elastic          torchrun --max-restarts: in the first attempt rank 1 fails after the group formed;
+                 the restarted workers form the group again
+"""
+import json
+import os
+import sys
+
+import numpy as np
+
+
+def result(**fields) -> None:
+    # One write of less than PIPE_BUF: ranks sharing a pipe (torchrun, srun) never split it.
+    # (print() writes the text and the newline separately, so lines of two ranks could merge.)
+    sys.stdout.write("RESULT " + json.dumps(fields) + "\n")
+    sys.stdout.flush()
+
+
+def ddp_step(rank: int, size: int) -> bool:
+    """One DDP step from different initial weights; True when every replica ends equal."""
+    import torch
+    import torch.distributed as dist
+
+    torch.manual_seed(rank)  # DDP's broadcast must make the replicas equal
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model(torch.full((8, 4), float(rank))).sum().backward()
+    opt.step()
+    flat = torch.cat([p.detach().flatten() for p in model.parameters()])
+    gathered = [torch.zeros_like(flat) for _ in range(size)]
+    dist.all_gather(gathered, flat)
+    return all(torch.equal(gathered[0], t) for t in gathered)
+
+
+def main(mode: str) -> None:
+    import adapter
+
+    if mode == "elastic":
+        attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+        g = adapter.init(strict=True)
+        total = float(adapter.all_sum(np.array([float(g.rank())]))[0])
+        if attempt == 0 and g.rank() == 1:
+            raise SystemExit("rank 1 fails in the first attempt")
+        if attempt == 0:
+            import time
+
+            time.sleep(30)  # torchrun stops this worker when rank 1 fails
+        result(rank=g.rank(), size=g.size(), sum=total, attempt=attempt)
+        return
+    if mode == "all":
+        import torch
+        import torch.distributed as dist
+
+        g = adapter.init(strict=True)
+        fields = {"rank": g.rank(), "size": g.size(), "backend": g.backend_name,
+                  "sum": float(adapter.all_sum(np.array([float(g.rank())]))[0])}
+        model = torch.nn.Linear(3, 1)
+        for p in model.parameters():
+            p.grad = torch.full_like(p, float(g.rank()))
+        adapter.average_gradients(model)
+        fields["grads"] = sorted({float(v) for p in model.parameters() for v in p.grad.flatten()})
+        dist.init_process_group("jacklring")
+        fields.update(torch_rank=dist.get_rank(), torch_size=dist.get_world_size(),
+                      replicas_equal=ddp_step(dist.get_rank(), dist.get_world_size()))
+        dist.destroy_process_group()
+        result(**fields)
+        return
+
+    if mode == "numpy":
+        g = adapter.init(strict=True)
+        total = adapter.all_sum(np.array([float(g.rank())]))[0]
+        result(rank=g.rank(), size=g.size(), sum=float(total), backend=g.backend_name)
+    elif mode == "grads":
+        import torch
+
+        model = torch.nn.Linear(3, 1)
+        for p in model.parameters():
+            p.grad = torch.full_like(p, float(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0"))))
+        adapter.average_gradients(model)
+        g = adapter.init()
+        result(rank=g.rank(), size=g.size(), grads=[float(v) for p in model.parameters() for v in p.grad.flatten()],
+               sum=float(adapter.all_sum(np.array([float(g.rank())]))[0]))
+    elif mode in ("torch-first", "ddp", "torch-pg"):
+        import torch
+        import torch.distributed as dist
+
+        import adapter.torch_backend  # noqa: F401  (registers "jacklring")
+
+        backend = os.environ.get("ENGINE_TEST_PG_BACKEND", "jacklring") if mode == "torch-first" else "jacklring"
+        dist.init_process_group(backend)
+        rank, size = dist.get_rank(), dist.get_world_size()
+        fields = {"rank": rank, "size": size}
+        if mode == "ddp":
+            fields["replicas_equal"] = ddp_step(rank, size)
+        if mode != "torch-pg":
+            g = adapter.init(strict=True)
+            fields.update(adapter_rank=g.rank(), adapter_size=g.size(),
+                          sum=float(adapter.all_sum(np.array([float(g.rank())]))[0]))
+        t = torch.tensor([float(rank)])
+        dist.all_reduce(t)
+        fields["torch_sum"] = float(t[0])
+        dist.destroy_process_group()
+        result(**fields)
+    else:
+        raise SystemExit(f"unknown mode {mode!r}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

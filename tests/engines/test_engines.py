@@ -1,0 +1,139 @@
+"""adapter.init() under engines other than our launcher: torchrun, plain torch variables, an
+existing torch process group, mpirun; and the Slurm helpers that need no Slurm."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+from engine_harness import RANK_SCRIPT, VENV_BIN, clean_env, describe, results, run, spawn_ranks
+
+from adapter import engines
+from adapter.bench import free_ports
+from adapter.errors import ConfigError
+
+TORCHRUN = os.path.join(VENV_BIN, "torchrun")
+MPIRUN = os.path.join(VENV_BIN, "mpirun")
+
+
+def torchrun(n: int, mode: str, **env: str) -> subprocess.CompletedProcess:
+    return run([TORCHRUN, "--nproc-per-node", str(n), "--master-port", str(free_ports(1)[0]),
+                RANK_SCRIPT, mode], clean_env(**env))
+
+
+def plain_torch_env(n: int, **extra: str):
+    """RANK/WORLD_SIZE/MASTER_* as Accelerate, Lightning or a hand-written script set them:
+    no torchrun agent, so rank 0 serves the store."""
+    port = str(free_ports(1)[0])
+    return lambda r: clean_env(RANK=str(r), WORLD_SIZE=str(n), LOCAL_RANK=str(r), MASTER_ADDR="127.0.0.1",
+                               MASTER_PORT=port, **extra)
+
+
+@pytest.mark.timeout(60)
+def test_torchrun_numpy_api_and_average_gradients():
+    proc = torchrun(2, "grads")
+    assert proc.returncode == 0, describe([proc])
+    found = results(proc.stdout)
+    assert [(r["rank"], r["size"], r["sum"]) for r in found] == [(0, 2, 1.0), (1, 2, 1.0)]
+    assert [r["grads"] for r in found] == [[0.5] * 4] * 2  # mean of 0.0 and 1.0, not 0.0 and 1.0
+
+
+@pytest.mark.timeout(90)
+def test_torchrun_elastic_restart_forms_the_group_again():
+    proc = run([TORCHRUN, "--nproc-per-node", "2", "--max-restarts", "1", "--master-port", str(free_ports(1)[0]),
+                RANK_SCRIPT, "elastic"], clean_env(), timeout=80)
+    assert proc.returncode == 0, describe([proc])
+    assert [(r["rank"], r["size"], r["sum"], r["attempt"]) for r in results(proc.stdout)] == \
+        [(0, 2, 1.0, 1), (1, 2, 1.0, 1)], proc.stdout
+
+
+@pytest.mark.timeout(60)
+def test_plain_torch_variables_three_ranks():
+    procs = spawn_ranks(3, "numpy", plain_torch_env(3))
+    assert all(p.returncode == 0 for p in procs), describe(procs)
+    found = [r for p in procs for r in results(p.stdout)]
+    assert [(r["rank"], r["size"], r["sum"]) for r in found] == [(0, 3, 3.0), (1, 3, 3.0), (2, 3, 3.0)]
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("pg_backend", ["gloo", "jacklring"])
+def test_existing_torch_group_carries_the_numpy_api(pg_backend):
+    procs = spawn_ranks(2, "torch-first", plain_torch_env(2, ENGINE_TEST_PG_BACKEND=pg_backend))
+    assert all(p.returncode == 0 for p in procs), describe(procs)
+    found = [r for p in procs for r in results(p.stdout)]
+    assert [(r["adapter_rank"], r["adapter_size"], r["sum"], r["torch_sum"]) for r in found] == \
+        [(0, 2, 1.0, 1.0), (1, 2, 1.0, 1.0)]
+
+
+@pytest.mark.timeout(60)
+def test_ddp_under_torchrun_beside_the_numpy_api():
+    proc = torchrun(2, "ddp")
+    assert proc.returncode == 0, describe([proc])
+    found = results(proc.stdout)
+    assert [(r["size"], r["replicas_equal"], r["sum"]) for r in found] == [(2, True, 1.0)] * 2
+
+
+@pytest.mark.timeout(30)
+def test_world_size_without_a_rendezvous_raises_instead_of_a_group_of_one():
+    env = clean_env(RANK="0", WORLD_SIZE="2")
+    start = time.monotonic()
+    proc = run([sys.executable, RANK_SCRIPT, "numpy"], env)
+    assert proc.returncode != 0 and "RESULT" not in proc.stdout
+    assert "ConfigError" in proc.stderr and "RANK=0, WORLD_SIZE=2" in proc.stderr, proc.stderr
+    assert "MASTER_ADDR, MASTER_PORT are not set" in proc.stderr, proc.stderr
+    assert time.monotonic() - start < 20
+
+
+@pytest.mark.timeout(30)
+def test_strict_names_every_engine():
+    code = "import adapter; adapter.init(strict=True)"
+    proc = run([sys.executable, "-c", code], clean_env())
+    assert proc.returncode != 0
+    for reason in ("ring: MLX_RANK and MLX_HOSTFILE not set", "torch-group: torch.distributed is not imported",
+                   "torchrun: RANK and WORLD_SIZE not set", "slurm: SLURM_PROCID not set",
+                   "mpi: not launched by mpirun"):
+        assert reason in proc.stderr, proc.stderr
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.skipif(not os.path.exists(MPIRUN), reason="no mpirun in the venv (pip install jacklring[mpi])")
+def test_init_process_group_under_plain_mpirun():
+    env = clean_env(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMPI_MCA_btl_tcp_if_include="lo")
+    proc = run([MPIRUN, "-n", "2", "--oversubscribe", sys.executable, RANK_SCRIPT, "torch-pg"], env)
+    assert proc.returncode == 0, describe([proc])
+    assert [(r["rank"], r["size"], r["torch_sum"]) for r in results(proc.stdout)] == [(0, 2, 1.0), (1, 2, 1.0)]
+
+
+def test_slurm_hostlist_expansion():
+    assert engines.expand_hostlist("n[01-03,7],gpu1") == ["n01", "n02", "n03", "n7", "gpu1"]
+    assert engines.expand_hostlist("a[1-2]-b[3-4]") == ["a1-b3", "a1-b4", "a2-b3", "a2-b4"]
+    assert engines.expand_hostlist("localhost") == ["localhost"]
+    with pytest.raises(ConfigError):
+        engines.expand_hostlist("n[x-3]")
+
+
+def test_slurm_ports_differ_between_jobs_and_steps(monkeypatch):
+    monkeypatch.delenv("JACKLRING_SLURM_PORT", raising=False)
+    ports = {engines.slurm_rendezvous({"SLURM_STEP_NODELIST": "n[1-2]", "SLURM_JOB_ID": str(job),
+                                       "SLURM_STEP_ID": str(step)})
+             for job in range(100, 140) for step in range(4)}
+    assert {host for host, _ in ports} == {"n1"} and len(ports) == 160
+    assert all(engines.SLURM_PORT_BASE <= port < engines.SLURM_PORT_BASE + engines.SLURM_PORT_SPAN
+               for _, port in ports)
+    reserved = {"SLURM_STEP_NODELIST": "n1", "SLURM_JOB_ID": "5", "SLURM_STEP_ID": "0",
+                "SLURM_STEP_RESV_PORTS": "12000-12015"}
+    assert engines.slurm_rendezvous(reserved) == ("n1", 12000)
+    monkeypatch.setenv("JACKLRING_SLURM_PORT", "31000")
+    assert engines.slurm_rendezvous(reserved) == ("n1", 31000)
+
+
+def test_mpi_world_agreeing_with_torch_variables_defers_to_mpi():
+    env = {"RANK": "1", "WORLD_SIZE": "2", "OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2"}
+    assert "mpi backend forms it" in engines._probe_torchrun(env)
+    # torchrun started by mpirun, one per node: torchrun's world wins
+    env.update(OMPI_COMM_WORLD_RANK="0", OMPI_COMM_WORLD_SIZE="1", RANK="1", WORLD_SIZE="4")
+    assert engines._probe_torchrun(env) is None
+
+
