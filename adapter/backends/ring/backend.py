@@ -1001,8 +1001,10 @@ class RingBackend(Backend):
         self._shm = shared.attach(self, gather)
 
     def _shared(self, header: bytes, body, *args) -> bool:
-        """Run a collective over shared memory when this group has it (else return False)."""
-        if self._shm is None:
+        """Run a collective over shared memory when this group has it (else return False).
+        A split's closing barrier stays on the ring: its failure handling passes the verdict on
+        over the ring links."""
+        if self._shm is None or self._abandon_on_failure:
             return False
         self._collective(header, lambda: shared.run(self._shm, self._deadline, self._what, body, header, *args))
         return True
