@@ -2,12 +2,18 @@
 
     python -m adapter.bench -n 2                       # ring only
     python -m adapter.bench -n 2 --compare gloo,mpi    # + torch gloo and raw mpi4py Allreduce
-    python -m adapter.bench -n 4 --backend ring,jaccl --sizes 4,4K,1M
+    python -m adapter.bench -n 4 --backend ring,ring-tcp --compare mpi --sizes 4,4K,1M
 
 All backends live in the same processes and are timed in interleaved rounds (median of
 rounds), so machine noise hits every column alike. With mpi in the list the ranks are
 started by the venv's mpirun; otherwise as plain subprocesses.
 busbw follows nccl-tests: all-reduce busbw = 2(n-1)/n * bytes / time.
+
+ring is the ring backend as configured (on one host: shared memory); ring-unix and ring-tcp are
+extra ring groups in the same processes forced onto Unix or TCP sockets. mpi means both
+mpi-sm (Open MPI's shared-memory BTL) and mpi-tcp (its TCP BTL): a BTL is chosen per job, so
+every MPI variant after the first runs as a job of its own right after the main one (its column
+is then not interleaved with the others).
 """
 from __future__ import annotations
 
@@ -25,8 +31,9 @@ import time
 import numpy as np
 
 DEFAULT_SIZES = "4,64,1K,4K,16K,64K,256K,1M,4M,16M,64M"
-OURS = ("ring", "jaccl", "mpi-adapter")
-OTHERS = ("gloo", "mpi", "mlx")
+OURS = ("ring", "ring-unix", "ring-tcp", "jaccl", "mpi-adapter")
+OTHERS = ("gloo", "mpi-sm", "mpi-tcp", "mlx")
+MPI_BTLS = {"mpi-sm": "self,sm", "mpi-tcp": "self,tcp"}
 
 
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
@@ -69,6 +76,22 @@ class Runner:
             group = adapter.init(strict=True, backend=name.replace("-adapter", ""))
             backend = group.backend
             self.fn = lambda src, dst: backend.all_reduce(src, dst, ReduceOp.SUM)
+        elif name in ("ring-unix", "ring-tcp"):
+            from adapter.backends.base import ReduceOp
+            from adapter.backends.ring.backend import RingBackend, load_ring_hostfile
+            addresses = load_ring_hostfile(os.environ[f"BENCH_HOSTFILE_{name[5:].upper()}"])
+            # The setting is read (through adapter.config) while the group forms: set it for
+            # that moment only, then put back whatever the user had.
+            key = "JACKLRING_LOCAL_TRANSPORT"
+            saved = dict(os.environ)
+            os.environ.update({key: name[5:]})
+            try:
+                backend = RingBackend.from_addresses(rank, addresses)
+            finally:
+                os.environ.pop(key, None)
+                if key in saved:
+                    os.environ.update({key: saved[key]})
+            self.fn = lambda src, dst: backend.all_reduce(src, dst, ReduceOp.SUM)
         elif name == "gloo":
             import torch
             import torch.distributed as dist
@@ -79,7 +102,7 @@ class Runner:
                 dst[...] = src
                 dist.all_reduce(t)
             self.fn = gloo
-        elif name == "mpi":
+        elif name in MPI_BTLS:
             from mpi4py import MPI
             comm = MPI.COMM_WORLD
             self.fn = lambda src, dst: comm.Allreduce(src, dst, op=MPI.SUM)
@@ -108,10 +131,13 @@ def worker(args: argparse.Namespace) -> None:
     runners = [Runner(name, rank, size) for name in args.backends]
     # Warm up every library (lazy connections, allocator, CPU clocks) before the first timing:
     # otherwise the first size pays for it and a 4-byte op looks five times slower than it is.
+    # Several passes (the same count on every rank): right after mpirun starts, its daemons keep
+    # a CPU busy for a second or so.
     warm = np.zeros(1024, np.float32)
-    for r in runners:
-        for _ in range(200):
-            r.fn(warm, np.empty_like(warm))
+    for _ in range(3):
+        for r in runners:
+            for _ in range(1000):
+                r.fn(warm, np.empty_like(warm))
     results = {}
     for nbytes in args.sizes:
         count = max(1, nbytes // 4)
@@ -130,7 +156,8 @@ def worker(args: argparse.Namespace) -> None:
                     r.fn(src, dst)
                 results[(nbytes, r.name)]["times"].append((time.perf_counter() - start) / iters)
     if rank == 0:
-        report(args, results, size)
+        with open(args.results, "w") as f:
+            json.dump([[nbytes, name, res["times"], res["ok"]] for (nbytes, name), res in results.items()], f)
     for r in runners:
         if r.name == "gloo":
             import torch.distributed as dist
@@ -139,8 +166,9 @@ def worker(args: argparse.Namespace) -> None:
 
 def report(args: argparse.Namespace, results: dict, n: int) -> None:
     factor = 2 * (n - 1) / n
-    names = args.backends
-    print(f"# all_sum float32, {n} ranks, median of {args.rounds} interleaved rounds; "
+    names = [name for name in args.backends if any(key[1] == name for key in results)]
+    pick = min if args.stat == "min" else statistics.median
+    print(f"# all_sum float32, {n} ranks, {args.stat} of {args.rounds} interleaved rounds; "
           f"time in us, algbw/busbw in GB/s")
     head = f"{'bytes':>8}"
     for name in names:
@@ -150,7 +178,7 @@ def report(args: argparse.Namespace, results: dict, n: int) -> None:
         line = f"{human(nbytes):>8}"
         for name in names:
             res = results[(nbytes, name)]
-            t = statistics.median(res["times"])
+            t = pick(res["times"])
             alg = nbytes / t / 1e9
             line += f" | {t * 1e6:>14.1f} {alg:>7.2f} {alg * factor:>7.2f} {'yes' if res['ok'] else 'NO':>3}"
         print(line)
@@ -159,39 +187,74 @@ def report(args: argparse.Namespace, results: dict, n: int) -> None:
         print(f"\n# time ratio vs {base} (>1 means {base} is faster)")
         print(f"{'bytes':>8} | " + " | ".join(f"{name:>10}" for name in names[1:]))
         for nbytes in args.sizes:
-            t0 = statistics.median(results[(nbytes, base)]["times"])
+            t0 = pick(results[(nbytes, base)]["times"])
             print(f"{human(nbytes):>8} | " + " | ".join(
-                f"{statistics.median(results[(nbytes, name)]['times']) / t0:>10.2f}" for name in names[1:]))
+                f"{pick(results[(nbytes, name)]['times']) / t0:>10.2f}" for name in names[1:]))
     sys.stdout.flush()
 
 
 # ---- launcher side ----------------------------------------------------------------------------
 
+def jobs(backends: list[str]) -> list[tuple[list[str], str | None]]:
+    """(backends, Open MPI BTL list or None) per job: the first job runs everything it can;
+    each further MPI variant needs a job of its own, since the BTL is chosen per job."""
+    variants = [b for b in backends if b in MPI_BTLS]
+    main = [b for b in backends if b not in MPI_BTLS] + variants[:1]
+    if variants:
+        return [(main, MPI_BTLS[variants[0]])] + [([v], MPI_BTLS[v]) for v in variants[1:]]
+    return [(main, "" if "mpi-adapter" in main else None)]
+
+
 def launch(args: argparse.Namespace, argv: list[str]) -> int:
     n = args.n
     tmp = tempfile.mkdtemp(prefix="jacklring-bench-")
-    hostfile = os.path.join(tmp, "ring.json")
-    with open(hostfile, "w") as f:
-        ports = iter(free_ports(n * args.connections + n + 2))
-        json.dump([[f"127.0.0.1:{next(ports)}" for _ in range(args.connections)] for _ in range(n)], f)
-    mlx_hostfile = os.path.join(tmp, "mlx-ring.json")
-    with open(mlx_hostfile, "w") as f:
-        json.dump([[f"127.0.0.1:{next(ports)}"] for _ in range(n)], f)
-    env = dict(os.environ, MLX_HOSTFILE=hostfile, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(next(ports)),
-               WORLD_SIZE=str(n), BENCH_MLX_HOSTFILE=mlx_hostfile)
+    ports = iter(free_ports(3 * n * args.connections + n + 2))
+
+    def hostfile(name: str, per_rank: int) -> str:
+        path = os.path.join(tmp, name)
+        with open(path, "w") as f:
+            json.dump([[f"127.0.0.1:{next(ports)}" for _ in range(per_rank)] for _ in range(n)], f)
+        return path
+    env = dict(os.environ, MLX_HOSTFILE=hostfile("ring.json", args.connections),
+               BENCH_HOSTFILE_UNIX=hostfile("ring-unix.json", args.connections),
+               BENCH_HOSTFILE_TCP=hostfile("ring-tcp.json", args.connections),
+               BENCH_MLX_HOSTFILE=hostfile("mlx-ring.json", 1),
+               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(next(ports)), WORLD_SIZE=str(n))
     if "jaccl" in args.backends:
         devices = os.path.join(tmp, "devices.json")
         with open(devices, "w") as f:
             json.dump([[None if i == j else f"rdma_fake{j}" for j in range(n)] for i in range(n)], f)
         env.update(MLX_IBV_DEVICES=devices, MLX_JACCL_COORDINATOR=f"127.0.0.1:{next(ports)}")
-    cmd = [sys.executable, "-m", "adapter.bench", "--worker"] + argv
-    if "mpi" in args.backends or "mpi-adapter" in args.backends:
+    results: dict = {}
+    for i, (backends, btl) in enumerate(jobs(args.backends)):
+        out = os.path.join(tmp, f"results{i}.json")
+        cmd = [sys.executable, "-m", "adapter.bench", "--worker"] + argv + [
+            "--only", ",".join(backends), "--results", out]
+        code = run_job(args, cmd, env, btl)
+        if code:
+            return code
+        with open(out) as f:
+            for nbytes, name, times, ok in json.load(f):
+                results[(nbytes, name)] = {"times": times, "ok": ok}
+    report(args, results, n)
+    return 0
+
+
+def run_job(args: argparse.Namespace, cmd: list[str], env: dict, btl: str | None) -> int:
+    n = args.n
+    if btl is not None:
         mpirun = shutil.which("mpirun", path=os.path.dirname(sys.executable)) or shutil.which("mpirun")
         if mpirun is None:
             raise SystemExit("bench: mpirun not found (pip install jacklring[mpi])")
-        env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+        env = dict(env, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
         env.setdefault("OMPI_MCA_btl_tcp_if_include", "lo")
-        return subprocess.call([mpirun, "--oversubscribe", "-n", str(n)] + cmd, env=env)
+        if btl:
+            env.update(OMPI_MCA_pml="ob1", OMPI_MCA_btl=btl)
+        try:
+            return subprocess.call([mpirun, "--oversubscribe", "-n", str(n)] + cmd, env=env, timeout=args.timeout)
+        except subprocess.TimeoutExpired:
+            print(f"bench: timed out after {args.timeout} s", file=sys.stderr)
+            return 1
     procs = [subprocess.Popen(cmd, env=dict(env, MLX_RANK=str(r))) for r in range(n)]
     try:
         codes = [p.wait(timeout=args.timeout) for p in procs]
@@ -208,18 +271,26 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m adapter.bench", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-n", type=int, default=2, help="number of ranks (default 2)")
-    ap.add_argument("--backend", default="ring", help="our backends to measure, comma separated: ring, jaccl, mpi-adapter")
-    ap.add_argument("--compare", default="", help="others in the same run, comma separated: gloo, mpi, mlx")
+    ap.add_argument("--backend", default="ring",
+                    help="our backends to measure, comma separated: ring, ring-unix, ring-tcp, jaccl, mpi-adapter")
+    ap.add_argument("--compare", default="",
+                    help="others in the same run, comma separated: gloo, mpi (= mpi-sm,mpi-tcp), mpi-sm, mpi-tcp, mlx")
     ap.add_argument("--sizes", default=DEFAULT_SIZES, help=f"message sizes in bytes (default {DEFAULT_SIZES})")
     ap.add_argument("--rounds", type=int, default=7, help="interleaved rounds per size (median reported)")
+    ap.add_argument("--stat", choices=("median", "min"), default="median",
+                    help="which round to report: the median, or the fastest (on a shared, noisy machine)")
     ap.add_argument("--iters", type=int, default=50, help="iterations per round (fewer for big sizes)")
     ap.add_argument("--budget-bytes", type=float, default=256e6, help="cap on bytes per round per backend")
     ap.add_argument("--connections", type=int, default=1, help="ring connections per neighbour")
     ap.add_argument("--timeout", type=float, default=600)
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--only", default="", help=argparse.SUPPRESS)
+    ap.add_argument("--results", default="", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     args.sizes = list(dict.fromkeys(parse_size(s) for s in args.sizes.split(",") if s))
-    args.backends = [b for b in args.backend.split(",") + args.compare.split(",") if b]
+    names = args.only.split(",") if args.only else args.backend.split(",") + args.compare.split(",")
+    names = [v for b in names if b for v in (("mpi-sm", "mpi-tcp") if b == "mpi" else (b,))]
+    args.backends = list(dict.fromkeys(names))
     for b in args.backends:
         if b not in OURS + OTHERS:
             ap.error(f"unknown backend {b!r}; choose from {', '.join(OURS + OTHERS)}")

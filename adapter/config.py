@@ -150,19 +150,32 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
     # ring
     Setting("JACKLRING_RING_SMALL_BYTES", byte_size, 64 * 1024,
             "largest reduction sent by the one-pass small-message path"),
+    Setting("JACKLRING_RING_ONE_PASS_BYTES", byte_size, None,
+            "with more than 2 ranks, the one-pass path only while it sends at most this much per rank "
+            "((ranks - 1) x message), else reduce-scatter + all-gather; default 32 KiB, or no limit below "
+            "JACKLRING_RING_SMALL_BYTES when every rank is on one host (latency-bound there)"),
     Setting("JACKLRING_RING_SEGMENT_BYTES", byte_size, 256 * 1024,
             "pipelining segment of large ring reductions"),
     Setting("JACKLRING_RING_DIRECTIONS", integer(1, 2), 2,
             "run large reductions over both ring directions (2) or one (1)"),
-    Setting("JACKLRING_LOCAL_TRANSPORT", choice("unix", "tcp"), "unix",
-            "how ranks on one host connect: unix (abstract Unix sockets on Linux) or tcp"),
+    Setting("JACKLRING_LOCAL_TRANSPORT", choice("auto", "shm", "unix", "tcp"), "auto",
+            "how ranks on one host connect: auto/shm (collectives over shared memory when the whole group "
+            "is on one host, else Unix sockets), unix (abstract Unix sockets on Linux) or tcp"),
+    Setting("JACKLRING_SHM_CHUNK_BYTES", byte_size, 2 << 20,
+            "shared-memory buffer per rank and step (the segment is 2 x ranks x this)"),
+    Setting("JACKLRING_SHM_YIELD_US", microseconds, 1000.0,
+            "after spinning, how long a rank waiting on shared memory keeps checking while giving its CPU "
+            "away (sched_yield) before it sleeps; 0: sleep at once"),
+    Setting("JACKLRING_SHM_SMALL_BYTES", byte_size, 128 * 1024,
+            "largest shared-memory all_reduce in which every rank reduces the whole message itself"),
     Setting("JACKLRING_P2P_SPILL_BYTES", byte_size, 1 << 30,
             "most bytes per peer read ahead (ring send/recv, JACCL TCP mesh) while nobody waits for them, so "
             "two ranks sending large messages to each other before receiving do not deadlock"),
     Setting("JACKLRING_SOCKET_BUFFER_BYTES", byte_size, 4 << 20,
             "send and receive buffer size requested for every TCP connection"),
     Setting("JACKLRING_SPIN_US", microseconds, None,
-            "how long a waiting rank busy-polls before sleeping; default 50 us, 0 when ranks outnumber CPUs"),
+            "how long a waiting rank busy-polls before sleeping; sockets: default 50 us, 0 when ranks outnumber "
+            "CPUs; shared memory: default 0 (it yields the CPU while checking instead)"),
     # JACCL
     Setting("JACKLRING_JACCL_TRANSPORT", choice("auto", "tcp", "rdma"), "auto",
             "JACCL's links: RDMA when every rank has its devices (auto), always the TCP mesh, or RDMA only"),

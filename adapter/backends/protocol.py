@@ -18,7 +18,8 @@ from .elements import CODE_NAMES
 from .transport.integrity import CRC as CHECKSUM  # noqa: F401  (the trailer layout, for the backends)
 from .transport.integrity import CRC_NAME, crc
 
-OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "barrier", "send", "split", "recv", "abort")
+OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "barrier", "send", "split", "recv", "abort",
+       "shared-memory set-up")
 OP_CODES = {name: code for code, name in enumerate(OPS, 1)}
 OP_NAMES = {code: name for name, code in OP_CODES.items()}
 # 0 means "no reduction" in a record.

@@ -47,6 +47,7 @@ from ..protocol import OP_CODES, REDUCE_CODES, Request, mismatch_message
 from ..transport import auth, integrity, tcp
 from ..transport.names import check_resolvable
 from ..transport.stream_engine import Engine, Link
+from . import shared, shm_algorithms
 from .algorithms import (
     Channel,
     bytes_of,
@@ -65,9 +66,9 @@ PURPOSE_P2P = 2
 
 HEADER = struct.Struct("<HBBIQq")  # magic, op, dtype code, sequence, byte count, extra (reduce op / root)
 HEADER_MAGIC = 0x4A4B
-OP_ALL_REDUCE, OP_ALL_GATHER, OP_REDUCE_SCATTER, OP_BROADCAST, OP_BARRIER, OP_SEND, OP_SPLIT, OP_ABORT = (
+OP_ALL_REDUCE, OP_ALL_GATHER, OP_REDUCE_SCATTER, OP_BROADCAST, OP_BARRIER, OP_SEND, OP_SPLIT, OP_ABORT, OP_SHM = (
     OP_CODES[name] for name in ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "barrier", "send", "split",
-                                "abort"))
+                                "abort", "shared-memory set-up"))
 _REDUCING = (OP_ALL_REDUCE, OP_REDUCE_SCATTER)
 # While sub-rings form, each rank looks at its parent ring this often for a neighbour that died or
 # gave up (an abort header: sequence = the reporting rank, extra = the rank that failed, or -1).
@@ -233,6 +234,13 @@ class RingBackend(Backend):
         self._verify = config.get("JACKLRING_VERIFY")
         self._integrity: dict[tuple[int, int], integrity.Integrity | None] = {}
         self._small_limit = config.get("JACKLRING_RING_SMALL_BYTES")
+        self._one_pass_limit = config.get("JACKLRING_RING_ONE_PASS_BYTES")
+        if self._one_pass_limit is None:
+            # Unset: 32 KiB between hosts. With every rank on this host (the same answer on every
+            # rank), bytes are memory copies and hops cost scheduler rounds, so the one-pass path
+            # (half the hops) wins up to the small limit.
+            local = tcp.local_rank_count([a[0] for a in addresses], addresses[rank][0]) == len(addresses)
+            self._one_pass_limit = self._small_limit * len(addresses) if local else 32 * 1024
         self._segment_bytes = config.get("JACKLRING_RING_SEGMENT_BYTES")
         self._both_directions = config.get("JACKLRING_RING_DIRECTIONS") == 2
         self._broken: BaseException | None = None
@@ -256,6 +264,7 @@ class RingBackend(Backend):
         self.right: list[Link] = []
         self.left: list[Link] = []
         self.engine: Engine | None = None
+        self._shm = None  # a transport.shm.SharedGroup when the whole group is on this host
         if os.environ.get("MLX_RING_VERBOSE", "").strip().lower() in ("1", "true", "yes", "on"):
             logging.basicConfig()
             log.setLevel(logging.INFO)
@@ -266,6 +275,7 @@ class RingBackend(Backend):
                     listener.serve(self._auth, self._token, rank, lambda h, c=c, k=k: self._admit(h, c, k),
                                    f"rank {rank}")
                 self._connect_ring()
+                self._attach_shared_memory()
             except BaseException:
                 self.close()  # the listeners, so a failed formation leaves no fd behind
                 raise
@@ -359,8 +369,10 @@ class RingBackend(Backend):
         if self._size == 1:
             return _copy(src, dst)
         header = self._header(OP_ALL_REDUCE, src, REDUCE_CODES[op])
+        if self._shared(header, shm_algorithms.all_reduce, src, dst, op, self._shm_small):
+            return
         n = self._size
-        if src.nbytes <= self._small_limit:
+        if self._one_pass(src.nbytes):
             self._collective(header, lambda: self._small_all_reduce(header, src, dst, op))
             return
         blocks = split_evenly(src.size, n)
@@ -370,8 +382,10 @@ class RingBackend(Backend):
         if self._size == 1:
             return _copy(src, dst)
         header = self._header(OP_REDUCE_SCATTER, src, REDUCE_CODES[op])
+        if self._shared(header, shm_algorithms.reduce_scatter, src, dst, op):
+            return
         n = self._size
-        if src.nbytes <= self._small_limit:
+        if self._one_pass(src.nbytes):
             def run() -> None:
                 full = self._buffer("rs-small", src.dtype, src.size)
                 self._small_all_reduce(header, src, full, op)
@@ -388,6 +402,8 @@ class RingBackend(Backend):
         if self._size == 1:
             return _copy(src, dst)
         header = self._header(OP_ALL_GATHER, src, 0)
+        if self._shared(header, shm_algorithms.all_gather, src, dst):
+            return
         if src.nbytes <= self._small_limit:
             def run() -> None:
                 parts = self._small_gather(header, bytes_of(src))
@@ -403,12 +419,16 @@ class RingBackend(Backend):
         if self._size == 1:
             return
         header = self._header(OP_BROADCAST, buf, root)
+        if self._shared(header, shm_algorithms.broadcast, buf, root):
+            return
         self._collective(header, lambda: self._broadcast(header, buf, root))
 
     def barrier(self) -> None:
         if self._size == 1:
             return
         header = HEADER.pack(HEADER_MAGIC, OP_BARRIER, 0, self._seq, 0, 0)
+        if self._shared(header, shm_algorithms.barrier):
+            return
         self._collective(header, lambda: self._small_gather(header, memoryview(b"")))
 
     def send(self, buf: np.ndarray, dst: int) -> None:
@@ -768,6 +788,9 @@ class RingBackend(Backend):
             self._broken = PeerError(f"rank {self._rank}: a split of this group failed")
 
     def close(self) -> None:
+        if self._shm is not None:
+            self._shm.close()
+            self._shm = None
         for link in self.right + self.left:
             link.close()
         self.right, self.left = [], []
@@ -831,6 +854,16 @@ class RingBackend(Backend):
         if view is None or len(view) < nbytes:
             view = self._small_view = memoryview(bytearray(max(nbytes, 4096)))
         return view[:nbytes]
+
+    def _one_pass(self, nbytes: int) -> bool:
+        """Whether a reduction of nbytes takes the one-pass path (each rank sends (n-1) x nbytes
+        in n-1 hops) rather than reduce-scatter + all-gather (2(n-1)/n x nbytes in 2(n-1) hops).
+        Two ranks send the same either way; more ranks take the one pass only while what it
+        sends stays under JACKLRING_RING_ONE_PASS_BYTES, where latency, not bytes, sets the time
+        (between hosts; a ring entirely on this host keeps the one pass up to the small limit)."""
+        if nbytes > self._small_limit:
+            return False
+        return self._size <= 2 or nbytes * (self._size - 1) <= self._one_pass_limit
 
     def _check_header(self, mine: bytes, raw: memoryview, sender: int) -> None:
         if raw[:HEADER.size] != mine:
@@ -947,6 +980,28 @@ class RingBackend(Backend):
             root_pos = root if ci < n_forward else n - 1 - root
             chain_broadcast(ch, n, root_pos, buf[plo:phi], seg)
         self._run()
+
+    # ---- same-host shared memory (see shared.py) -------------------------------------------
+
+    def _attach_shared_memory(self) -> None:
+        self._shm_small = config.get("JACKLRING_SHM_SMALL_BYTES")
+
+        def gather(record: bytes) -> list[bytes]:
+            header = HEADER.pack(HEADER_MAGIC, OP_SHM, dtype_code(np.uint8), self._seq, len(record), 0)
+            parts: list[bytes] = []
+            self._collective(header, lambda: parts.extend(
+                bytes(p) for p in self._small_gather(header, memoryview(record))))
+            return parts
+        self._shm = shared.attach(self, gather)
+
+    def _shared(self, header: bytes, body, *args) -> bool:
+        """Run a collective over shared memory when this group has it (else return False).
+        A split's closing barrier stays on the ring: its failure handling passes the verdict on
+        over the ring links."""
+        if self._shm is None or self._abandon_on_failure:
+            return False
+        self._collective(header, lambda: shared.run(self._shm, self._deadline, self._what, body, header, *args))
+        return True
 
     # ---- point to point -------------------------------------------------------------------
 

@@ -1,0 +1,124 @@
+"""Collectives for a group whose ranks share memory (transport.shm.SharedGroup).
+
+Each is a sequence of steps (write my buffer, exchange, read the peers' buffers); the first step
+carries the collective's header so that a mismatch raises on every rank before any data is used.
+
+all_reduce, large: every rank copies the slices of its input that the others reduce into its
+buffer, then reduces its own 1/n slice straight out of the peers' buffers (its own input read in
+place) and publishes the result, and finally everyone copies the reduced slices out: one copy in,
+one read of every input, one write, one copy out. A buffer holds rank q's reduced slice of chunk
+k at slot q and the inputs of chunk k+1 at the other slots, so chunk k's result and chunk k+1's
+inputs travel in one step: the buffers stay bounded (chunk_bytes per rank and parity) and a
+message of c chunks costs c + 1 steps. Reductions run in rank order, so every rank gets
+bit-identical results.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..base import ReduceOp
+from ..elements import BFLOAT16, reduce_many
+from ..transport.shm import SharedGroup
+from .algorithms import split_evenly
+
+
+def all_reduce(g: SharedGroup, header: bytes, src: np.ndarray, dst: np.ndarray, op: ReduceOp,
+               small_bytes: int) -> None:
+    n, r, dt, count = g.size, g.rank, src.dtype, src.size
+    cap = g.chunk_bytes // src.itemsize
+    if src.nbytes <= small_bytes and count <= cap:
+        # One step: everyone reduces the whole (small) message itself, in rank order.
+        g.typed(r, g.step & 1, dt)[:count] = src
+        p = g.exchange(header)
+        reduce_rows(dst, g.stacked(p, dt)[:, :count], op)
+        return
+    w = cap // n  # elements per slot
+    chunks = [(lo, split_evenly(min(lo + w * n, count) - lo, n)) for lo in range(0, count, w * n)]
+    pending = None  # (lo, bounds, parity): the chunk whose inputs were exchanged in the last step
+    first: bytes | None = header
+    for k in range(len(chunks) + 1):
+        mine = g.typed(r, g.step & 1, dt)
+        if pending is not None:
+            lo, bounds, pp = pending
+            a, b = bounds[r]
+            parts = [src[lo + a:lo + b] if q == r else g.typed(q, pp, dt)[r * w:r * w + b - a] for q in range(n)]
+            reduce_many(mine[r * w:r * w + b - a], parts, op)
+        if k < len(chunks):
+            lo, bounds = chunks[k]
+            for q in g.peers:
+                a, b = bounds[q]
+                mine[q * w:q * w + b - a] = src[lo + a:lo + b]
+        p = g.exchange(first)
+        first = None
+        if pending is not None:
+            lo, bounds, _ = pending
+            for q in range(n):
+                a, b = bounds[q]
+                dst[lo + a:lo + b] = g.typed(q, p, dt)[q * w:q * w + b - a]
+        pending = (chunks[k][0], chunks[k][1], p) if k < len(chunks) else None
+
+
+_UFUNCS = {ReduceOp.SUM: np.add, ReduceOp.PROD: np.multiply, ReduceOp.MAX: np.maximum,
+           ReduceOp.MIN: np.minimum, ReduceOp.BAND: np.bitwise_and, ReduceOp.BOR: np.bitwise_or,
+           ReduceOp.BXOR: np.bitwise_xor}
+_WIDEN = (np.dtype(np.float16), BFLOAT16)
+
+
+def reduce_rows(dst: np.ndarray, rows: np.ndarray, op: ReduceOp) -> None:
+    """dst = op over the rows of a (ranks, count) array, row by row in rank order: one ufunc call
+    instead of one per rank. Same results as elements.reduce_many (bool ops spelt out, float16
+    and bfloat16 accumulated in float32 and rounded once)."""
+    dt = dst.dtype
+    if dt == np.bool_ or dt in _WIDEN:
+        reduce_many(dst, list(rows), op)
+    elif dt.kind in "fc":
+        with np.errstate(over="ignore", invalid="ignore"):  # inf and nan are the IEEE answers
+            _UFUNCS[op].reduce(rows, axis=0, out=dst)
+    else:
+        _UFUNCS[op].reduce(rows, axis=0, out=dst)
+
+
+def reduce_scatter(g: SharedGroup, header: bytes, src: np.ndarray, dst: np.ndarray, op: ReduceOp) -> None:
+    n, r, dt, m = g.size, g.rank, src.dtype, dst.size
+    w = g.chunk_bytes // src.itemsize // n
+    first: bytes | None = header
+    for lo in range(0, max(m, 1), w):
+        length = min(w, m - lo)
+        mine = g.typed(r, g.step & 1, dt)
+        for q in g.peers:
+            mine[q * w:q * w + length] = src[q * m + lo:q * m + lo + length]
+        p = g.exchange(first)
+        first = None
+        parts = [src[r * m + lo:r * m + lo + length] if q == r else g.typed(q, p, dt)[r * w:r * w + length]
+                 for q in range(n)]
+        reduce_many(dst[lo:lo + length], parts, op)
+
+
+def all_gather(g: SharedGroup, header: bytes, src: np.ndarray, dst: np.ndarray) -> None:
+    n, r, dt, m = g.size, g.rank, src.dtype, src.size
+    cap = g.chunk_bytes // src.itemsize
+    first: bytes | None = header
+    for lo in range(0, max(m, 1), cap):
+        hi = min(lo + cap, m)
+        g.typed(r, g.step & 1, dt)[:hi - lo] = src[lo:hi]
+        p = g.exchange(first)
+        first = None
+        for q in range(n):
+            dst[q * m + lo:q * m + hi] = src[lo:hi] if q == r else g.typed(q, p, dt)[:hi - lo]
+
+
+def broadcast(g: SharedGroup, header: bytes, buf: np.ndarray, root: int) -> None:
+    cap = g.chunk_bytes // buf.itemsize
+    first: bytes | None = header
+    for lo in range(0, max(buf.size, 1), cap):
+        hi = min(lo + cap, buf.size)
+        if g.rank == root:
+            g.typed(root, g.step & 1, buf.dtype)[:hi - lo] = buf[lo:hi]
+        p = g.exchange(first)
+        first = None
+        if g.rank != root:
+            buf[lo:hi] = g.typed(root, p, buf.dtype)[:hi - lo]
+
+
+def barrier(g: SharedGroup, header: bytes) -> None:
+    g.exchange(header)

@@ -1,0 +1,408 @@
+"""Shared memory between the ranks of a group that all run on one host (Linux).
+
+One segment per group: a memfd created by rank 0 and opened by the others through
+/proc/<pid>/fd/<n> (only processes allowed to inspect rank 0, i.e. the same user, can), so the
+segment never has a name in /dev/shm and the kernel frees it when the last rank exits, kill -9
+included. Layout: a control block per rank (step counter, the headers of its current
+collective), then per rank two data buffers of `chunk_bytes` (even and odd steps).
+
+Collectives are sequences of *steps*. In a step every rank writes its buffer of that step's
+parity, publishes its step counter (a release store), and waits until every peer has published
+the same step (acquire loads); then it may read the peers' buffers of that parity. A buffer is
+rewritten two steps later, by which time every peer has published the step in between, so it
+has finished reading. Every step is a full barrier, which is what makes that argument hold.
+
+Waiting spins briefly, then spins calling sched_yield() (so that a peer waiting for this CPU
+runs at once), then sleeps in poll() on a doorbell (an abstract Unix datagram socket),
+the peers' pidfds (readable the moment a peer exits) and the ring sockets (a neighbour that
+closed them broke the group). A waiter announces its sleep in a shared bit mask (seq_cst
+fetch_or), re-checks, then sleeps; a publisher stores its counter (seq_cst) and rings the bell
+of every rank whose bit is set: with both sides sequentially consistent, either the waiter sees
+the new counter or the publisher sees the bit (no lost wake-up). Memory ordering comes from
+atomic_words (C11 atomics), never from x86's store order.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import mmap
+import os
+import secrets
+import select
+import socket
+import sys
+import time
+from typing import Callable
+
+import numpy as np
+
+from ...errors import CollectiveTimeout, MismatchError, PeerError
+from . import atomic_words
+from .atomic_words import ACQUIRE, SEQ_CST, AtomicWords
+
+log = logging.getLogger("jacklring.shm")
+
+MASK64 = (1 << 64) - 1
+BEYOND = MASK64                 # a step no rank reaches
+MAX_RANKS = 64                  # one bit per rank in the sleepers mask
+CONTROL = 128                   # bytes per control block (a cache line on Apple silicon)
+COUNTER, BROKEN, HEADER = 0, 8, 16  # step counter, "left after an error" flag, two headers (by parity)
+HEADER_BYTES = 24
+RECORD_BYTES = 512              # fixed-size records exchanged while forming the group
+PAGE = 4096
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def _inode(path: str) -> str:
+    try:
+        st = os.stat(path)
+        return f"{st.st_dev}:{st.st_ino}"
+    except OSError:
+        return ""
+
+
+def host_identity() -> dict:
+    """What must be equal for two processes to share memory and see each other's pids and
+    abstract sockets: the same kernel boot, host name, pid and network namespaces, user."""
+    return {
+        "boot": _read("/proc/sys/kernel/random/boot_id"),
+        "host": socket.gethostname(),
+        "pidns": _inode("/proc/self/ns/pid"),
+        "netns": _inode("/proc/self/ns/net"),
+        "shm": _inode("/dev/shm"),
+        "uid": os.getuid(),
+    }
+
+
+def unusable_here(size: int) -> str | None:
+    """Why this process cannot take part in a shared-memory group, or None."""
+    if sys.platform != "linux":
+        return "shared memory is implemented for Linux only"
+    if size > MAX_RANKS:
+        return f"more than {MAX_RANKS} ranks"
+    if not hasattr(os, "pidfd_open") or not hasattr(os, "memfd_create"):
+        return "this Python has no os.pidfd_open / os.memfd_create"
+    why = atomic_words.available()
+    if why:
+        return why
+    try:
+        os.close(os.pidfd_open(os.getpid()))
+    except OSError as exc:
+        return f"pidfd_open is unavailable ({exc.strerror})"
+    return None
+
+
+def _pack(record: dict) -> bytes:
+    raw = json.dumps(record).encode()
+    if len(raw) > RECORD_BYTES:
+        raise ValueError(f"shared-memory set-up record too long ({len(raw)} bytes)")
+    return raw.ljust(RECORD_BYTES, b"\0")
+
+
+def _unpack(raw: bytes) -> dict:
+    return json.loads(bytes(raw).rstrip(b"\0"))
+
+
+def form(rank: int, size: int, gather: Callable[[bytes], list[bytes]], chunk_bytes: int,
+         wanted: bool) -> "SharedGroup | None":
+    """Collectively decide whether this group shares memory and, if so, attach every rank.
+
+    gather(record) exchanges RECORD_BYTES-byte records among all ranks (every rank calls form with
+    the same arguments). Returns None on every rank when any rank cannot or does not want to."""
+    why = None if wanted else "not wanted"
+    why = why or unusable_here(size)
+    ident = host_identity()
+    records = [_unpack(r) for r in gather(_pack({"ok": why is None, "id": ident, "why": why}))]
+    if not all(r["ok"] for r in records):
+        reasons = {f"rank {q}: {r['why']}" for q, r in enumerate(records) if not r["ok"]}
+        log.info("rank %d: no shared memory (%s)", rank, "; ".join(sorted(reasons)))
+        return None
+    if any(r["id"] != ident for r in records):
+        log.info("rank %d: no shared memory: the ranks are not all on this host", rank)
+        return None
+    total = SharedGroup.segment_bytes(size, chunk_bytes)
+    fd = -1
+    record: dict = {"ok": True, "pid": os.getpid()}
+    try:
+        if rank == 0:
+            fd = os.memfd_create("jacklring-shm", os.MFD_CLOEXEC)
+            os.fchmod(fd, 0o600)
+            os.ftruncate(fd, total)
+            record.update(path=f"/proc/{os.getpid()}/fd/{fd}", nonce=secrets.token_hex(8))
+    except OSError as exc:
+        record = {"ok": False, "why": f"cannot create the segment: {exc.strerror or exc}"}
+    group = None
+    try:
+        second = [_unpack(r) for r in gather(_pack(record))]
+        first = second[0]
+        mine: dict = {"ok": all(r["ok"] for r in second)}
+        if mine["ok"]:
+            try:
+                group = SharedGroup(rank, size, chunk_bytes, first["path"] if rank else fd,
+                                    first["nonce"], [r["pid"] for r in second])
+            except Exception as exc:  # whatever it is, every rank must still reach the last exchange
+                why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+                mine = {"ok": False, "why": f"rank {rank} cannot attach: {why}"}
+        third = [_unpack(r) for r in gather(_pack(mine))]
+    finally:
+        if fd >= 0:
+            os.close(fd)  # the mappings keep the memory alive; nothing else refers to it now
+    if not all(r["ok"] for r in third):
+        if group is not None:
+            group.close()
+        reasons = {r.get("why", "?") for r in second + third if not r["ok"]}
+        log.warning("rank %d: shared memory could not be set up (%s); using sockets", rank, "; ".join(sorted(reasons)))
+        return None
+    return group
+
+
+class SharedGroup:
+    """One group's segment, step counters, doorbells and liveness watch."""
+
+    @staticmethod
+    def segment_bytes(size: int, chunk_bytes: int) -> int:
+        return SharedGroup._data_offset(size) + size * 2 * chunk_bytes
+
+    @staticmethod
+    def _data_offset(size: int) -> int:
+        return -(-(CONTROL * (size + 1)) // PAGE) * PAGE
+
+    def __init__(self, rank: int, size: int, chunk_bytes: int, segment: int | str, nonce: str,
+                 pids: list[int]) -> None:
+        self.rank, self.size, self.chunk_bytes = rank, size, chunk_bytes
+        self.pids = pids
+        total = self.segment_bytes(size, chunk_bytes)
+        fd = segment if isinstance(segment, int) else os.open(segment, os.O_RDWR | os.O_CLOEXEC)
+        self._pidfds: dict[int, int] = {}
+        self._bell: socket.socket | None = None
+        try:
+            if os.fstat(fd).st_size != total:
+                raise OSError(0, f"segment is {os.fstat(fd).st_size} bytes, expected {total}")
+            self.mem = mmap.mmap(fd, total, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        finally:
+            if not isinstance(segment, int):
+                os.close(fd)
+        try:
+            self._setup(nonce)
+        except BaseException:
+            self.close()
+            raise
+
+    def _setup(self, nonce: str) -> None:
+        n, r = self.size, self.rank
+        self.words = AtomicWords(self.mem)
+        self._mask_addr = self.words.address(0)
+        self._counter_addr = [self.words.address(CONTROL * (q + 1) + COUNTER) for q in range(n)]
+        self._broken_addr = [self.words.address(CONTROL * (q + 1) + BROKEN) for q in range(n)]
+        # Plain reads of the counters (index of each counter word): a cheap hint while spinning,
+        # always confirmed by an atomic load.
+        self._counter_word = [(CONTROL * (q + 1) + COUNTER) // 8 for q in range(n)]
+        self._ctrl = memoryview(self.mem)
+        self._header_at = [[CONTROL * (q + 1) + HEADER + p * HEADER_BYTES for p in range(2)] for q in range(n)]
+        base = self._data_offset(n)
+        c = self.chunk_bytes
+        self.buffers = [[np.ndarray((c,), np.uint8, buffer=self.mem, offset=base + (q * 2 + p) * c)
+                         for p in range(2)] for q in range(n)]
+        self._typed: dict = {}
+        self._stacked: dict = {}
+        self.step = 0
+        self.peers = [q for q in range(n) if q != r]
+        self._bell_names = [f"\0jacklring-shm-{nonce}-{q}".encode() for q in range(n)]
+        bell = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        bell.setblocking(False)
+        self._bell = bell
+        bell.bind(self._bell_names[r])
+        self._poll = select.poll()
+        self._poll.register(bell.fileno(), select.POLLIN)
+        for q in self.peers:
+            fd = os.pidfd_open(self.pids[q])
+            self._pidfds[fd] = q
+            self._poll.register(fd, select.POLLIN)
+        self._watched: dict[int, str] = {}
+        self.spin_s = 0.0
+        self.yield_s = 0.0
+        self.stall_report_s: float | None = None
+        self.deadline = float("inf")
+        self.what: object = "collective"
+
+    # ---- set-up by the owner --------------------------------------------------------------
+
+    def watch(self, fd: int, label: str) -> None:
+        """Also wake up and fail when this socket's peer hangs up (a ring link)."""
+        self._watched[fd] = label
+        self._poll.register(fd, select.POLLRDHUP)
+
+    def stacked(self, parity: int, dtype: np.dtype) -> np.ndarray:
+        """Every rank's buffer of this parity as rows of one (size, chunk) array of dtype, so a
+        reduction over ranks is a single ufunc call (cached: the small-message hot path)."""
+        key = (parity, dtype)
+        view = self._stacked.get(key)
+        if view is None:
+            dtype = np.dtype(dtype)
+            rows = self.buffers[1][parity].ctypes.data - self.buffers[0][parity].ctypes.data if self.size > 1 else 0
+            view = self._stacked[key] = np.ndarray(
+                (self.size, self.chunk_bytes // dtype.itemsize), dtype, buffer=self.mem,
+                offset=self._data_offset(self.size) + parity * self.chunk_bytes, strides=(rows, dtype.itemsize))
+        return view
+
+    def typed(self, q: int, parity: int, dtype: np.dtype) -> np.ndarray:
+        """Rank q's buffer of this parity as an array of dtype (cached: this is the hot path)."""
+        key = (q, parity, dtype)
+        view = self._typed.get(key)
+        if view is None:
+            view = self._typed[key] = self.buffers[q][parity].view(dtype)
+        return view
+
+    # ---- steps ----------------------------------------------------------------------------
+
+    def exchange(self, header: bytes | None = None) -> int:
+        """Publish this rank's buffer of the current step and wait for every peer's. With a header,
+        also check that every peer runs the same collective. Returns the parity just exchanged."""
+        parity = self.step & 1
+        if header is not None:
+            # By parity, like the data: a peer may start the next step (and write its next header)
+            # before this rank has read this one.
+            at = self._header_at[self.rank][parity]
+            self._ctrl[at:at + HEADER_BYTES] = header
+        self.step += 1
+        step = self.step
+        words = self.words
+        words.store(self._counter_addr[self.rank], step, SEQ_CST)
+        sleepers = words.load(self._mask_addr, SEQ_CST) & ~(1 << self.rank)
+        if sleepers:
+            self._ring(sleepers)
+        plain, index = words.plain, self._counter_word
+        for q in self.peers:
+            if plain[index[q]] < step or words.load(self._counter_addr[q], ACQUIRE) < step:
+                self._wait(q, step)
+        if header is not None:
+            for q in self.peers:
+                at = self._header_at[q][parity]
+                if self._ctrl[at:at + HEADER_BYTES] != header:
+                    raise MismatchError(self._mismatch(header, bytes(self._ctrl[at:at + HEADER_BYTES]), q))
+        return parity
+
+    def _mismatch(self, mine: bytes, theirs: bytes, q: int) -> str:
+        from ..ring.backend import describe_header  # one header format for both transports
+        return (f"rank {self.rank}: collective mismatch with rank {q}: this rank called "
+                f"{describe_header(mine)} but rank {q} called {describe_header(theirs)}")
+
+    def _ring(self, sleepers: int) -> None:
+        bell = self._bell
+        for q in self.peers:
+            if sleepers >> q & 1:
+                try:
+                    bell.sendto(b"\0", self._bell_names[q])
+                except OSError:
+                    pass  # its queue is full (a wake-up is pending anyway) or it is gone (its pidfd says so)
+
+    def _value(self, q: int, step: int) -> int | None:
+        v = self.words.load(self._counter_addr[q], ACQUIRE)
+        if v >= step:
+            return v
+        # A separate flag, not the counter: a peer that published this step and then found a
+        # mismatch must still let this rank read its header (and raise the same MismatchError).
+        if self.words.load(self._broken_addr[q], ACQUIRE):
+            raise PeerError(f"rank {self.rank}: {self.what}: rank {q} (pid {self.pids[q]}) left the "
+                            f"group after an error (shared memory)")
+        return None
+
+    def _wait(self, q: int, step: int) -> None:
+        plain, index = self.words.plain, self._counter_word[q]
+        # Busy-spin (the peer is running elsewhere and about to publish), then spin giving the
+        # CPU away (the peer may be waiting for this very CPU: more runnable processes than
+        # CPUs), then sleep until a doorbell, a death or the deadline.
+        now = time.monotonic()
+        spin_until = now + self.spin_s
+        yield_until = spin_until + self.yield_s
+        while now < yield_until:
+            if plain[index] >= step and self._value(q, step) is not None:
+                return
+            if now >= spin_until:
+                os.sched_yield()
+            now = time.monotonic()
+        bit = 1 << self.rank
+        words = self.words
+        words.fetch_or(self._mask_addr, bit)
+        stall_at = time.monotonic() + self.stall_report_s if self.stall_report_s else None
+        try:
+            while True:
+                v = words.load(self._counter_addr[q], SEQ_CST)
+                if v >= step or self._value(q, step) is not None:  # _value raises if q left
+                    return
+                now = time.monotonic()
+                if now >= self.deadline:
+                    raise CollectiveTimeout(
+                        f"rank {self.rank}: {self.what} timed out: rank {q} (pid {self.pids[q]}) is alive "
+                        f"but has not reached step {step} (it is at {v}) of this collective (shared memory)")
+                wait = self.deadline - now
+                if stall_at is not None:
+                    if now >= stall_at:
+                        log.warning("rank %d: %s is stalled: waiting for rank %d (pid %d) over shared memory",
+                                    self.rank, self.what, q, self.pids[q])
+                        stall_at = None
+                    else:
+                        wait = min(wait, stall_at - now)
+                for fd, _ in self._poll.poll(max(1, int(min(wait, 60.0) * 1000) + 1)):
+                    gone = self._event(fd)
+                    # A peer that exited after finishing its part is no error: re-check first.
+                    if gone is not None and self._value(q, step) is None:
+                        raise PeerError(f"rank {self.rank}: {self.what}: {gone}")
+                for other in self.peers:  # any rank that gave up dooms this collective too
+                    if other != q and words.load(self._broken_addr[other], ACQUIRE):
+                        self._value(other, BEYOND)
+        finally:
+            words.fetch_and(self._mask_addr, ~bit & MASK64)
+
+    def _event(self, fd: int) -> str | None:
+        """Handle one poll event: None for a doorbell, else what happened to which peer."""
+        bell = self._bell
+        if bell is not None and fd == bell.fileno():
+            try:
+                while bell.recv(64):
+                    pass
+            except (BlockingIOError, InterruptedError):
+                pass
+            return None
+        q = self._pidfds.get(fd)
+        if q is not None:
+            return f"rank {q} (pid {self.pids[q]}) exited while this rank waited for it (shared memory)"
+        return f"{self._watched.get(fd, f'fd {fd}')} closed its ring connection (the peer died or raised)"
+
+    def mark_broken(self) -> None:
+        """Tell every peer (waiting or not) that this rank left the group after an error."""
+        if self._bell is None:
+            return
+        try:
+            self.words.store(self._broken_addr[self.rank], 1, SEQ_CST)
+        except Exception:
+            return
+        self._ring(MASK64)
+
+    def close(self) -> None:
+        for fd in self._pidfds:
+            os.close(fd)
+        self._pidfds = {}
+        if self._bell is not None:
+            self._bell.close()
+            self._bell = None
+        words = getattr(self, "words", None)
+        if words is not None:
+            words.release()
+        self._typed = {}
+        self._stacked = {}
+        self.buffers = []
+        ctrl = getattr(self, "_ctrl", None)
+        if ctrl is not None:
+            ctrl.release()
+        try:
+            self.mem.close()
+        except BufferError:
+            pass  # a caller still holds a view; the mapping goes when it does
