@@ -6,13 +6,13 @@ import zlib
 
 import pytest
 
-from adapter.backends.transport.stream_engine import Engine, Link
+from adapter.backends.transport.stream_engine import Engine, Stream
 from adapter.errors import CollectiveTimeout, IntegrityError, PeerError
 
 
 def pair(verify=False):
     a, b = socket.socketpair()
-    return Link(a, 1, "rank 1 (test)", verify), Link(b, 0, "rank 0 (test)", verify)
+    return Stream(a, 1, "rank 1 (test)", verify), Stream(b, 0, "rank 0 (test)", verify)
 
 
 def test_callbacks_chain_sends_in_order():
@@ -39,7 +39,7 @@ def test_checksums_pass_through_when_intact():
 
 def test_corrupted_message_raises_integrity_error_naming_the_peer():
     a, b = socket.socketpair()
-    receiver = Link(b, 1, "rank 1 (127.0.0.1:5001)", verify=True)
+    receiver = Stream(b, 1, "rank 1 (127.0.0.1:5001)", verify=True)
     payload = b"x" * 1000
     a.sendall(payload[:-1] + b"y" + struct.pack("<I", zlib.crc32(payload)))  # one byte flipped on the wire
     receiver.post_recv(memoryview(bytearray(1000)))
@@ -49,7 +49,7 @@ def test_corrupted_message_raises_integrity_error_naming_the_peer():
 
 def test_peer_hanging_up_is_a_peer_error():
     a, b = socket.socketpair()
-    receiver = Link(b, 3, "rank 3 (test)")
+    receiver = Stream(b, 3, "rank 3 (test)")
     a.sendall(b"abc")
     a.close()
     receiver.post_recv(memoryview(bytearray(10)))

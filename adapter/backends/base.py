@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import abc
 import enum
+from typing import Sequence
 
 import numpy as np
 
@@ -20,6 +21,12 @@ class ReduceOp(enum.Enum):
     BAND = "band"
     BOR = "bor"
     BXOR = "bxor"
+
+
+def split_members(colors: Sequence[int], keys: Sequence[int], color: int) -> list[int]:
+    """The parent ranks that passed `color` to split(), in sub-group rank order: by (key, parent
+    rank). Every backend plans its sub-groups with this one rule."""
+    return sorted((r for r in range(len(colors)) if colors[r] == color), key=lambda r: (keys[r], r))
 
 
 class Backend(abc.ABC):

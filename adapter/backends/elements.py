@@ -122,3 +122,24 @@ def _reduce_many(dst: np.ndarray, parts: list[np.ndarray], op: ReduceOp) -> None
     _reduce_into(dst, parts[0], parts[1], op)
     for part in parts[2:]:
         _reduce_into(dst, dst, part, op)
+
+
+# ---- views and blocks of flat buffers -----------------------------------------------------------
+
+def byte_view(arr: np.ndarray) -> memoryview:
+    """A writable flat byte view of a C-contiguous array, without copying (bfloat16 included:
+    numpy's buffer protocol does not know ml_dtypes, a uint8 view does)."""
+    return memoryview(arr.reshape(-1).view(np.uint8))
+
+
+def block_bounds(count: int, parts: int) -> list[int]:
+    """parts + 1 boundaries of contiguous blocks covering [0, count), sizes differing by at most
+    one (the first count % parts blocks are the larger)."""
+    base, extra = divmod(count, parts)
+    return [i * base + min(i, extra) for i in range(parts + 1)]
+
+
+def split_evenly(count: int, parts: int) -> list[tuple[int, int]]:
+    """The (start, end) of each block of block_bounds(count, parts)."""
+    bounds = block_bounds(count, parts)
+    return list(zip(bounds[:-1], bounds[1:]))

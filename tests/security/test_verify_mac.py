@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from adapter.backends.transport import auth, integrity
-from adapter.backends.transport.stream_engine import Engine, Link
+from adapter.backends.transport.stream_engine import Engine, Stream
 from adapter.errors import IntegrityError
 
 ONE, THOUSAND = struct.pack("<f", 1.0), struct.pack("<f", 1000.0)
@@ -34,8 +34,8 @@ def relay(src: socket.socket, dst: socket.socket, size: int, trailer: int, mode:
 def test_tampering_relay(mode):
     a, relay_in = socket.socketpair()
     relay_out, b = socket.socketpair()
-    sender = Link(a, 1, "rank 1", integrity.for_link(mode, JOB, 9, 0, 1, "ring 0->1 #0"))
-    receiver = Link(b, 0, "rank 0", integrity.for_link(mode, JOB, 9, 1, 0, "ring 0->1 #0"))
+    sender = Stream(a, 1, "rank 1", integrity.for_link(mode, JOB, 9, 0, 1, "ring 0->1 #0"))
+    receiver = Stream(b, 0, "rank 0", integrity.for_link(mode, JOB, 9, 1, 0, "ring 0->1 #0"))
     data = np.ones(1024, np.float32)
     out = np.zeros_like(data)
     size = data.nbytes

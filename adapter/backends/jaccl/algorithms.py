@@ -1,4 +1,4 @@
-"""JACCL's collectives, written against a Link (framed exchange over any transport).
+"""JACCL's collectives, written against a FrameExchange (framed exchange over any transport).
 
 Mesh (every pair of ranks directly connected):
   - small all_reduce: one step, every rank sends its data to every peer and reduces all N
@@ -17,23 +17,14 @@ import numpy as np
 
 from ...errors import DistributedError
 from ..base import ReduceOp
-from ..elements import dtype_code, reduce_into, reduce_many
+from ..elements import block_bounds, byte_view, dtype_code, reduce_into, reduce_many
 from ..protocol import OP_CODES, REDUCE_CODES, Request
-from .exchange import Link
+from .exchange import FrameExchange
 
 # Above this, with more than two ranks, the mesh all_reduce uses reduce-scatter + all-gather.
 MESH_LARGE_BYTES = 64 << 10
 RING_LARGE_BYTES = 64 << 10
 _EMPTY = memoryview(b"")
-
-
-def as_bytes(arr: np.ndarray) -> memoryview:
-    """A flat byte view of a contiguous array (no copy)."""
-    return memoryview(arr.reshape(-1).view(np.uint8))
-
-
-def block_bounds(count: int, parts: int) -> list[int]:
-    return [i * count // parts for i in range(parts + 1)]
 
 
 def _request(kind: str, arr: np.ndarray | None = None, op: ReduceOp | None = None, extra: int = 0) -> Request:
@@ -60,8 +51,8 @@ class _SmallPlan:
         self.request = request
         self.rows = np.empty((len(peers) + 1, count), dtype)
         self.own = self.rows[rank]
-        self.own_bytes = as_bytes(self.own)
-        row_bytes = as_bytes(self.rows)
+        self.own_bytes = byte_view(self.own)
+        row_bytes = byte_view(self.rows)
         width = count * self.rows.itemsize
         self.targets = {p: row_bytes[p * width:(p + 1) * width] for p in peers}
         self.parts = list(self.rows)
@@ -70,7 +61,7 @@ class _SmallPlan:
 class Algorithms:
     """Point-to-point operations and checks shared by both topologies."""
 
-    def __init__(self, link: Link, size: int) -> None:
+    def __init__(self, link: FrameExchange, size: int) -> None:
         self.link = link
         self.rank = link.rank
         self.size = size
@@ -85,17 +76,17 @@ class Algorithms:
 
     def send(self, buf: np.ndarray, dst: int) -> None:
         self._check_peer(dst, "send to")
-        self.link.transfer(_request("send", buf, extra=dst), {dst: as_bytes(buf)}, {}, self.link.deadline())
+        self.link.transfer(_request("send", buf, extra=dst), {dst: byte_view(buf)}, {}, self.link.deadline())
 
     def recv(self, buf: np.ndarray, src: int) -> None:
         self._check_peer(src, "recv from")
         expect = _request("send", buf, extra=self.rank)
-        self.link.transfer(_request("recv", buf, extra=src), {}, {src: as_bytes(buf)}, self.link.deadline(),
+        self.link.transfer(_request("recv", buf, extra=src), {}, {src: byte_view(buf)}, self.link.deadline(),
                            expect=expect)
 
 
 class MeshAlgorithms(Algorithms):
-    def __init__(self, link: Link, size: int) -> None:
+    def __init__(self, link: FrameExchange, size: int) -> None:
         super().__init__(link, size)
         self._peer_list = [p for p in range(size) if p != self.rank]
         self._plans: dict[tuple, _SmallPlan] = {}
@@ -133,13 +124,13 @@ class MeshAlgorithms(Algorithms):
         rows = np.empty((self.size, row_len), own.dtype)
         rows[self.rank] = own
         row_bytes = row_len * own.itemsize
-        flat = as_bytes(rows)
+        flat = byte_view(rows)
         self.link.transfer(request, sends, {p: flat[p * row_bytes:(p + 1) * row_bytes] for p in self._peers()},
                            deadline, phase)
         return rows
 
     def _all_reduce_one_step(self, request: Request, src: np.ndarray, dst: np.ndarray, op: ReduceOp) -> None:
-        data = as_bytes(src)
+        data = byte_view(src)
         rows = self._gather_rows(request, {p: data for p in self._peers()}, src.size, src, self.link.deadline())
         reduce_many(dst, list(rows), op)
 
@@ -147,29 +138,29 @@ class MeshAlgorithms(Algorithms):
         deadline = self.link.deadline()
         bounds = block_bounds(src.size, self.size)
         lo, hi = bounds[self.rank], bounds[self.rank + 1]
-        sends = {p: as_bytes(src[bounds[p]:bounds[p + 1]]) for p in self._peers()}
+        sends = {p: byte_view(src[bounds[p]:bounds[p + 1]]) for p in self._peers()}
         rows = self._gather_rows(request, sends, hi - lo, src[lo:hi], deadline, phase=0)
         mine = np.empty(hi - lo, src.dtype)
         reduce_many(mine, list(rows), op)
         # src is no longer read: dst may alias it from here on.
         item = src.itemsize
         peers = self._peers()
-        out = as_bytes(dst)
-        self.link.transfer(request, {p: as_bytes(mine) for p in peers},
+        out = byte_view(dst)
+        self.link.transfer(request, {p: byte_view(mine) for p in peers},
                            {p: out[bounds[p] * item:bounds[p + 1] * item] for p in peers}, deadline, phase=1)
         dst[lo:hi] = mine
 
     def all_gather(self, src: np.ndarray, dst: np.ndarray) -> None:
-        data = as_bytes(src)
+        data = byte_view(src)
         peers = self._peers()
-        out, n = as_bytes(dst), src.nbytes
+        out, n = byte_view(dst), src.nbytes
         self.link.transfer(_request("all_gather", src), {p: data for p in peers},
                            {p: out[p * n:(p + 1) * n] for p in peers}, self.link.deadline())
         dst[self.rank * src.size:(self.rank + 1) * src.size] = src
 
     def reduce_scatter(self, src: np.ndarray, dst: np.ndarray, op: ReduceOp) -> None:
         n = dst.size
-        sends = {p: as_bytes(src[p * n:(p + 1) * n]) for p in self._peers()}
+        sends = {p: byte_view(src[p * n:(p + 1) * n]) for p in self._peers()}
         own = src[self.rank * n:(self.rank + 1) * n]
         rows = self._gather_rows(_request("reduce_scatter", src, op), sends, n, own, self.link.deadline())
         reduce_many(dst, list(rows), op)
@@ -179,11 +170,11 @@ class MeshAlgorithms(Algorithms):
         if root == self.rank:
             peers = self._peers()
             # Receivers answer with a header-only message so the root also sees a mismatch.
-            self.link.transfer(request, {p: as_bytes(buf) for p in peers}, {p: _EMPTY for p in peers},
+            self.link.transfer(request, {p: byte_view(buf) for p in peers}, {p: _EMPTY for p in peers},
                                self.link.deadline())
         else:
             self._check_peer(root, "broadcast root")
-            self.link.transfer(request, {root: _EMPTY}, {root: as_bytes(buf)}, self.link.deadline())
+            self.link.transfer(request, {root: _EMPTY}, {root: byte_view(buf)}, self.link.deadline())
 
     def barrier(self) -> None:
         peers = self._peers()
@@ -192,7 +183,7 @@ class MeshAlgorithms(Algorithms):
 
 
 class RingAlgorithms(Algorithms):
-    def __init__(self, link: Link, size: int) -> None:
+    def __init__(self, link: FrameExchange, size: int) -> None:
         super().__init__(link, size)
         self.left = (self.rank - 1) % size
         self.right = (self.rank + 1) % size
@@ -217,7 +208,7 @@ class RingAlgorithms(Algorithms):
         for s in range(n - 1):
             out_i, in_i = (r - s - 1) % n, (r - s - 2) % n
             incoming = scratch[:bounds[in_i + 1] - bounds[in_i]]
-            self._step(request, s, as_bytes(acc[bounds[out_i]:bounds[out_i + 1]]), as_bytes(incoming), deadline)
+            self._step(request, s, byte_view(acc[bounds[out_i]:bounds[out_i + 1]]), byte_view(incoming), deadline)
             block = acc[bounds[in_i]:bounds[in_i + 1]]
             reduce_into(block, incoming, block, op)
 
@@ -228,13 +219,13 @@ class RingAlgorithms(Algorithms):
         if src.nbytes < RING_LARGE_BYTES or src.size < n:
             rows = np.empty((n, src.size), src.dtype)
             rows[self.rank] = src
-            self._ring_all_gather(request, [as_bytes(row) for row in rows], deadline)
+            self._ring_all_gather(request, [byte_view(row) for row in rows], deadline)
             reduce_many(dst, list(rows), op)
             return
         bounds = block_bounds(src.size, n)
         acc = src.copy()
         self._ring_reduce_scatter(request, acc, bounds, op, deadline)
-        self._ring_all_gather(request, [as_bytes(acc[bounds[i]:bounds[i + 1]]) for i in range(n)],
+        self._ring_all_gather(request, [byte_view(acc[bounds[i]:bounds[i + 1]]) for i in range(n)],
                               deadline, first_phase=n)
         dst[...] = acc
 
@@ -242,7 +233,7 @@ class RingAlgorithms(Algorithms):
         k = src.size
         dst[self.rank * k:(self.rank + 1) * k] = src
         self._ring_all_gather(_request("all_gather", src),
-                              [as_bytes(dst[i * k:(i + 1) * k]) for i in range(self.size)], self.link.deadline())
+                              [byte_view(dst[i * k:(i + 1) * k]) for i in range(self.size)], self.link.deadline())
 
     def reduce_scatter(self, src: np.ndarray, dst: np.ndarray, op: ReduceOp) -> None:
         k = dst.size
@@ -259,9 +250,9 @@ class RingAlgorithms(Algorithms):
         deadline = self.link.deadline()
         position = (self.rank - root) % self.size
         if position > 0:   # receive from the left, answering with a header so it can check us
-            self.link.transfer(request, {self.left: _EMPTY}, {self.left: as_bytes(buf)}, deadline)
+            self.link.transfer(request, {self.left: _EMPTY}, {self.left: byte_view(buf)}, deadline)
         if position < self.size - 1:   # forward to the right
-            self.link.transfer(request, {self.right: as_bytes(buf)}, {self.right: _EMPTY}, deadline)
+            self.link.transfer(request, {self.right: byte_view(buf)}, {self.right: _EMPTY}, deadline)
 
     def barrier(self) -> None:
         self._ring_all_gather(_request("barrier"), [_EMPTY] * self.size, self.link.deadline())

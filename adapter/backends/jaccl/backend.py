@@ -25,7 +25,7 @@ import numpy as np
 
 from ... import config
 from ...errors import BackendUnavailable, ConfigError, DistributedError, PeerError
-from ..base import Backend, ReduceOp
+from ..base import Backend, ReduceOp, split_members
 from ..singleton import SingletonBackend
 from ..transport import auth, tcp, tcp_mesh, verbs
 from ..transport.names import check_resolvable
@@ -33,7 +33,7 @@ from ..transport.slots import Transport
 from . import config as jaccl_config
 from .algorithms import MeshAlgorithms, RingAlgorithms
 from .config import MESH, RING, DeviceMatrix
-from .exchange import Link
+from .exchange import FrameExchange
 from .side_channel import SideChannel
 
 log = logging.getLogger("jacklring.jaccl")
@@ -155,7 +155,7 @@ class JacclBackend(Backend):
         self._splits = 0
         self._checks = checks
         self._busy = threading.Lock()
-        self._link = Link(transport, timeout, checks.verify, checks.stall_report_s)
+        self._link = FrameExchange(transport, timeout, checks.verify, checks.stall_report_s)
         algorithms = MeshAlgorithms if mode == MESH else RingAlgorithms
         self._algorithms: MeshAlgorithms | RingAlgorithms = algorithms(self._link, transport.size)
 
@@ -234,7 +234,7 @@ class JacclBackend(Backend):
         pairs = np.empty(2 * self.size(), np.int64)
         self.all_gather(np.array([color, key], np.int64), pairs)
         colors, keys = pairs[0::2], pairs[1::2]
-        members = sorted((r for r in range(self.size()) if colors[r] == color), key=lambda r: (keys[r], r))
+        members = split_members(colors, keys, color)
         new_rank = members.index(me)
         self._splits += 1
         token = zlib.crc32(f"{self._token}:{self._splits}:{color}".encode())
@@ -276,7 +276,7 @@ class JacclBackend(Backend):
                             self._checks, job)
 
     def _member_text(self, p: int, colors: np.ndarray, keys: np.ndarray) -> str:
-        same = sorted((q for q in range(self.size()) if colors[q] == colors[p]), key=lambda q: (keys[q], q))
+        same = split_members(colors, keys, colors[p])
         return f"parent rank {p} (rank {same.index(p)} of the sub-group of color {int(colors[p])})"
 
     def _ended_parent_peers(self) -> list[int]:

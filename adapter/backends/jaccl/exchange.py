@@ -12,7 +12,7 @@ peer disagrees about verification. A transfer waiting longer than JACKLRING_STAL
 once which peers still owe frames; at its deadline it raises CollectiveTimeout naming the
 operation and the peers.
 
-`Link.transfer` moves one message to each of several peers and one from each of several peers at
+`FrameExchange.transfer` moves one message to each of several peers and one from each of several peers at
 once; messages that fit one frame take a short path (the latency path), larger ones keep
 `slots` frames in flight per peer and direction.
 """
@@ -38,7 +38,7 @@ _EMPTY = memoryview(b"")
 RECENT_S = 1.0  # a stall report says "slow" when a frame completed this recently, else "stalled"
 
 
-class Link:
+class FrameExchange:
     """One rank's view of its connections: a transport plus per-peer message counters."""
 
     def __init__(self, transport: Transport, timeout: float, verify: bool = False,
@@ -230,7 +230,7 @@ class Link:
 class _Transfer:
     """Messages of several frames: `slots` frames in flight per peer and direction."""
 
-    def __init__(self, link: Link, request: Request, expect: Request, phase: int,
+    def __init__(self, link: FrameExchange, request: Request, expect: Request, phase: int,
                  sends: dict[int, memoryview], targets: dict[int, memoryview], deadline: float) -> None:
         self.link = link
         self.t = link.t

@@ -16,35 +16,19 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ..base import ReduceOp
-from ..elements import reduce_into
-from ..transport.stream_engine import Link
+from ..elements import byte_view, reduce_into
+from ..transport.stream_engine import Stream
 
 
 @dataclass
 class Channel:
-    out: Link
-    inp: Link
+    out: Stream
+    inp: Stream
     pos: int  # this rank's position in the channel's direction of the ring
-
-
-def bytes_of(arr: np.ndarray) -> memoryview:
-    """A writable byte view of a contiguous 1-D array (works for ml_dtypes such as bfloat16)."""
-    return memoryview(arr.view(np.uint8))
 
 
 def segments(length: int, seg_elems: int) -> list[tuple[int, int]]:
     return [(lo, min(lo + seg_elems, length)) for lo in range(0, length, seg_elems)] or [(0, 0)]
-
-
-def split_evenly(length: int, parts: int) -> list[tuple[int, int]]:
-    """parts contiguous ranges covering [0, length), sizes differing by at most one."""
-    base, extra = divmod(length, parts)
-    bounds, start = [], 0
-    for i in range(parts):
-        end = start + base + (1 if i < extra else 0)
-        bounds.append((start, end))
-        start = end
-    return bounds
 
 
 def reduce_scatter_all_gather(
@@ -64,8 +48,8 @@ def reduce_scatter_all_gather(
     """
     p = ch.pos
     for lo, hi in segments(len(src[(p - 1) % n]), seg_elems):
-        ch.out.post_send(bytes_of(src[(p - 1) % n][lo:hi]))
-    tmp_bytes = bytes_of(scratch)
+        ch.out.post_send(byte_view(src[(p - 1) % n][lo:hi]))
+    tmp_bytes = byte_view(scratch)
     itemsize = scratch.itemsize
     for step in range(n - 1):
         q = (p - step - 2) % n
@@ -77,19 +61,19 @@ def reduce_scatter_all_gather(
         _gather_steps(ch, n, out, seg_elems)
 
 
-def _reduce_then_forward(link: Link, dst: np.ndarray, local: np.ndarray, incoming: np.ndarray,
+def _reduce_then_forward(link: Stream, dst: np.ndarray, local: np.ndarray, incoming: np.ndarray,
                          op: ReduceOp, forward: bool) -> Callable[[], None]:
     def done() -> None:
         reduce_into(dst, local, incoming, op)
         if forward:
-            link.post_send(bytes_of(dst))
+            link.post_send(byte_view(dst))
     return done
 
 
 def all_gather(ch: Channel, n: int, out: Sequence[np.ndarray], seg_elems: int) -> None:
     """Post the ring all-gather: out[p] holds this rank's chunk; every other chunk arrives."""
     for lo, hi in segments(len(out[ch.pos]), seg_elems):
-        ch.out.post_send(bytes_of(out[ch.pos][lo:hi]))
+        ch.out.post_send(byte_view(out[ch.pos][lo:hi]))
     _gather_steps(ch, n, out, seg_elems)
 
 
@@ -99,11 +83,11 @@ def _gather_steps(ch: Channel, n: int, out: Sequence[np.ndarray], seg_elems: int
         q = (p - step - 1) % n
         forward = step < n - 2
         for lo, hi in segments(len(out[q]), seg_elems):
-            view = bytes_of(out[q][lo:hi])
+            view = byte_view(out[q][lo:hi])
             ch.inp.post_recv(view, _forward(ch.out, view) if forward else None)
 
 
-def _forward(link: Link, view: memoryview) -> Callable[[], None]:
+def _forward(link: Stream, view: memoryview) -> Callable[[], None]:
     return lambda: link.post_send(view)
 
 
@@ -113,8 +97,8 @@ def chain_broadcast(ch: Channel, n: int, root_pos: int, buf: np.ndarray, seg_ele
     last = (root_pos - 1) % n
     if p == root_pos:
         for lo, hi in segments(len(buf), seg_elems):
-            ch.out.post_send(bytes_of(buf[lo:hi]))
+            ch.out.post_send(byte_view(buf[lo:hi]))
         return
     for lo, hi in segments(len(buf), seg_elems):
-        view = bytes_of(buf[lo:hi])
+        view = byte_view(buf[lo:hi])
         ch.inp.post_recv(view, None if p == last else _forward(ch.out, view))

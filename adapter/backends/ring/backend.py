@@ -41,23 +41,15 @@ from ...errors import (
     MismatchError,
     PeerError,
 )
-from ..base import Backend, ReduceOp
-from ..elements import DTYPE_CODES, dtype_code, reduce_many
+from ..base import Backend, ReduceOp, split_members
+from ..elements import DTYPE_CODES, byte_view, dtype_code, reduce_many, split_evenly
 from ..protocol import OP_CODES, REDUCE_CODES, Request, mismatch_message
 from ..transport import auth, integrity, tcp
 from ..transport.names import check_resolvable
-from ..transport.stream_engine import Engine, Link
+from ..transport.stream_engine import Engine, Stream
 from . import shared, shm_algorithms
-from .algorithms import (
-    Channel,
-    bytes_of,
-    chain_broadcast,
-    reduce_scatter_all_gather,
-    split_evenly,
-)
-from .algorithms import (
-    all_gather as ring_all_gather,
-)
+from .algorithms import Channel, chain_broadcast, reduce_scatter_all_gather
+from .algorithms import all_gather as ring_all_gather
 
 log = logging.getLogger("jacklring.ring")
 
@@ -261,8 +253,8 @@ class RingBackend(Backend):
         self._send_locks = {q: threading.Lock() for q in range(self._size)}
         self._recv_locks = {q: threading.Lock() for q in range(self._size)}
         self._lock = threading.Lock()  # one collective at a time on the ring links
-        self.right: list[Link] = []
-        self.left: list[Link] = []
+        self.right: list[Stream] = []
+        self.left: list[Stream] = []
         self.engine: Engine | None = None
         self._shm = None  # a transport.shm.SharedGroup when the whole group is on this host
         if os.environ.get("MLX_RING_VERBOSE", "").strip().lower() in ("1", "true", "yes", "on"):
@@ -306,16 +298,16 @@ class RingBackend(Backend):
         k = min(len(a) for a in self._addresses)
         deadline = time.monotonic() + self._connect_timeout
         right: list = []
-        left: list[Link | None] = [None] * k
+        left: list[Stream | None] = [None] * k
         try:
             for c in range(k):
                 sock = self._connect_right(nxt, c, deadline)
-                right.append(Link(sock, nxt, self._who(nxt, c), integrity.for_link(
+                right.append(Stream(sock, nxt, self._who(nxt, c), integrity.for_link(
                     self._verify, self._auth, self._token, r, nxt, f"ring {r}->{nxt} #{c}")))
             for c in range(k):
                 sock = self._take(self._listeners[c], lambda h: h.purpose == PURPOSE_RING, deadline,
                                   f"rank {r}: rank {prv} (connection {c} of {k})")
-                left[c] = Link(sock, prv, self._who(prv, c), integrity.for_link(
+                left[c] = Stream(sock, prv, self._who(prv, c), integrity.for_link(
                     self._verify, self._auth, self._token, r, prv, f"ring {prv}->{r} #{c}"))
         except BaseException:
             for item in right + left:
@@ -406,7 +398,7 @@ class RingBackend(Backend):
             return
         if src.nbytes <= self._small_limit:
             def run() -> None:
-                parts = self._small_gather(header, bytes_of(src))
+                parts = self._small_gather(header, byte_view(src))
                 for q, part in enumerate(parts):
                     dst[q * src.size:(q + 1) * src.size] = np.frombuffer(part, src.dtype)
             self._collective(header, run)
@@ -442,12 +434,12 @@ class RingBackend(Backend):
         sock = self._p2p_out_socket(dst, deadline)
         who = f"rank {self._rank}: send to {self._who(dst)}"
         seal = self._p2p_integrity("p2p", self._rank, dst)
-        trailer = seal.seal(bytes_of(buf)) if seal is not None else b""
+        trailer = seal.seal(byte_view(buf)) if seal is not None else b""
         if buf.nbytes <= self._small_limit:
-            self._send_bytes(sock, memoryview(header + bytes_of(buf).tobytes() + trailer), dst, who)
+            self._send_bytes(sock, memoryview(header + byte_view(buf).tobytes() + trailer), dst, who)
         else:
             self._send_bytes(sock, memoryview(header), dst, who)
-            self._send_bytes(sock, bytes_of(buf), dst, who)
+            self._send_bytes(sock, byte_view(buf), dst, who)
             self._send_bytes(sock, memoryview(trailer), dst, who)
 
     def _send_bytes(self, sock: socket.socket, data: memoryview, dst: int, who: str) -> None:
@@ -568,12 +560,12 @@ class RingBackend(Backend):
                         f"{describe_header(mine).replace('send', 'a message', 1)} but rank {src} "
                         f"sent {describe_header(bytes(raw))}")
             raise MismatchError(expected + self._resynchronise(sock, bytes(raw), src, deadline, who, expected))
-        self._recv_bytes(sock, bytes_of(buf), src, deadline, who)
+        self._recv_bytes(sock, byte_view(buf), src, deadline, who)
         check = self._p2p_integrity("p2p", src, self._rank)
         if check is not None:
             trailer = bytearray(check.size)
             self._recv_bytes(sock, memoryview(trailer), src, deadline, who)
-            problem = check.check(bytes_of(buf), trailer)
+            problem = check.check(byte_view(buf), trailer)
             if problem is not None:
                 raise IntegrityError(f"rank {self._rank}: checksum mismatch on a {buf.nbytes}-byte message "
                                      f"from {self._who(src)}: {problem}")
@@ -684,15 +676,14 @@ class RingBackend(Backend):
             for s in listeners:
                 s.close()
             raise
-        members = sorted((e for e in entries if e["color"] == color), key=lambda e: (e["key"], e["rank"]))
+        colors, keys = [e["color"] for e in entries], [e["key"] for e in entries]
+        members = [entries[p] for p in split_members(colors, keys, color)]
         new_rank = [e["rank"] for e in members].index(self._rank)
         if len(members) == 1:
             for s in listeners:
                 s.close()
             listeners = []
-        order = sorted(entries, key=lambda e: (e["key"], e["rank"]))
-        sub_ranks = {e["rank"]: [m["rank"] for m in order if m["color"] == e["color"]].index(e["rank"])
-                     for e in entries}
+        sub_ranks = {p: split_members(colors, keys, colors[p]).index(p) for p in range(self._size)}
         self._describe_member = lambda p: (f"parent rank {p} (rank {sub_ranks[p]} of the sub-group of color "
                                            f"{entries[p]['color']})")
         what = f"rank {self._rank}: split(color={color}) (rank {new_rank} of its sub-group)"
@@ -738,7 +729,7 @@ class RingBackend(Backend):
         header = HEADER.pack(HEADER_MAGIC, OP_SPLIT, dtype_code(np.uint8), self._seq, record.nbytes, 0)
 
         def run() -> None:
-            for q, part in enumerate(self._small_gather(header, bytes_of(record))):
+            for q, part in enumerate(self._small_gather(header, byte_view(record))):
                 table[q * record.size:(q + 1) * record.size] = np.frombuffer(part, np.uint8)
         self._collective(header, run)
         size = record.size
@@ -906,7 +897,7 @@ class RingBackend(Backend):
         return [gathered[q * size + HEADER.size:(q + 1) * size] for q in range(n)]
 
     def _small_all_reduce(self, header: bytes, src: np.ndarray, dst: np.ndarray, op: ReduceOp) -> None:
-        parts = self._small_gather(header, bytes_of(src))
+        parts = self._small_gather(header, byte_view(src))
         reduce_many(dst, [np.frombuffer(p, src.dtype) for p in parts], op)
 
     def _channels(self) -> list[Channel]:

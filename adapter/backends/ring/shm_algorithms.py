@@ -17,9 +17,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..base import ReduceOp
-from ..elements import BFLOAT16, reduce_many
+from ..elements import BFLOAT16, reduce_many, split_evenly
 from ..transport.shm import SharedGroup
-from .algorithms import split_evenly
 
 
 def all_reduce(g: SharedGroup, header: bytes, src: np.ndarray, dst: np.ndarray, op: ReduceOp,

@@ -8,7 +8,7 @@ mac  keyed BLAKE2b (16-byte tags) with a key derived from the job key for one di
      reordered message fails the check. Needs the job secret to mean anything (without one the
      key follows from public facts; JACKLRING_REQUIRE_AUTH=1 refuses that).
 
-One Integrity object per connection direction pair (a Link): seal() for each message sent and
+One Integrity object per connection direction pair (a stream_engine.Stream): seal() for each message sent and
 check() for each message received, in stream order.
 """
 from __future__ import annotations

@@ -27,7 +27,7 @@ Callback = Callable[[], None]
 Truncated = Callable[[int], None]
 
 
-class Link:
+class Stream:
     """One TCP connection to a peer, with queues of pending sends and receives."""
 
     __slots__ = ("sock", "fd", "peer", "label", "sendq", "recvq", "recv_got", "bytes_in", "bytes_out", "verify")
@@ -102,7 +102,7 @@ class Link:
 class Engine:
     """Drives the posted operations of a set of links to completion under a deadline."""
 
-    def __init__(self, links: Iterable[Link], rank: int) -> None:
+    def __init__(self, links: Iterable[Stream], rank: int) -> None:
         self.links = list(links)
         self.rank = rank
         self._poll = select.poll()
@@ -175,7 +175,7 @@ class Engine:
             return "stalled"
         return f"slow, {moved / elapsed / 1e6:.2f} MB/s"
 
-    def _drain_others(self, links: list[Link], what: str) -> None:
+    def _drain_others(self, links: list[Stream], what: str) -> None:
         """A peer hung up: first read whatever already arrived on the other links, so that a
         mismatch it reveals (the usual reason a peer gives up) is reported instead."""
         for link in links:
@@ -185,7 +185,7 @@ class Engine:
                 except PeerError:
                     pass
 
-    def _wait(self, links: list[Link], seconds: float) -> None:
+    def _wait(self, links: list[Stream], seconds: float) -> None:
         poll = self._poll
         registered = self._registered
         wanted = {}
@@ -201,7 +201,7 @@ class Engine:
             del registered[fd]
         poll.poll(max(1, int(min(seconds, 60.0) * 1000) + 1))  # the caller re-checks the deadline
 
-    def _push(self, link: Link, what: str) -> bool:
+    def _push(self, link: Stream, what: str) -> bool:
         sock_send = link.sock.send
         queue = link.sendq
         progressed = False
@@ -222,7 +222,7 @@ class Engine:
             queue.popleft()
         return progressed
 
-    def _pull(self, link: Link, what: str) -> bool:
+    def _pull(self, link: Stream, what: str) -> bool:
         recv_into = link.sock.recv_into
         queue = link.recvq
         progressed = False
