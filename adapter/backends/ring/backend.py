@@ -602,24 +602,7 @@ class RingBackend(Backend):
             return
         if not spill:
             self._spill_ended.discard(src)
-        got = 0
-        total = len(view)
-        while got < total:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise CollectiveTimeout(f"timed out waiting for {total - got} more bytes from {who} "
-                                        f"(nothing arrived for {self.timeout:g} s)")
-            sock.settimeout(remaining)
-            try:
-                n = sock.recv_into(view[got:])
-            except socket.timeout:
-                continue
-            except OSError as exc:
-                raise PeerError(f"connection to {who} failed: {exc.strerror or exc}") from None
-            if n == 0:
-                raise PeerError(f"{who} closed the connection ({total - got} bytes still expected)")
-            got += n
-            deadline = time.monotonic() + self.timeout
+        tcp.recv_exact(sock, view, deadline, who, silence=self.timeout)
 
     def _resynchronise(self, sock: socket.socket, raw: bytes, src: int, deadline: float, who: str,
                        reason: str) -> str:

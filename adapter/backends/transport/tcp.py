@@ -267,14 +267,17 @@ def connect(addr: tuple[str, int], hello: Hello, deadline: float, who: str, auth
         delay = min(delay * 2, 0.5)
 
 
-def recv_exact(sock: socket.socket, view: memoryview, deadline: float, who: str) -> None:
-    """Fill view from sock, or raise naming `who` (peer closed, error, or deadline)."""
+def recv_exact(sock: socket.socket, view: memoryview, deadline: float, who: str,
+               silence: float | None = None) -> None:
+    """Fill view from sock, or raise naming `who` (peer closed, error, or deadline). With
+    `silence`, the deadline measures silence: every chunk that arrives moves it that far on."""
     got = 0
     total = len(view)
     while got < total:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            raise CollectiveTimeout(f"timed out waiting for {total - got} more bytes from {who}")
+            quiet = "" if silence is None else f" (nothing arrived for {silence:g} s)"
+            raise CollectiveTimeout(f"timed out waiting for {total - got} more bytes from {who}{quiet}")
         sock.settimeout(remaining)
         try:
             n = sock.recv_into(view[got:])
@@ -285,6 +288,8 @@ def recv_exact(sock: socket.socket, view: memoryview, deadline: float, who: str)
         if n == 0:
             raise PeerError(f"{who} closed the connection ({total - got} bytes still expected)")
         got += n
+        if silence is not None:
+            deadline = time.monotonic() + silence
 
 
 def send_all(sock: socket.socket, data, deadline: float, who: str) -> None:
