@@ -12,6 +12,8 @@ from typing import Sequence
 
 import numpy as np
 
+from ..errors import DistributedError
+
 
 class ReduceOp(enum.Enum):
     SUM = "sum"
@@ -21,6 +23,26 @@ class ReduceOp(enum.Enum):
     BAND = "band"
     BOR = "bor"
     BXOR = "bxor"
+
+
+class GroupFailure:
+    """Why a group can no longer be used: the first reason recorded wins, and every later
+    operation raises the same DistributedError naming it. One per group (Backend.failure)."""
+
+    __slots__ = ("why", "_owner")
+
+    def __init__(self, owner: str) -> None:
+        self.why: str | None = None
+        self._owner = owner  # "rank 3: this ring group"
+
+    def mark(self, why: object) -> None:
+        if self.why is None:
+            self.why = str(why) or type(why).__name__
+
+    def check(self) -> None:
+        if self.why is not None:
+            raise DistributedError(f"{self._owner} is unusable after an earlier error ({self.why}); "
+                                   f"create a new one")
 
 
 def split_members(colors: Sequence[int], keys: Sequence[int], color: int) -> list[int]:
@@ -76,6 +98,15 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def set_timeout(self, seconds: float) -> None:
         """The per-operation deadline from now on (the torch process group passes its own)."""
+
+    @property
+    def failure(self) -> GroupFailure:
+        """This group's failure state, shared by every operation: after an error (or close())
+        the group is unusable and says why, the same way on every backend."""
+        failure = self.__dict__.get("_failure")
+        if failure is None:
+            failure = self.__dict__["_failure"] = GroupFailure(f"rank {self.rank()}: this {self.name} group")
+        return failure
 
     def close(self) -> None:
         """Release sockets and threads. Safe to call twice."""

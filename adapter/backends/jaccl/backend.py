@@ -155,7 +155,7 @@ class JacclBackend(Backend):
         self._splits = 0
         self._checks = checks
         self._busy = threading.Lock()
-        self._link = FrameExchange(transport, timeout, checks.verify, checks.stall_report_s)
+        self._link = FrameExchange(transport, timeout, checks.verify, checks.stall_report_s, self.failure)
         algorithms = MeshAlgorithms if mode == MESH else RingAlgorithms
         self._algorithms: MeshAlgorithms | RingAlgorithms = algorithms(self._link, transport.size)
 
@@ -266,7 +266,7 @@ class JacclBackend(Backend):
         except DistributedError as exc:
             # The parent is now out of step (the others are mid-exchange): close it so they raise
             # at once instead of waiting for their deadline.
-            self._link.broken = f"a split of this group failed: {exc}"
+            self.failure.mark(f"a split of this group failed: {exc}")
             self._transport.close()
             if str(exc).startswith(f"rank {me}:"):
                 raise
@@ -288,7 +288,7 @@ class JacclBackend(Backend):
         the TCP mesh is connected to every other, so each sees a death directly."""
         ended = self._ended_parent_peers()
         if ended:
-            self._link.broken = "a split of this group failed"
+            self.failure.mark("a split of this group failed")
             raise PeerError(f"rank {self.rank()}: split(color={color}): "
                             f"{self._member_text(ended[0], colors, keys)} died while the sub-groups formed "
                             f"(its connection closed)")
@@ -310,6 +310,5 @@ class JacclBackend(Backend):
             raise
 
     def close(self) -> None:
-        if self._link.broken is None:
-            self._link.broken = "the group was closed"
+        self.failure.mark("the group was closed")
         self._transport.close()

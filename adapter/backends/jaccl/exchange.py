@@ -22,7 +22,8 @@ import logging
 import struct
 import time
 
-from ...errors import CollectiveTimeout, DistributedError, MismatchError, PeerError
+from ...errors import CollectiveTimeout, MismatchError, PeerError
+from ..base import GroupFailure
 from ..protocol import CHECKSUM, Request, checksum, checksum_error, mismatch_message
 from ..transport.slots import SEND, Transport
 
@@ -42,7 +43,7 @@ class FrameExchange:
     """One rank's view of its connections: a transport plus per-peer message counters."""
 
     def __init__(self, transport: Transport, timeout: float, verify: bool = False,
-                 stall_report_s: float | None = None) -> None:
+                 stall_report_s: float | None = None, failure: GroupFailure | None = None) -> None:
         self.t = transport
         self.rank = transport.rank
         self.verify = verify
@@ -52,7 +53,8 @@ class FrameExchange:
         self.set_timeout(timeout)
         self.sent = {p: 0 for p in transport.peers}
         self.received = {p: 0 for p in transport.peers}
-        self.broken: str | None = None
+        # The group's failure state (the backend's, shared): the first error makes it unusable.
+        self.failure = failure if failure is not None else GroupFailure(f"rank {transport.rank}: this JACCL group")
         self.payload = transport.frame_bytes - _HS - self.trailer
         self.op_seq = 0        # operations started on this group by this rank (the backend counts)
         self._stalled_op = -1  # the operation whose stall was already reported
@@ -67,9 +69,7 @@ class FrameExchange:
         return time.monotonic() + self.timeout
 
     def check_usable(self) -> None:
-        if self.broken is not None:
-            raise DistributedError(f"rank {self.rank}: this JACCL group is unusable after an earlier "
-                                   f"error ({self.broken}); create a new one")
+        self.failure.check()
 
     def frames(self, nbytes: int) -> int:
         return max(1, -(-nbytes // self.payload))
@@ -79,8 +79,8 @@ class FrameExchange:
         """Send sends[peer] (bytes) to each peer and receive exactly len(targets[peer]) bytes from
         each peer into targets[peer]. `expect` is the request the senders should have made
         (default: the same as ours)."""
-        if self.broken is not None:
-            self.check_usable()
+        if self.failure.why is not None:
+            self.failure.check()
         payload = self.payload
         single = True
         for v in sends.values():
@@ -98,10 +98,10 @@ class FrameExchange:
             else:
                 _Transfer(self, request, expect or request, phase, sends, targets, deadline).run()
         except PeerError as exc:
-            self.broken = f"{type(exc).__name__}: {exc}"
+            self.failure.mark(f"{type(exc).__name__}: {exc}")
             raise PeerError(f"rank {self.rank}: {request.label(self.op_seq)}: {exc}") from None
         except BaseException as exc:
-            self.broken = f"{type(exc).__name__}: {exc}"
+            self.failure.mark(f"{type(exc).__name__}: {exc}")
             raise
 
     # ---- the latency path: every message fits one frame -----------------------------------

@@ -172,7 +172,6 @@ class NcclBackend(Backend):
         self._rank, self._size, self.device = rank, size, device
         self.timeout = op_timeout(timeout)
         self._connect_timeout = default_connect_timeout(connect_timeout)
-        self._broken: str | None = None
         self._closed = False
         self._lock = threading.Lock()
         self._streams: dict[int, Any] = {}
@@ -312,7 +311,7 @@ class NcclBackend(Backend):
             return
         self._closed = True
         try:
-            if self._broken is None:
+            if self.failure.why is None:
                 self._comm.destroy()
             else:
                 self._comm.abort()
@@ -322,11 +321,9 @@ class NcclBackend(Backend):
     # ---- machinery ------------------------------------------------------------------------
 
     def _check_usable(self, what: str) -> None:
+        self.failure.check()  # after an abort (which also closes): unusable, and why
         if self._closed:
             raise DistributedError(f"rank {self._rank}: {what} on a closed NCCL communicator")
-        if self._broken is not None:
-            raise DistributedError(f"rank {self._rank}: the NCCL communicator was aborted after an "
-                                   f"earlier failure ({self._broken}); create a new group")
 
     def _check_peer(self, peer: int, what: str) -> None:
         if not 0 <= peer < self._size or peer == self._rank:
@@ -390,7 +387,7 @@ class NcclBackend(Backend):
             except DistributedError:
                 raise
             except Exception as exc:  # noqa: BLE001 - NcclError / CUDA errors: name rank and op
-                self._broken = f"{what}: {exc}"
+                self.failure.mark(f"{what}: {exc}")
                 self._abort()
                 raise PeerError(f"rank {self._rank}: NCCL {what} failed: {exc}") from None
 
@@ -431,7 +428,7 @@ class NcclBackend(Backend):
         while not event.done:
             self._comm.check_async_error()
             if time.monotonic() > deadline:
-                self._broken = f"{what} timed out"
+                self.failure.mark(f"{what} timed out")
                 self._abort()
                 raise CollectiveTimeout(
                     f"rank {self._rank}: NCCL {what} did not finish within {self.timeout:.0f} s "

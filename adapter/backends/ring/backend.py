@@ -235,7 +235,6 @@ class RingBackend(Backend):
             self._one_pass_limit = self._small_limit * len(addresses) if local else 32 * 1024
         self._segment_bytes = config.get("JACKLRING_RING_SEGMENT_BYTES")
         self._both_directions = config.get("JACKLRING_RING_DIRECTIONS") == 2
-        self._broken: BaseException | None = None
         self._pool: dict[tuple, np.ndarray] = {}
         self._small_view: memoryview | None = None
         self._p2p_out: dict[int, socket.socket] = {}
@@ -428,7 +427,7 @@ class RingBackend(Backend):
             self._send(buf, dst)
 
     def _send(self, buf: np.ndarray, dst: int) -> None:
-        self._check_usable()
+        self.failure.check()
         deadline = time.monotonic() + self.timeout
         header = HEADER.pack(HEADER_MAGIC, OP_SEND, dtype_code(buf.dtype), 0, buf.nbytes, 0)
         sock = self._p2p_out_socket(dst, deadline)
@@ -543,7 +542,7 @@ class RingBackend(Backend):
             self._recv(buf, src)
 
     def _recv(self, buf: np.ndarray, src: int) -> None:
-        self._check_usable()
+        self.failure.check()
         # Checks that need no bytes come first, so a refused recv leaves the stream untouched.
         mine = HEADER.pack(HEADER_MAGIC, OP_SEND, dtype_code(buf.dtype), 0, buf.nbytes, 0)
         unusable = self._p2p_unusable.get(src)
@@ -637,7 +636,7 @@ class RingBackend(Backend):
 
     def split(self, color: int, key: int) -> "RingBackend":
         """Form sub-rings: fresh listeners, addresses exchanged over this ring."""
-        self._check_usable()
+        self.failure.check()
         if self._size == 1:
             return RingBackend(0, self._addresses, [], self.timeout, self._connect_timeout, job=self._auth)
         k = min(len(a) for a in self._addresses)
@@ -758,8 +757,7 @@ class RingBackend(Backend):
                 link.sock.shutdown(socket.SHUT_WR)
             except OSError:
                 pass
-        if self._broken is None:
-            self._broken = PeerError(f"rank {self._rank}: a split of this group failed")
+        self.failure.mark(f"rank {self._rank}: a split of this group failed")
 
     def close(self) -> None:
         if self._shm is not None:
@@ -776,8 +774,7 @@ class RingBackend(Backend):
         for sock in self._listeners:
             sock.close()
         self._listeners = []
-        if self._broken is None:
-            self._broken = DistributedError(f"rank {self._rank}: the ring group was closed")
+        self.failure.mark(f"rank {self._rank}: the ring group was closed")
 
     # ---- collective plumbing --------------------------------------------------------------
 
@@ -785,16 +782,11 @@ class RingBackend(Backend):
         code = DTYPE_CODES.get(arr.dtype) or dtype_code(arr.dtype)
         return HEADER.pack(HEADER_MAGIC, op, code, self._seq, arr.nbytes, extra)
 
-    def _check_usable(self) -> None:
-        if self._broken is not None:
-            raise DistributedError(f"rank {self._rank}: the ring group is unusable after an earlier error: "
-                                   f"{self._broken}")
-
     def _collective(self, header: bytes, body) -> None:
         """Run one collective: serialised, sequence-numbered, and fatal to the group on error
         (the links are closed so the neighbours fail fast instead of waiting for the deadline)."""
         with self._lock:
-            self._check_usable()
+            self.failure.check()
             self._seq += 1
             self._deadline = time.monotonic() + self.timeout
             self._what = _Described(header)
@@ -804,7 +796,7 @@ class RingBackend(Backend):
                 if self._abandon_on_failure:  # a split's closing barrier: pass the verdict on first
                     self._abandon_split(exc.culprit if isinstance(exc, SplitAbandoned)
                                         else getattr(exc, "peer", -1))
-                self._broken = exc
+                self.failure.mark(f"{type(exc).__name__}: {exc}")
                 for link in self.right + self.left:
                     link.reset()
                     link.close()
