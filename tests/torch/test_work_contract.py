@@ -112,10 +112,11 @@ def _reporters(message: str) -> set[int]:
     return {int(q) for q in re.findall(r"reported by rank (\d+)", message)}
 
 
-@pytest.mark.timeout(90)
+@pytest.mark.timeout(160)
 @pytest.mark.parametrize("mode", ["anysource", "monitored", "batch", "join"])
 def test_gloo_features_on_three_ranks(mode):
-    results = harness.run(3, "torch_features.py", mode, timeout=80)
+    # join trains four models (two divisors, jacklring and gloo): about 45 s on a loaded 2-core host
+    results = harness.run(3, "torch_features.py", mode, timeout=150 if mode == "join" else 80)
     harness.assert_all_ok(results, marker=f"{mode} OK")
     if mode == "monitored":
         assert "Rank 2 failed to pass monitoredBarrier in 1000 ms" in results[0].stdout, results[0].report()
