@@ -27,6 +27,8 @@ if TYPE_CHECKING:
 
 PURPOSE_ABORT = 3
 NOTICE_WAIT_S = 0.5  # how long to wait for the notice of a neighbour that is still alive
+RECHECK_S = 0.05     # meanwhile, how often to look whether it still listens (a killed process's
+                     # listener can outlive its ring connections by a few milliseconds)
 SEND_S = 0.3         # how long a failing rank spends delivering its notices, at most
 PROBE_S = 0.2        # how long a connection attempt may take to say whether a peer still listens
 
@@ -63,6 +65,8 @@ def notify(ring: "RingBackend", exc: BaseException) -> None:
     skip = {culprit, getattr(exc, "peer", None), ring.rank()}  # the dead, and who told us
     deadline = time.monotonic() + SEND_S
     for q in sorted({link.peer for link in ring.right + ring.left} - skip):
+        if not _listening(ring._addresses[q][0]):
+            continue  # gone (tcp.connect would retry until the deadline)
         hello = tcp.Hello(PURPOSE_ABORT, ring.rank(), q, culprit, ring._token)
         try:
             tcp.connect(tcp.parse_address(ring._addresses[q][0]), hello, deadline, f"rank {q}", ring._auth).close()
@@ -75,11 +79,12 @@ def _notice_from(ring: "RingBackend", peer: int) -> int | None:
     if not ring._listeners:
         return None
     match = lambda h: h.purpose == PURPOSE_ABORT and h.sender == peer  # noqa: E731
+    deadline = time.monotonic() + NOTICE_WAIT_S
     taken = ring._listeners[0].take(match, time.monotonic(), None)
-    if taken is None and _listening(ring._addresses[peer][0]):
-        taken = ring._listeners[0].take(match, time.monotonic() + NOTICE_WAIT_S, None)
-    if taken is None:
-        return None
+    while taken is None:
+        if time.monotonic() >= deadline or not _listening(ring._addresses[peer][0]):
+            return None  # it died: no notice will come
+        taken = ring._listeners[0].take(match, min(deadline, time.monotonic() + RECHECK_S), None)
     sock, hello = taken
     sock.close()
     return hello.channel
@@ -87,7 +92,8 @@ def _notice_from(ring: "RingBackend", peer: int) -> int | None:
 
 def _listening(address: str) -> bool:
     """Whether something still accepts connections at a peer's address (a killed process's
-    listener refuses at once; an unreachable host counts as listening: no proof of death)."""
+    listener refuses within milliseconds; an unreachable host counts as listening: no proof of
+    death)."""
     host, port = tcp.parse_address(address)
     try:
         with socket.create_connection((host, port), timeout=PROBE_S):
