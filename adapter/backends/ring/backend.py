@@ -284,7 +284,7 @@ class RingBackend(Backend):
             if hello.sender == prv and hello.channel == listener < k:
                 return None
             return f"ring connection {listener} is for rank {prv}"
-        if hello.purpose == origin.PURPOSE_ABORT and listener == 0:
+        if hello.purpose == origin.PURPOSE_NOTICE and listener == 0:
             return None if origin.admits(hello.sender, self._rank, self._size) else f"no rank {hello.sender} here"
         if hello.purpose == PURPOSE_P2P and listener == 0:
             if 0 <= hello.sender < self._size and hello.sender != self._rank and hello.channel == 0:

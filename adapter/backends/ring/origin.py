@@ -4,7 +4,7 @@ A rank whose collective fails closes its ring links, so its neighbours fail next
 travels around the ring. Each survivor used to blame the neighbour whose connection closed: with
 three ranks and one killed, the second survivor could name the first, which was alive. So before
 it closes its links a failing rank sends each live neighbour an abort notice: a connection that
-passes the authenticated handshake with a hello of purpose PURPOSE_ABORT whose channel field is
+passes the authenticated handshake with a hello of purpose PURPOSE_NOTICE whose channel field is
 the rank it blames (-1: an error of its own, such as a deadline or a mismatch). A rank whose link
 to P failed then names the rank in P's notice, or P itself when P's address refuses connections
 (P died) or no notice came. The notice is passed on with the same culprit, hop by hop.
@@ -25,7 +25,7 @@ from ..transport import tcp
 if TYPE_CHECKING:
     from .backend import RingBackend
 
-PURPOSE_ABORT = 3
+PURPOSE_NOTICE = 4  # 3 is taken by the formation's abort connections
 NOTICE_WAIT_S = 0.5  # how long to wait for the notice of a neighbour that is still alive
 RECHECK_S = 0.05     # meanwhile, how often to look whether it still listens (a killed process's
                      # listener can outlive its ring connections by a few milliseconds)
@@ -67,7 +67,7 @@ def notify(ring: "RingBackend", exc: BaseException) -> None:
     for q in sorted({link.peer for link in ring.right + ring.left} - skip):
         if not _listening(ring._addresses[q][0]):
             continue  # gone (tcp.connect would retry until the deadline)
-        hello = tcp.Hello(PURPOSE_ABORT, ring.rank(), q, culprit, ring._token)
+        hello = tcp.Hello(PURPOSE_NOTICE, ring.rank(), q, culprit, ring._token)
         try:
             tcp.connect(tcp.parse_address(ring._addresses[q][0]), hello, deadline, f"rank {q}", ring._auth).close()
         except (DistributedError, OSError):
@@ -78,7 +78,7 @@ def _notice_from(ring: "RingBackend", peer: int) -> int | None:
     """The culprit in peer's abort notice; None when it sent none (it died, or cannot say)."""
     if not ring._listeners:
         return None
-    match = lambda h: h.purpose == PURPOSE_ABORT and h.sender == peer  # noqa: E731
+    match = lambda h: h.purpose == PURPOSE_NOTICE and h.sender == peer  # noqa: E731
     deadline = time.monotonic() + NOTICE_WAIT_S
     taken = ring._listeners[0].take(match, time.monotonic(), None)
     while taken is None:
