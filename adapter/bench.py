@@ -236,15 +236,17 @@ def contract_env(n: int, hosts: list[str], ports, tmp: str, connections: int,
 
 
 def measure(args: argparse.Namespace, argv: list[str], env: dict, tmp: str,
-            rank_prefix: Callable[[int], list[str]] | None = None) -> dict | None:
+            rank_prefix: Callable[[int], list[str]] | None = None,
+            mpi_launch: list[str] | None = None) -> dict | None:
     """Run every job (see jobs()) and gather rank 0's timings; None when a job failed.
-    rank_prefix(r): words put before rank r's command (e.g. `ip netns exec NAME`)."""
+    rank_prefix(r): words put before rank r's command (e.g. `ip netns exec NAME`); mpi_launch:
+    how mpirun starts and places the ranks of an MPI job (see run_job)."""
     results: dict = {}
     for i, (backends, btl) in enumerate(jobs(args.backends)):
         out = os.path.join(tmp, f"results{i}.json")
         cmd = [sys.executable, "-m", "adapter.bench", "--worker"] + argv + [
             "--only", ",".join(backends), "--results", out]
-        if run_job(args, cmd, env, btl, rank_prefix):
+        if run_job(args, cmd, env, btl, rank_prefix, mpi_launch):
             return None
         with open(out) as f:
             for nbytes, name, times, ok in json.load(f):
@@ -264,21 +266,30 @@ def launch(args: argparse.Namespace, argv: list[str]) -> int:
     return 0
 
 
+def find_mpirun() -> str:
+    mpirun = shutil.which("mpirun", path=os.path.dirname(sys.executable)) or shutil.which("mpirun")
+    if mpirun is None:
+        raise SystemExit("bench: mpirun not found (pip install jacklring[mpi])")
+    return mpirun
+
+
 def run_job(args: argparse.Namespace, cmd: list[str], env: dict, btl: str | None,
-            rank_prefix: Callable[[int], list[str]] | None = None) -> int:
+            rank_prefix: Callable[[int], list[str]] | None = None,
+            mpi_launch: list[str] | None = None) -> int:
+    """Run cmd on every rank: through mpirun when btl is not None (mpi_launch: the words that
+    start mpirun and place its ranks, default all on this host), else as n subprocesses, rank r
+    behind rank_prefix(r)."""
     n = args.n
     if btl is not None:
-        if rank_prefix is not None:
+        if rank_prefix is not None and mpi_launch is None:
             raise SystemExit("bench: Open MPI jobs start their ranks through mpirun, which takes no per-rank prefix")
-        mpirun = shutil.which("mpirun", path=os.path.dirname(sys.executable)) or shutil.which("mpirun")
-        if mpirun is None:
-            raise SystemExit("bench: mpirun not found (pip install jacklring[mpi])")
         env = dict(env, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
         env.setdefault("OMPI_MCA_btl_tcp_if_include", "lo")
         if btl:
             env.update(OMPI_MCA_pml="ob1", OMPI_MCA_btl=btl)
+        launch_words = mpi_launch or [find_mpirun(), "--oversubscribe", "-n", str(n)]
         try:
-            return subprocess.call([mpirun, "--oversubscribe", "-n", str(n)] + cmd, env=env, timeout=args.timeout)
+            return subprocess.call(launch_words + cmd, env=env, timeout=args.timeout)
         except subprocess.TimeoutExpired:
             print(f"bench: timed out after {args.timeout} s", file=sys.stderr)
             return 1

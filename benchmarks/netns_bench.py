@@ -12,8 +12,11 @@ MLX_IBV_DEVICES (devices that do not exist, so JACCL runs over its TCP mesh) for
 MASTER_ADDR for torch's gloo. Timing, warm-up and the table are adapter.bench's (interleaved
 rounds). First a plain TCP ring (benchmarks/tcp_ceiling.py) measures what the links carry.
 
-Open MPI is not offered: mpirun starts remote ranks through its own daemons and a launch agent
-(ssh), and every namespace shares the host name, so it cannot place one rank per namespace.
+Open MPI (--compare mpi: its TCP BTL) runs as one mpirun in rank 0's namespace that starts its
+daemon in every other namespace through benchmarks/netns_agent.sh as its launch agent (instead of
+ssh), each in a UTS namespace of its own, since Open MPI tells nodes apart by host name; then
+every library's ranks run under that mpirun, still interleaved. --bind-to none: each namespace
+looks like a node of its own, and mpirun would pin every rank to the same first core.
 
 Every exit path removes the namespaces (and with them the veths and qdiscs): finally blocks,
 SIGINT/SIGTERM/SIGHUP handlers, and the ranks die with this process (parent-death signal).
@@ -37,7 +40,8 @@ from adapter import bench
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
-BACKENDS = ("ring", "jaccl", "gloo")
+OURS = ("ring", "jaccl")
+OTHERS = ("gloo", "mpi")
 BASE_PORT = 20000  # every namespace has its own ports: nothing else listens there
 
 
@@ -82,19 +86,36 @@ def tcp_ceiling(links: Links, tmp: str, seconds: float) -> list[float]:
     return rates
 
 
+def mpi_launch(links: Links, tmp: str) -> tuple[list[str], dict[str, str]]:
+    """The words that start mpirun in rank 0's namespace with one rank per namespace, and the
+    environment its launch agent and the TCP BTL need."""
+    hosts = [links.address(r) for r in range(links.ranks)]
+    hostfile = os.path.join(tmp, "mpi-hosts")
+    with open(hostfile, "w") as f:
+        f.writelines(f"{h} slots=1\n" for h in hosts)
+    words = in_namespace(links)(0) + [
+        "unshare", "--uts", "sh", "-c", 'hostname "$0" && exec "$@"', links.namespace(0),
+        bench.find_mpirun(), "--hostfile", hostfile, "-n", str(links.ranks), "--bind-to", "none",
+        "--prtemca", "plm_ssh_agent", str(HERE / "netns_agent.sh"), "--prtemca", "oob_tcp_if_include", "eth0"]
+    env = {"NETNS_BENCH_HOSTS": " ".join(f"{h}={links.namespace(r)}" for r, h in enumerate(hosts)),
+           "OMPI_MCA_btl_tcp_if_include": "eth0"}
+    return words, env
+
+
 def run(opts: argparse.Namespace) -> int:
-    links = Links(opts.n, opts.rate, subnet=opts.subnet)
+    links = Links(opts.n, opts.rate, subnet=opts.subnet, queue_bytes=opts.queue)
     tmp = tempfile.mkdtemp(prefix="jacklring-netns-")
     link_rate = opts.rate / 8
     try:
         links.create()
         print(f"# {opts.n} ranks in namespaces {links.prefix}-r*, {links.address(0)}..{links.address(opts.n - 1)}, "
-              f"tbf {opts.rate / 1e6:g} Mbit/s each way (burst {netns_links.burst_bytes(opts.rate)} B)")
+              f"tbf {opts.rate / 1e6:g} Mbit/s each way (burst {netns_links.burst_bytes(opts.rate)} B, queue {links.limit()} B)")
         if opts.ceiling_seconds > 0:
             rates = tcp_ceiling(links, tmp, opts.ceiling_seconds)
             print(f"# plain TCP ring, {opts.ceiling_seconds:g} s: received per rank " + ", ".join(
                 f"{r / 1e6:.1f} MB/s" for r in rates) + f"; slowest = {min(rates) / link_rate:.3f} of the link")
-        argv = ["-n", str(opts.n), "--backend", opts.backend, "--compare", opts.compare, "--sizes", opts.sizes,
+        compare = ",".join("mpi-tcp" if b == "mpi" else b for b in opts.compare.split(",") if b)
+        argv = ["-n", str(opts.n), "--backend", opts.backend, "--compare", compare, "--sizes", opts.sizes,
                 "--rounds", str(opts.rounds), "--iters", str(opts.iters), "--budget-bytes", str(opts.budget_bytes),
                 "--stat", opts.stat, "--timeout", str(opts.timeout)]
         args = bench.parse_args(argv)
@@ -104,7 +125,11 @@ def run(opts: argparse.Namespace) -> int:
         # gloo finds its interface by the host name otherwise, which resolves outside the namespaces.
         env.update(GLOO_SOCKET_IFNAME="eth0", JACKLRING_CONNECT_TIMEOUT="60",
                    PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
-        results = bench.measure(args, argv, env, tmp, in_namespace(links))
+        launch = None
+        if "mpi-tcp" in args.backends:
+            launch, mpi_env = mpi_launch(links, tmp)
+            env.update(mpi_env)
+        results = bench.measure(args, argv, env, tmp, in_namespace(links), launch)
         if results is None:
             print("netns_bench: a rank failed (its output is above)", file=sys.stderr)
             return 1
@@ -123,8 +148,10 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-n", type=int, default=2, help="ranks, one namespace each (default 2)")
     ap.add_argument("--rate", type=parse_rate, default=1e9, help="link rate each way, e.g. 1gbit (default), 500mbit")
+    ap.add_argument("--queue", type=bench.parse_size, default=4 << 20,
+                    help="tbf queue on each end of each link, bytes (default 4M; at least 10 ms of the rate)")
     ap.add_argument("--backend", default="ring,jaccl", help="ours, comma separated: ring, jaccl")
-    ap.add_argument("--compare", default="", help="others, comma separated: gloo")
+    ap.add_argument("--compare", default="", help="others, comma separated: gloo, mpi (Open MPI's TCP BTL)")
     ap.add_argument("--sizes", default="64K,1M,16M,64M")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--iters", type=int, default=20, help="iterations per round (fewer for big sizes)")
@@ -142,10 +169,10 @@ def main(argv: list[str] | None = None) -> int:
         gone = netns_links.cleanup_leftovers()
         print(f"removed {len(gone)} namespace(s)" + (": " + ", ".join(gone) if gone else ""))
         return 0
-    wanted = [b for b in (opts.backend + "," + opts.compare).split(",") if b]
-    unknown = [b for b in wanted if b not in BACKENDS]
-    if unknown:
-        ap.error(f"unknown or unsupported here: {', '.join(unknown)}; choose from {', '.join(BACKENDS)}")
+    for option, value, allowed in (("--backend", opts.backend, OURS), ("--compare", opts.compare, OTHERS)):
+        unknown = [b for b in value.split(",") if b and b not in allowed]
+        if unknown:
+            ap.error(f"{option}: {', '.join(unknown)} not offered here; choose from {', '.join(allowed)}")
     if not 2 <= opts.n <= 250:
         ap.error("-n must be between 2 and 250")
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):

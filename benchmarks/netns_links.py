@@ -7,7 +7,10 @@ link of that rate in each direction, as a host's NIC on a switch does.
 
 tbf drops any packet larger than its burst, and TCP hands the veth super-packets (GSO) of up to
 64 KiB: tbf then splits them into segments and a 1 Gbit/s link runs near half its rate. So the
-burst is at least 256 us of the rate and gso_max_size / gro_max_size just under it.
+burst is at least 256 us of the rate and gso_max_size / gro_max_size just under it. The queue
+holds 4 MiB (at least 10 ms of the rate): TCP small queues let one socket put up to
+tcp_limit_output_bytes (4 MiB here) into the qdisc, and a shorter tbf queue drops those bytes on the
+sending host itself, where a real NIC's queue would not (Open MPI lost half its rate to that).
 
 Namespaces are named PREFIX-<pid>-<role>: cleanup_leftovers() removes those whose creating process
 is gone (a run killed with SIGKILL leaves them; deleting a namespace deletes its veths too).
@@ -91,7 +94,7 @@ class Links:
     ranks: int
     rate_bit: float
     subnet: str = "10.211.0"
-    queue_ms: float = 10.0
+    queue_bytes: int = 4 << 20
     prefix: str = field(default_factory=lambda: f"{PREFIX}-{os.getpid()}")
     created: list[str] = field(default_factory=list)
 
@@ -108,11 +111,14 @@ class Links:
     def exec_prefix(self, rank: int) -> list[str]:
         return ["ip", "netns", "exec", self.namespace(rank)]
 
+    def limit(self) -> int:
+        """tbf's queue in bytes: queue_bytes, but at least 10 ms of the rate and two bursts."""
+        return max(self.queue_bytes, int(self.rate_bit / 8 * 0.010), 2 * burst_bytes(self.rate_bit))
+
     def create(self) -> None:
         burst = burst_bytes(self.rate_bit)
         gso = burst - MTU  # a whole super-packet (plus its headers) always fits in the bucket
-        shape = ["root", "tbf", "rate", f"{int(self.rate_bit)}bit", "burst", str(burst),
-                 "latency", f"{self.queue_ms}ms"]
+        shape = ["root", "tbf", "rate", f"{int(self.rate_bit)}bit", "burst", str(burst), "limit", str(self.limit())]
         self._add_namespace(self.bridge)
         ip("-n", self.bridge, "link", "add", "br0", "type", "bridge")
         ip("-n", self.bridge, "link", "set", "br0", "up")
