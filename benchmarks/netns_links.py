@@ -9,8 +9,8 @@ tbf drops any packet larger than its burst, and TCP hands the veth super-packets
 64 KiB: tbf then splits them into segments and a 1 Gbit/s link runs near half its rate. So the
 burst is at least 256 us of the rate and gso_max_size / gro_max_size just under it. The queue
 holds 4 MiB (at least 10 ms of the rate): TCP small queues let one socket put up to
-tcp_limit_output_bytes (4 MiB here) into the qdisc, and a shorter tbf queue drops those bytes on the
-sending host itself, where a real NIC's queue would not (Open MPI lost half its rate to that).
+tcp_limit_output_bytes (4 MiB by default on recent kernels) into the qdisc, and a shorter tbf queue
+drops those bytes on the sending host itself, where a real host's default qdisc would not.
 
 Namespaces are named PREFIX-<pid>-<role>: cleanup_leftovers() removes those whose creating process
 is gone (a run killed with SIGKILL leaves them; deleting a namespace deletes its veths too).
