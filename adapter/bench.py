@@ -10,7 +10,8 @@ started by the venv's mpirun; otherwise as plain subprocesses.
 busbw follows nccl-tests: all-reduce busbw = 2(n-1)/n * bytes / time.
 
 ring is the ring backend as configured (on one host: shared memory); ring-unix and ring-tcp are
-extra ring groups in the same processes forced onto Unix or TCP sockets. mpi means both
+extra ring groups in the same processes forced onto Unix or TCP sockets, ring-1dir one whose large
+reductions go one way round the ring only (JACKLRING_RING_DIRECTIONS=1). mpi means both
 mpi-sm (Open MPI's shared-memory BTL) and mpi-tcp (its TCP BTL): a BTL is chosen per job, so
 every MPI variant after the first runs as a job of its own right after the main one (its column
 is then not interleaved with the others).
@@ -32,7 +33,11 @@ from typing import Callable
 import numpy as np
 
 DEFAULT_SIZES = "4,64,1K,4K,16K,64K,256K,1M,4M,16M,64M"
-OURS = ("ring", "ring-unix", "ring-tcp", "jaccl", "mpi-adapter")
+# Extra ring groups in the same processes, each formed with these settings.
+RING_VARIANTS = {"ring-unix": {"JACKLRING_LOCAL_TRANSPORT": "unix"},
+                 "ring-tcp": {"JACKLRING_LOCAL_TRANSPORT": "tcp"},
+                 "ring-1dir": {"JACKLRING_RING_DIRECTIONS": "1"}}
+OURS = ("ring", *RING_VARIANTS, "jaccl", "mpi-adapter")
 OTHERS = ("gloo", "mpi-sm", "mpi-tcp", "mlx")
 MPI_BTLS = {"mpi-sm": "self,sm", "mpi-tcp": "self,tcp"}
 
@@ -77,21 +82,22 @@ class Runner:
             group = adapter.init(strict=True, backend=name.replace("-adapter", ""))
             backend = group.backend
             self.fn = lambda src, dst: backend.all_reduce(src, dst, ReduceOp.SUM)
-        elif name in ("ring-unix", "ring-tcp"):
+        elif name in RING_VARIANTS:
             from adapter.backends.base import ReduceOp
             from adapter.backends.ring.backend import RingBackend, load_ring_hostfile
             addresses = load_ring_hostfile(os.environ[f"BENCH_HOSTFILE_{name[5:].upper()}"])
-            # The setting is read (through adapter.config) while the group forms: set it for
+            # The settings are read (through adapter.config) while the group forms: set them for
             # that moment only, then put back whatever the user had.
-            key = "JACKLRING_LOCAL_TRANSPORT"
-            saved = dict(os.environ)
-            os.environ.update({key: name[5:]})
+            settings = RING_VARIANTS[name]
+            saved = {key: os.environ.get(key) for key in settings}
+            os.environ.update(settings)
             try:
                 backend = RingBackend.from_addresses(rank, addresses)
             finally:
-                os.environ.pop(key, None)
-                if key in saved:
-                    os.environ.update({key: saved[key]})
+                for key, value in saved.items():
+                    os.environ.pop(key, None)
+                    if value is not None:
+                        os.environ[key] = value
             self.fn = lambda src, dst: backend.all_reduce(src, dst, ReduceOp.SUM)
         elif name == "gloo":
             import torch
@@ -224,6 +230,7 @@ def contract_env(n: int, hosts: list[str], ports, tmp: str, connections: int,
     env = dict(MLX_HOSTFILE=hostfile("ring.json", connections),
                BENCH_HOSTFILE_UNIX=hostfile("ring-unix.json", connections),
                BENCH_HOSTFILE_TCP=hostfile("ring-tcp.json", connections),
+               BENCH_HOSTFILE_1DIR=hostfile("ring-1dir.json", connections),
                BENCH_MLX_HOSTFILE=hostfile("mlx-ring.json", 1),
                MASTER_ADDR=hosts[0], MASTER_PORT=str(next(ports)), WORLD_SIZE=str(n))
     if "jaccl" in backends:
@@ -257,7 +264,7 @@ def measure(args: argparse.Namespace, argv: list[str], env: dict, tmp: str,
 def launch(args: argparse.Namespace, argv: list[str]) -> int:
     n = args.n
     tmp = tempfile.mkdtemp(prefix="jacklring-bench-")
-    ports = iter(free_ports(3 * n * args.connections + n + 2))
+    ports = iter(free_ports(len(RING_VARIANTS) * n * args.connections + 2 * n + 2))
     env = dict(os.environ, **contract_env(n, ["127.0.0.1"] * n, ports, tmp, args.connections, args.backends))
     results = measure(args, argv, env, tmp)
     if results is None:
@@ -310,7 +317,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-n", type=int, default=2, help="number of ranks (default 2)")
     ap.add_argument("--backend", default="ring",
-                    help="our backends to measure, comma separated: ring, ring-unix, ring-tcp, jaccl, mpi-adapter")
+                    help="our backends to measure, comma separated: ring, ring-unix, ring-tcp, ring-1dir, jaccl, mpi-adapter")
     ap.add_argument("--compare", default="",
                     help="others in the same run, comma separated: gloo, mpi (= mpi-sm,mpi-tcp), mpi-sm, mpi-tcp, mlx")
     ap.add_argument("--sizes", default=DEFAULT_SIZES, help=f"message sizes in bytes (default {DEFAULT_SIZES})")

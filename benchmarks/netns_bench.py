@@ -27,11 +27,13 @@ import argparse
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Callable
 
 import netns_links
 from netns_links import Links
@@ -40,7 +42,7 @@ from adapter import bench
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
-OURS = ("ring", "jaccl")
+OURS = ("ring", "ring-1dir", "jaccl")
 OTHERS = ("gloo", "mpi")
 BASE_PORT = 20000  # every namespace has its own ports: nothing else listens there
 
@@ -58,7 +60,7 @@ def on_signal(signum: int, _frame) -> None:
     raise SystemExit(128 + signum)
 
 
-def in_namespace(links: Links):
+def in_namespace(links: Links) -> Callable[[int], list[str]]:
     """Rank r's command prefix: inside its namespace, killed when this process dies."""
     return lambda r: ["setpriv", "--pdeathsig", "KILL", *links.exec_prefix(r)]
 
@@ -139,6 +141,7 @@ def run(opts: argparse.Namespace) -> int:
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             signal.signal(sig, signal.SIG_IGN)  # a second signal must not cut the clean-up short
         links.destroy()
+        shutil.rmtree(tmp, ignore_errors=True)
         left = links.leftovers()
         if left:
             print(f"netns_bench: could not remove {', '.join(left)}; run with --cleanup", file=sys.stderr)
@@ -150,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rate", type=parse_rate, default=1e9, help="link rate each way, e.g. 1gbit (default), 500mbit")
     ap.add_argument("--queue", type=bench.parse_size, default=4 << 20,
                     help="tbf queue on each end of each link, bytes (default 4M; at least 10 ms of the rate)")
-    ap.add_argument("--backend", default="ring,jaccl", help="ours, comma separated: ring, jaccl")
+    ap.add_argument("--backend", default="ring,jaccl", help="ours, comma separated: ring, ring-1dir (large reductions one way round), jaccl")
     ap.add_argument("--compare", default="", help="others, comma separated: gloo, mpi (Open MPI's TCP BTL)")
     ap.add_argument("--sizes", default="64K,1M,16M,64M")
     ap.add_argument("--rounds", type=int, default=5)
@@ -175,6 +178,8 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"{option}: {', '.join(unknown)} not offered here; choose from {', '.join(allowed)}")
     if not 2 <= opts.n <= 250:
         ap.error("-n must be between 2 and 250")
+    if not re.fullmatch(r"(25[0-5]|2[0-4]\d|1?\d?\d)(\.(25[0-5]|2[0-4]\d|1?\d?\d)){2}", opts.subnet):
+        ap.error(f"--subnet {opts.subnet!r}: give the first three octets, e.g. 10.211.0")
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, on_signal)
     return run(opts)
