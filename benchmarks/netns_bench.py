@@ -9,7 +9,8 @@ link rate. Needs root (ip netns, tc).
 The ranks get the real environment contract, with addresses inside the namespaces only
 (SUBNET.1 ... SUBNET.n): MLX_RANK / MLX_HOSTFILE for the ring, MLX_JACCL_COORDINATOR and
 MLX_IBV_DEVICES (devices that do not exist, so JACCL runs over its TCP mesh) for JACCL,
-MASTER_ADDR for torch's gloo. Timing, warm-up and the table are adapter.bench's (interleaved
+MASTER_ADDR for torch's gloo; ring-1dir is a second ring group whose large reductions go one
+way round (JACKLRING_RING_DIRECTIONS=1). Timing, warm-up and the table are adapter.bench's (interleaved
 rounds). First a plain TCP ring (benchmarks/tcp_ceiling.py) measures what the links carry.
 
 Open MPI (--compare mpi: its TCP BTL) runs as one mpirun in rank 0's namespace that starts its
@@ -153,7 +154,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rate", type=parse_rate, default=1e9, help="link rate each way, e.g. 1gbit (default), 500mbit")
     ap.add_argument("--queue", type=bench.parse_size, default=4 << 20,
                     help="tbf queue on each end of each link, bytes (default 4M; at least 10 ms of the rate)")
-    ap.add_argument("--backend", default="ring,jaccl", help="ours, comma separated: ring, ring-1dir (large reductions one way round), jaccl")
+    ap.add_argument("--backend", default="ring,jaccl",
+                    help="ours, comma separated: ring, ring-1dir (large reductions one way round), jaccl")
     ap.add_argument("--compare", default="", help="others, comma separated: gloo, mpi (Open MPI's TCP BTL)")
     ap.add_argument("--sizes", default="64K,1M,16M,64M")
     ap.add_argument("--rounds", type=int, default=5)
