@@ -36,6 +36,21 @@ def crc(data, start: int = 0) -> int:
     return _crc32c(data, start)
 
 
+class _RunningCrc:
+    """A CRC-32C fed piece by piece, as the bytes of one message land."""
+
+    __slots__ = ("value",)
+
+    def __init__(self) -> None:
+        self.value = 0
+
+    def update(self, data) -> None:
+        self.value = _crc32c(data, self.value)
+
+    def digest(self) -> bytes:
+        return CRC.pack(self.value)
+
+
 class Integrity:
     """Seals outgoing and checks incoming messages of one connection."""
 
@@ -61,18 +76,31 @@ class Integrity:
         if self.mode != "crc":
             self._received += 1
 
-    def check(self, data, trailer) -> str | None:
-        """None when the trailer matches; else what was wrong, for the error message."""
+    def checker(self):
+        """The running check of the next incoming message: update() it with each piece as it
+        lands (while the data is still in cache), then verdict() it against the trailer."""
+        if self.mode == "crc":
+            return _RunningCrc()
+        tag = hashlib.blake2b(_COUNTER.pack(self._received), digest_size=MAC_BYTES, key=self._recv_key)
+        self._received += 1
+        return tag
+
+    def verdict(self, running, trailer) -> str | None:
+        """None when the trailer matches the message fed to `running` (from checker()); else
+        what was wrong, for the error message."""
         if self.mode == "crc":
             (expected,) = CRC.unpack(trailer)
-            actual = _crc32c(data)
+            actual = running.value
             return None if actual == expected else f"{CRC_NAME} {actual:#010x}, sender's {expected:#010x}"
-        tag = hashlib.blake2b(_COUNTER.pack(self._received), digest_size=MAC_BYTES, key=self._recv_key)
-        tag.update(data)
-        self._received += 1
-        if hmac.compare_digest(tag.digest(), bytes(trailer)):
+        if hmac.compare_digest(running.digest(), bytes(trailer)):
             return None
         return f"its MAC does not match (message {self._received - 1}: changed, dropped, replayed or forged)"
+
+    def check(self, data, trailer) -> str | None:
+        """None when the trailer matches data (a whole message at once); else what was wrong."""
+        running = self.checker()
+        running.update(data)
+        return self.verdict(running, trailer)
 
 
 def for_link(mode: "str | bool", job: Auth | None, context: int, me: int, peer: int,
