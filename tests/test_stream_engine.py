@@ -70,7 +70,10 @@ def test_deadline_names_what_is_missing():
 @pytest.mark.parametrize("mode", ["crc", "mac"])
 def test_checked_messages_survive_pieces_of_any_size(mode):
     """Small socket buffers split messages and their trailers across many calls on both ends
-    (a trailer's bytes arrive apart from its message's); every message still checks, in order."""
+    (a trailer's bytes arrive apart from its message's), and the sender, in its own engine,
+    seals queued messages while it waits; every message still checks, in order."""
+    import threading
+
     from adapter.backends.transport import auth, integrity
     job = auth.auth_from_secret(b"k" * 32)
     a, b = socket.socketpair()
@@ -86,7 +89,12 @@ def test_checked_messages_survive_pieces_of_any_size(mode):
     for i, (p, o) in enumerate(zip(payloads, outs)):
         sender.post_send(memoryview(p))
         receiver.post_recv(memoryview(o), lambda i=i: done.append(i))
-    Engine([sender, receiver], 0).run(time.monotonic() + 10, "test")
+    thread = threading.Thread(target=Engine([sender], 1).run, args=(time.monotonic() + 10, "test"))
+    thread.start()
+    time.sleep(0.2)  # the sender fills the socket and waits: it seals the rest meanwhile
+    assert len(sender.tails) == len(sender.sendq)
+    Engine([receiver], 0).run(time.monotonic() + 10, "test")
+    thread.join(10)
     assert done == list(range(len(sizes)))
     assert [bytes(o) for o in outs] == payloads
 

@@ -31,7 +31,7 @@ class Stream:
     """One TCP connection to a peer, with queues of pending sends and receives."""
 
     __slots__ = ("sock", "fd", "peer", "label", "sendq", "recvq", "recv_got", "bytes_in", "bytes_out", "verify",
-                 "send_tail", "running", "trailer")
+                 "tails", "running", "trailer")
 
     def __init__(self, sock: socket.socket, peer: int, label: str, verify: "bool | Integrity | None" = False) -> None:
         sock.setblocking(False)
@@ -45,13 +45,13 @@ class Stream:
         self.bytes_in = 0
         self.bytes_out = 0
         # JACKLRING_VERIFY: every message is followed by its CRC-32C or MAC, checked on receipt.
-        # The trailer is computed when the message reaches the head of the send queue (not when
-        # it is posted: a whole chunk's checksums up front would delay its first byte and read
-        # it from memory twice) and sent with its last bytes in one call; the receiver feeds
-        # each piece to its check as it lands, and reads the trailer in the same call as the
-        # message's last bytes when they arrive together.
+        # A trailer is computed when its message reaches the head of the send queue, or earlier
+        # while the engine would otherwise sleep (not when it is posted: a whole chunk's
+        # checksums up front would delay its first byte), and goes out in the same call as the
+        # message's last bytes; the receiver feeds each piece to its check as it lands, and
+        # reads the trailer in the same call as the message's last bytes.
         self.verify = Integrity("crc") if verify is True else (verify or None)
-        self.send_tail: memoryview | None = None   # the head message's trailer, still to send
+        self.tails: deque[memoryview] = deque()    # trailers of sendq[0], sendq[1], ... so far
         self.running = None                        # the head incoming message's running check
         self.trailer = memoryview(bytearray(self.verify.size)) if self.verify else None
 
@@ -80,7 +80,7 @@ class Stream:
             missing = sum(len(entry[0]) + trailer for entry in self.recvq) - self.recv_got
             parts.append(f"{missing} bytes still to receive from {self.label}")
         if self.sendq:
-            tail = len(self.send_tail) if self.send_tail is not None else trailer
+            tail = len(self.tails[0]) if self.tails else trailer
             parts.append(f"{sum(len(v) + trailer for v in self.sendq) - trailer + tail} bytes still to send to {self.label}")
         return "; ".join(parts)
 
@@ -88,7 +88,8 @@ class Stream:
         self.sendq.clear()
         self.recvq.clear()
         self.recv_got = 0
-        self.send_tail = self.running = None
+        self.tails.clear()
+        self.running = None
 
     def close(self) -> None:
         try:
@@ -125,6 +126,7 @@ class Engine:
         stall_at = started + self.stall_report_s if self.stall_report_s else None
         spin_until = started + self.spin_s
         bytes_at_start = self._bytes_moved()
+        checked = any(link.verify is not None for link in all_links)
         while links:
             progressed = False
             try:
@@ -146,6 +148,8 @@ class Engine:
             now = time.monotonic()
             if moved:  # time of the first idle look after bytes moved: when the silence began
                 last_move, moved = now, False
+            if checked and self._seal_ahead(links):
+                continue
             if now < spin_until:
                 continue
             if now >= last_move + silence:
@@ -262,14 +266,13 @@ class Engine:
 
     def _push_checked(self, link: Stream, what: str) -> bool:
         sock = link.sock
-        queue = link.sendq
+        queue, tails = link.sendq, link.tails
         progressed = False
         while queue:
             view = queue[0]
-            tail = link.send_tail
-            if tail is None:
-                # Sealed just before its first byte goes: the kernel's copy then reads it from cache.
-                tail = link.send_tail = memoryview(link.verify.seal(view))
+            if not tails:
+                tails.append(memoryview(link.verify.seal(view)))
+            tail = tails[0]
             try:
                 sent = sock.sendmsg((view, tail))
             except BlockingIOError:
@@ -285,11 +288,21 @@ class Engine:
                 return progressed
             if sent < size + len(tail):
                 queue[0] = view[size:]
-                link.send_tail = tail[sent - size:]
+                tails[0] = tail[sent - size:]
                 return progressed
             queue.popleft()
-            link.send_tail = None
+            tails.popleft()
         return progressed
+
+    @staticmethod
+    def _seal_ahead(links: list[Stream]) -> bool:
+        """Seal one queued message that is not at the head yet: work moved into time the engine
+        would spend waiting for a socket. False when there is none."""
+        for link in links:
+            if link.verify is not None and len(link.tails) < len(link.sendq):
+                link.tails.append(memoryview(link.verify.seal(link.sendq[len(link.tails)])))
+                return True
+        return False
 
     def _pull_checked(self, link: Stream, what: str) -> bool:
         recvmsg_into = link.sock.recvmsg_into
