@@ -89,13 +89,20 @@ def test_checked_messages_survive_pieces_of_any_size(mode):
     for i, (p, o) in enumerate(zip(payloads, outs)):
         sender.post_send(memoryview(p))
         receiver.post_recv(memoryview(o), lambda i=i: done.append(i))
-    thread = threading.Thread(target=Engine([sender], 1).run, args=(time.monotonic() + 10, "test"))
+    errors = []
+
+    def send() -> None:
+        try:
+            Engine([sender], 1).run(time.monotonic() + 10, "test")
+        except Exception as exc:  # reported by the assertion below
+            errors.append(exc)
+    thread = threading.Thread(target=send)
     thread.start()
     time.sleep(0.2)  # the sender fills the socket and waits: it seals the rest meanwhile
     assert len(sender.tails) == len(sender.sendq)
     Engine([receiver], 0).run(time.monotonic() + 10, "test")
     thread.join(10)
-    assert done == list(range(len(sizes)))
+    assert not errors and done == list(range(len(sizes))), errors
     assert [bytes(o) for o in outs] == payloads
 
 
