@@ -9,6 +9,8 @@ import pytest
 from adapter.backends.transport.stream_engine import Engine, Stream
 from adapter.errors import CollectiveTimeout, IntegrityError, PeerError
 
+SESSION = bytes(range(64))  # both handshake nonces of a connection (a MAC key depends on them)
+
 
 def pair(verify=False):
     a, b = socket.socketpair()
@@ -80,8 +82,8 @@ def test_checked_messages_survive_pieces_of_any_size(mode):
     for s in (a, b):
         s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
         s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    sender = Stream(a, 1, "rank 1 (test)", integrity.for_link(mode, job, 1, 0, 1, "ring 0->1 #0"))
-    receiver = Stream(b, 0, "rank 0 (test)", integrity.for_link(mode, job, 1, 1, 0, "ring 0->1 #0"))
+    sender = Stream(a, 1, "rank 1 (test)", integrity.for_link(mode, job, 1, 0, 1, "ring 0->1 #0", SESSION))
+    receiver = Stream(b, 0, "rank 0 (test)", integrity.for_link(mode, job, 1, 1, 0, "ring 0->1 #0", SESSION))
     sizes = [1, 3, 4, 5, 17, 4095, 4096, 4097, 100_000, 2, 65_537]
     payloads = [bytes((i * 7 + j) % 251 for j in range(n)) for i, n in enumerate(sizes)]
     outs = [bytearray(n) for n in sizes]
@@ -111,8 +113,8 @@ def test_a_flipped_trailer_byte_is_caught(mode):
     from adapter.backends.transport import auth, integrity
     job = auth.auth_from_secret(b"k" * 32)
     a, b = socket.socketpair()
-    seal = integrity.for_link(mode, job, 1, 0, 1, "ring 0->1 #0")
-    receiver = Stream(b, 0, "rank 0 (test)", integrity.for_link(mode, job, 1, 1, 0, "ring 0->1 #0"))
+    seal = integrity.for_link(mode, job, 1, 0, 1, "ring 0->1 #0", SESSION)
+    receiver = Stream(b, 0, "rank 0 (test)", integrity.for_link(mode, job, 1, 1, 0, "ring 0->1 #0", SESSION))
     payload = b"z" * 5000
     trailer = bytearray(seal.seal(payload))
     trailer[-1] ^= 1

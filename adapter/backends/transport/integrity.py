@@ -3,9 +3,10 @@
 crc  CRC-32C (the Castagnoli polynomial, computed by the CPU's crc32 instruction through the
      `crc32c` package; zlib's CRC-32 where that package is missing). A relay that rewrites data
      can recompute it: it finds corruption, not tampering.
-mac  keyed BLAKE2b (16-byte tags) with a key derived from the job key for one direction of one
-     connection, over a message counter and the bytes: a changed, dropped, replayed or
-     reordered message fails the check. Needs the job secret to mean anything (without one the
+mac  keyed BLAKE2b (16-byte tags) with a key derived from the job key and both handshake
+     nonces for one direction of one connection, over a message counter and the bytes: a
+     changed, dropped, replayed or reordered message fails the check, and so does one
+     recorded from any other connection. Needs the job secret to mean anything (without one the
      key follows from public facts; JACKLRING_REQUIRE_AUTH=1 refuses that).
 
 One Integrity object per connection direction pair (a stream_engine.Stream): seal() for each message sent and
@@ -17,7 +18,7 @@ import hashlib
 import hmac
 import struct
 
-from .auth import Auth
+from .auth import NONCE_BYTES, Auth
 
 try:
     from crc32c import crc32c as _crc32c
@@ -104,18 +105,22 @@ class Integrity:
 
 
 def for_link(mode: "str | bool", job: Auth | None, context: int, me: int, peer: int,
-             connection: str) -> Integrity | None:
+             connection: str, session: bytes) -> Integrity | None:
     """The Integrity of one connection between ranks `me` and `peer`, or None when
     JACKLRING_VERIFY is off. `connection` names the connection the same way on both ends (e.g.
-    "ring 3->4 #0": who connected to whom, which one), so each connection and direction of the
-    job context `context` has its own MAC key."""
+    "ring 3->4 #0": who connected to whom, which one) and `session` is its handshake's two
+    nonces (handshake.Hello.session), so each connection and direction has its own MAC key:
+    a stream recorded from one connection, even of an earlier run of the same job with the
+    same secret and addresses, fails the check on any other."""
     if not mode:
         return None
     if mode != "mac":
         return Integrity("crc")
     if job is None:
         raise ValueError("JACKLRING_VERIFY=mac needs the job key")
+    if len(session) < 2 * NONCE_BYTES:
+        raise ValueError("JACKLRING_VERIFY=mac needs both handshake nonces of the connection")
 
     def key(sender: int) -> bytes:
-        return job.derive(f"verify-mac {context} {connection} from {sender}".encode()).key
+        return job.derive(f"verify-mac {context} {connection} from {sender}\0".encode() + session).key
     return Integrity("mac", key(me), key(peer))
