@@ -18,6 +18,11 @@ def ring_context(addresses):
     return json.dumps(addresses).encode()
 
 
+def ring_context_v2(addresses, incarnation):
+    """Today's ring context: the addresses and how many rings the process formed (1 for the first)."""
+    return json.dumps([addresses, incarnation]).encode()
+
+
 def jaccl_context(coordinator, devices):
     return json.dumps([coordinator, devices]).encode()
 
