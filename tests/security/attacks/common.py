@@ -27,6 +27,11 @@ def jaccl_context(coordinator, devices):
     return json.dumps([coordinator, devices]).encode()
 
 
+def jaccl_context_v2(coordinator, devices, incarnation):
+    """Today's JACCL context: with how many groups the process formed (1 for the first)."""
+    return json.dumps([coordinator, devices, incarnation]).encode()
+
+
 def old_ring_token(addresses):
     return int.from_bytes(hashlib.sha256(ring_context(addresses)).digest()[:8], "little")
 
