@@ -122,3 +122,14 @@ def test_a_flipped_trailer_byte_is_caught(mode):
     receiver.post_recv(memoryview(bytearray(5000)))
     with pytest.raises(IntegrityError, match=r"rank 0: test: checksum mismatch on a 5000-byte message from rank 0"):
         Engine([receiver], 0).run(time.monotonic() + 5, "test")
+
+
+def test_peer_hanging_up_before_the_trailer_is_a_peer_error():
+    a, b = socket.socketpair()
+    receiver = Stream(b, 3, "rank 3 (test)", verify=True)
+    a.sendall(b"x" * 10)  # the whole message, but not its checksum
+    a.close()
+    receiver.post_recv(memoryview(bytearray(10)))
+    with pytest.raises(PeerError, match=r"rank 0: test: rank 3 \(test\) closed the connection \(0 bytes of the current "
+                                        r"message and its 4-byte check still expected"):
+        Engine([receiver], 0).run(time.monotonic() + 5, "test")
