@@ -130,6 +130,6 @@ def test_peer_hanging_up_before_the_trailer_is_a_peer_error():
     a.sendall(b"x" * 10)  # the whole message, but not its checksum
     a.close()
     receiver.post_recv(memoryview(bytearray(10)))
-    with pytest.raises(PeerError, match=r"rank 0: test: rank 3 \(test\) closed the connection \(0 bytes of the current "
-                                        r"message and its 4-byte check still expected"):
+    with pytest.raises(PeerError, match=r"rank 0: test: rank 3 \(test\) closed the connection \(4 bytes of the current "
+                                        r"message's checksum still expected"):
         Engine([receiver], 0).run(time.monotonic() + 5, "test")

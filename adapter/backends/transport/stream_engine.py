@@ -326,11 +326,10 @@ class Engine:
             if n == 0:
                 if on_truncated is not None:
                     on_truncated(min(got, size))
-                raise PeerError(
-                    f"rank {self.rank}: {what}: {link.label} closed the connection "
-                    f"({size - min(got, size)} bytes of the current message and its {tsize}-byte check still "
-                    f"expected; the peer died or raised)"
-                )
+                missing = (f"{size - got} bytes of the current message and its {tsize}-byte checksum" if got < size
+                           else f"{size + tsize - got} bytes of the current message's checksum")
+                raise PeerError(f"rank {self.rank}: {what}: {link.label} closed the connection ({missing} still "
+                                f"expected; the peer died or raised)")
             progressed = True
             link.bytes_in += n
             if len(data):
