@@ -7,7 +7,9 @@
 
 Each side proves the key over a nonce the other side just chose, so neither a recorded
 handshake nor a relay that does not know the key gets through, and a connection counts on
-either side only once both proofs checked (the connector waits for the ACK). Every frame has a
+either side only once both proofs checked (the connector waits for the ACK). Both nonces,
+known to both ends when it is done (Hello.session), key the connection's message MACs
+(integrity.for_link), so no two connections share those keys. Every frame has a
 fixed size: there is no length field to lie about.
 
 The acceptor side runs in a thread per listener (Acceptor): connections are accepted as they

@@ -77,7 +77,7 @@ class Integrity:
         if self.mode != "crc":
             self._received += 1
 
-    def checker(self):
+    def checker(self) -> "_RunningCrc | hashlib.blake2b":
         """The running check of the next incoming message: update() it with each piece as it
         lands (while the data is still in cache), then verdict() it against the trailer."""
         if self.mode == "crc":
@@ -86,7 +86,7 @@ class Integrity:
         self._received += 1
         return tag
 
-    def verdict(self, running, trailer) -> str | None:
+    def verdict(self, running: "_RunningCrc | hashlib.blake2b", trailer) -> str | None:
         """None when the trailer matches the message fed to `running` (from checker()); else
         what was wrong, for the error message."""
         if self.mode == "crc":
