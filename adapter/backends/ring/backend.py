@@ -300,14 +300,14 @@ class RingBackend(Backend):
         left: list[Stream | None] = [None] * k
         try:
             for c in range(k):
-                sock = self._connect_right(nxt, c, deadline)
+                sock, hello = self._connect_right(nxt, c, deadline)
                 right.append(Stream(sock, nxt, self._who(nxt, c), integrity.for_link(
-                    self._verify, self._auth, self._token, r, nxt, f"ring {r}->{nxt} #{c}")))
+                    self._verify, self._auth, self._token, r, nxt, f"ring {r}->{nxt} #{c}", hello.session)))
             for c in range(k):
-                sock = self._take(self._listeners[c], lambda h: h.purpose == PURPOSE_RING, deadline,
-                                  f"rank {r}: rank {prv} (connection {c} of {k})")
+                sock, hello = self._take(self._listeners[c], lambda h: h.purpose == PURPOSE_RING, deadline,
+                                         f"rank {r}: rank {prv} (connection {c} of {k})")
                 left[c] = Stream(sock, prv, self._who(prv, c), integrity.for_link(
-                    self._verify, self._auth, self._token, r, prv, f"ring {prv}->{r} #{c}"))
+                    self._verify, self._auth, self._token, r, prv, f"ring {prv}->{r} #{c}", hello.session))
         except BaseException:
             for item in right + left:
                 if item is not None:
@@ -320,7 +320,7 @@ class RingBackend(Backend):
             tcp.local_rank_count([a[0] for a in self._addresses], self._addresses[r][0]))
         log.info("rank %d: ring connected (%d connection(s) to rank %d and from rank %d)", r, k, nxt, prv)
 
-    def _connect_right(self, nxt: int, c: int, deadline: float) -> socket.socket:
+    def _connect_right(self, nxt: int, c: int, deadline: float) -> tuple[socket.socket, tcp.Hello]:
         """Connect ring connection c to the right neighbour; the handshake's acknowledgement
         means the neighbour took it. While a split forms, the parent is watched meanwhile."""
         addr = tcp.parse_address(self._addresses[nxt][c])
@@ -329,20 +329,20 @@ class RingBackend(Backend):
             self._watch_parent()
             step = deadline if self._watch is None else min(deadline, time.monotonic() + WATCH_S)
             try:
-                return tcp.connect(addr, hello, step, f"rank {nxt}", self._auth)
+                return tcp.connect_with_hello(addr, hello, step, f"rank {nxt}", self._auth)
             except PeerError as exc:
                 if step < deadline and time.monotonic() < deadline and "before the deadline" in str(exc):
                     continue
                 raise PeerError(f"rank {self._rank}: {exc}") from None
 
-    def _take(self, listener: tcp.Listener, match, deadline: float, who: str) -> socket.socket:
+    def _take(self, listener: tcp.Listener, match, deadline: float, who: str) -> tuple[socket.socket, tcp.Hello]:
         """The authenticated connection match() wants, watching the parent while a split forms."""
         while True:
             self._watch_parent()
             step = deadline if self._watch is None else min(deadline, time.monotonic() + WATCH_S)
             taken = listener.take(match, step, who if step >= deadline else None)
             if taken is not None:
-                return taken[0]
+                return taken
 
     def _watch_parent(self) -> None:
         if self._watch is not None:
@@ -498,6 +498,8 @@ class RingBackend(Backend):
                     sock = self._p2p_in.setdefault(peer, taken[0])
                 if sock is not taken[0]:
                     taken[0].close()
+                else:
+                    self._p2p_connected(peer, self._rank, taken[1])
         return sock
 
     def _spill_from(self, peer: int) -> bool:
@@ -570,17 +572,16 @@ class RingBackend(Backend):
                                      f"from {self._who(src)}: {problem}")
 
     def _p2p_integrity(self, kind: str, sender: int, receiver: int) -> integrity.Integrity | None:
-        """The trailer of the point-to-point stream sender -> receiver (one per stream: a MAC
-        counts its messages)."""
-        if not self._verify:
-            return None
-        key = (sender, receiver)
-        found = self._integrity.get(key)
-        if found is None:
+        """The trailer of the point-to-point stream sender -> receiver (one per connection: a
+        MAC counts its messages, under a key of that connection alone); set by _p2p_connected."""
+        return self._integrity.get((sender, receiver)) if self._verify else None
+
+    def _p2p_connected(self, sender: int, receiver: int, hello: tcp.Hello) -> None:
+        """A point-to-point connection sender -> receiver was set up: its own trailers."""
+        if self._verify:
             peer = receiver if sender == self._rank else sender
-            found = self._integrity[key] = integrity.for_link(
-                self._verify, self._auth, self._token, self._rank, peer, f"{kind} {sender}->{receiver}")
-        return found
+            self._integrity[(sender, receiver)] = integrity.for_link(
+                self._verify, self._auth, self._token, self._rank, peer, f"p2p {sender}->{receiver}", hello.session)
 
     def _recv_bytes(self, sock: socket.socket, view: memoryview, src: int, deadline: float, who: str) -> None:
         """Fill view from src's spill buffer first, then its stream (caller holds src's receive lock).
@@ -978,9 +979,10 @@ class RingBackend(Backend):
             addr = tcp.parse_address(self._addresses[dst][0])
             hello = tcp.Hello(PURPOSE_P2P, self._rank, dst, 0, self._token)
             try:
-                sock = tcp.connect(addr, hello, deadline, f"rank {dst}", self._auth)
+                sock, hello = tcp.connect_with_hello(addr, hello, deadline, f"rank {dst}", self._auth)
             except PeerError as exc:
                 raise PeerError(f"rank {self._rank}: send: {exc}") from None
+            self._p2p_connected(self._rank, dst, hello)
             with self._p2p_lock:
                 self._p2p_out[dst] = sock
         return sock
@@ -1029,6 +1031,7 @@ class RingBackend(Backend):
             taken = self._listeners[0].take(lambda h: h.purpose == PURPOSE_P2P and h.sender == src,
                                             min(deadline, time.monotonic() + 0.2), None)
             if taken is not None:
+                self._p2p_connected(src, self._rank, taken[1])
                 with self._p2p_lock:
                     old = self._p2p_in.get(src)
                     self._p2p_in[src] = taken[0]

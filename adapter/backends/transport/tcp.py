@@ -186,8 +186,9 @@ class Listener:
             self._acceptor = Acceptor([self.tcp, self.unix], self.where(), auth, token, rank, admit, label)
 
     def take(self, match, deadline: float, who: str | None) -> tuple[socket.socket, Hello] | None:
-        """The next authenticated connection whose hello satisfies match. At the deadline:
-        PeerError naming `who` (and any rejected impostors), or None when who is None."""
+        """The next authenticated connection whose hello satisfies match (the hello carries
+        both handshake nonces: Hello.session). At the deadline: PeerError naming `who` (and any
+        rejected impostors), or None when who is None."""
         assert self._acceptor is not None, "Listener.serve() was not called"
         item = self._acceptor.take(match, deadline)
         if item is not None:
@@ -220,6 +221,13 @@ def connect(addr: tuple[str, int], hello: Hello, deadline: float, who: str, auth
     and run the handshake. A loopback peer is reached through its Unix socket when one of this
     user's processes holds it (see Listener). `who` describes the peer for the error message.
     A listener that answers but is not a rank of this job fails at once (PeerError)."""
+    return connect_with_hello(addr, hello, deadline, who, auth)[0]
+
+
+def connect_with_hello(addr: tuple[str, int], hello: Hello, deadline: float, who: str,
+                       auth: Auth) -> tuple[socket.socket, Hello]:
+    """connect(), also returning the hello as sent with both handshake nonces (Hello.session),
+    for keys that belong to this connection alone."""
     delay = 0.01
     last_error = "no attempt made"
     name = local_name(*addr)
@@ -242,10 +250,10 @@ def connect(addr: tuple[str, int], hello: Hello, deadline: float, who: str, auth
                         _report_squat(name, uid, f"the connection to {who}")  # type: ignore[arg-type]
                         sock.close()
                         continue
-                client_handshake(sock, hello.fresh(), auth, where, who)
+                done = client_handshake(sock, hello.fresh(), auth, where, who)
                 tune(sock)
                 sock.settimeout(None)
-                return sock
+                return sock, done
             except HandshakeRetry as exc:
                 sock.close()
                 closed_without_answer += 1
