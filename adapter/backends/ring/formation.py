@@ -57,6 +57,7 @@ class Watch:
         self._error = error
         self._prefix = prefix
         self._links: list[tuple[socket.socket, int]] = []
+        self._heard: set[socket.socket] = set()  # ended, and their news left to this rank's deadline
         self._listeners: list[tcp.Listener] = []
         self._on_arrival: Callable[[], None] | None = None
         self._waits_for: Callable[[int], bool] | None = None
@@ -96,7 +97,8 @@ class Watch:
 
     def _look(self, timeout: float) -> None:
         poller = select.poll()
-        links = {sock.fileno(): (sock, peer) for sock, peer in self._links if sock.fileno() >= 0}
+        links = {sock.fileno(): (sock, peer) for sock, peer in self._links
+                 if sock.fileno() >= 0 and sock not in self._heard}
         for fd in links:
             poller.register(fd, select.POLLRDHUP)
         arrivals = {}
@@ -114,7 +116,7 @@ class Watch:
         for link in ended:
             error, aborted = self._verdict(*link)
             if error.missing and self._waits_for is not None and self._waits_for(error.culprit):
-                self._links.remove(link)  # its stream is over; this rank's own deadline follows
+                self._heard.add(link[0])  # its stream is over; this rank's own deadline follows
                 continue
             verdicts.append((not aborted, error))
         if verdicts:
