@@ -29,6 +29,7 @@ PURPOSE_SIDE_CHANNEL = 0x4A43  # "JC": rejects connections meant for other backe
 _LEN = struct.Struct("<I")
 _ABORT = 0xFFFFFFFF            # in place of a length: an abort frame (text length, text) follows
 ABORT_GRACE_S = 1.0
+LATECOMER_GRACE_S = 5.0        # rank 0, after a death: how long ranks still on their way get the verdict
 _ABORT_SEND_S = 0.5
 MAX_BLOB_BYTES = 1 << 16       # a rank's connection details: a few hundred bytes in practice
 MAX_ABORT_BYTES = 60000
@@ -93,9 +94,9 @@ class SideChannel:
                 self._peers[taken[1].sender] = taken[0]
 
     def _tell_latecomers(self, listener: tcp.Listener, reason: str) -> None:
-        """Rank 0, after a death: ranks still on their way get the abort too, for ABORT_GRACE_S
-        (a rank that is not there by then waits for its own deadline)."""
-        until = time.monotonic() + ABORT_GRACE_S
+        """Rank 0, after a death: ranks still on their way get the abort too, for LATECOMER_GRACE_S
+        at most (a rank that is not there by then waits for its own deadline)."""
+        until = time.monotonic() + LATECOMER_GRACE_S
         while len(self._peers) < self.size - 1:
             taken = listener.take(lambda h: h.sender not in self._peers, until, None)
             if taken is None:
