@@ -87,11 +87,11 @@ class SideChannel:
                 self.watch()
             except PeerError as exc:
                 raise _Died(str(exc)) from None
-            late = time.monotonic() >= deadline
-            taken = listener.take(lambda h: h.sender not in self._peers, time.monotonic(),
-                                  f"JACCL ranks {waiting} (side channel)" if late else None)
-            if taken is not None:
+            # Every connection waiting now (one readiness wake-up may stand for several).
+            while (taken := listener.take(lambda h: h.sender not in self._peers, time.monotonic(), None)) is not None:
                 self._peers[taken[1].sender] = taken[0]
+            if len(self._peers) < self.size - 1 and time.monotonic() >= deadline:
+                listener.take(lambda h: h.sender not in self._peers, deadline, f"JACCL ranks {waiting} (side channel)")
 
     def _tell_latecomers(self, listener: tcp.Listener, reason: str) -> None:
         """Rank 0, after a death: ranks still on their way get the abort too, for LATECOMER_GRACE_S
