@@ -411,8 +411,10 @@ class RingBackend(Backend):
         whose barrier fails passes the verdict on over the ring (see _collective)."""
         self._abandon_on_failure = True
         op_timeout, self.timeout = self.timeout, max(0.001, self._formation_deadline - time.monotonic())
+        seq = self._seq
         try:
             self.barrier()  # waits for the slowest rank's formation: the connect deadline bounds it
+            self._seq = seq  # formation traffic: the caller's operations keep their numbers (seq 1 first)
         except FormationAbandoned:
             raise
         except DistributedError as exc:
