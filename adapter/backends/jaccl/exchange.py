@@ -299,6 +299,7 @@ class _Transfer:
                  f"#{self.link.received[p]} to rank {self.link.rank}"
                  for p in self.targets if self.next_recv[p] < self.total_in[p]]
         parts += [f"{label(p)} to take {self.total_out[p] - self.next_send[p] + self.unacked[p]} frame(s)"
+                  f"{self.t.backlog_note(p)}"
                   for p in self.sends if self.next_send[p] < self.total_out[p] or self.unacked[p]]
         return ", ".join(parts) or "nothing"
 

@@ -223,6 +223,10 @@ class Acceptor:
         self._rejected_from: list[str] = []
         self._closed = False
         self._wake_r, self._wake_w = socket.socketpair()
+        # A byte per authenticated arrival: a consumer can sleep in poll() on other sockets too.
+        self._ready_r, self._ready_w = socket.socketpair()
+        self._ready_w.setblocking(False)
+        self._ready_r.setblocking(False)
         self._thread = threading.Thread(target=self._loop, name=f"jacklring-accept {where}", daemon=True)
         self._thread.start()
 
@@ -241,6 +245,18 @@ class Acceptor:
                 if remaining <= 0 or self._closed:
                     return None
                 self._cond.wait(min(remaining, 1.0))
+
+    def ready_fd(self) -> int:
+        """Readable after an authenticated connection joined the queue (see drain_ready)."""
+        return self._ready_r.fileno()
+
+    def drain_ready(self) -> None:
+        """Consume the readiness bytes; call before looking at the queue with take()."""
+        try:
+            while self._ready_r.recv(4096):
+                pass
+        except (BlockingIOError, InterruptedError, OSError):
+            pass
 
     def rejected_summary(self) -> str:
         with self._cond:
@@ -262,6 +278,8 @@ class Acceptor:
             self._thread.join(2.0)
         for _, sock, _ in ready:
             sock.close()
+        self._ready_r.close()
+        self._ready_w.close()
 
     # ---- the thread
 
@@ -435,6 +453,10 @@ class Acceptor:
                 return
             self._ready.append((replace(hello, server_nonce=item.nonce_s), item.sock, item.peer))
             self._cond.notify_all()
+        try:
+            self._ready_w.send(b"x")
+        except OSError:
+            pass  # full: it is readable anyway
 
     @staticmethod
     def _send(item: _Pending, frame: bytes) -> bool:

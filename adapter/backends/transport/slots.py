@@ -76,6 +76,11 @@ class Transport(abc.ABC):
         """How error messages name a peer (a transport may add its address)."""
         return f"rank {peer}"
 
+    def backlog_note(self, peer: int) -> str:
+        """For a timeout: why `peer` may not be taking frames (a transport with a bounded
+        read-ahead says when its own buffer for that peer is full); empty when nothing is known."""
+        return ""
+
     @abc.abstractmethod
     def send_buffer(self, peer: int, slot: int) -> memoryview:
         """The registered buffer of send slot `slot` to `peer` (do not touch while posted)."""

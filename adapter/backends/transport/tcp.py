@@ -14,6 +14,7 @@ import os
 import socket
 import sys
 import time
+from typing import Callable
 
 from ... import config
 from ...errors import CollectiveTimeout, ConfigError, PeerError
@@ -200,6 +201,15 @@ class Listener:
         raise PeerError(f"{who} did not connect to {self.where()} before the deadline"
                         f"{self._acceptor.rejected_summary()}")
 
+    def ready_fd(self) -> int:
+        """A descriptor that becomes readable when an authenticated connection waits for take()."""
+        assert self._acceptor is not None, "Listener.serve() was not called"
+        return self._acceptor.ready_fd()
+
+    def drain_ready(self) -> None:
+        if self._acceptor is not None:
+            self._acceptor.drain_ready()
+
     def close(self) -> None:
         if self._acceptor is not None:
             self._acceptor.close()
@@ -216,16 +226,19 @@ def _new_socket(family: int, operation: str) -> socket.socket:
         raise from_os_error(exc, operation) from None
 
 
-def connect(addr: tuple[str, int], hello: Hello, deadline: float, who: str, auth: Auth) -> socket.socket:
+def connect(addr: tuple[str, int], hello: Hello, deadline: float, who: str, auth: Auth,
+            pause: Callable[[float], None] | None = None) -> socket.socket:
     """Connect to addr, retrying with backoff until deadline (the peer may not be listening yet),
     and run the handshake. A loopback peer is reached through its Unix socket when one of this
     user's processes holds it (see Listener). `who` describes the peer for the error message.
-    A listener that answers but is not a rank of this job fails at once (PeerError)."""
-    return connect_with_hello(addr, hello, deadline, who, auth)[0]
+    A listener that answers but is not a rank of this job fails at once (PeerError).
+    pause(seconds) waits between attempts (default: sleep); a forming group passes one that
+    watches its other connections meanwhile and raises when the formation is abandoned."""
+    return connect_with_hello(addr, hello, deadline, who, auth, pause)[0]
 
 
-def connect_with_hello(addr: tuple[str, int], hello: Hello, deadline: float, who: str,
-                       auth: Auth) -> tuple[socket.socket, Hello]:
+def connect_with_hello(addr: tuple[str, int], hello: Hello, deadline: float, who: str, auth: Auth,
+                       pause: Callable[[float], None] | None = None) -> tuple[socket.socket, Hello]:
     """connect(), also returning the hello as sent with both handshake nonces (Hello.session),
     for keys that belong to this connection alone."""
     delay = 0.01
@@ -271,7 +284,7 @@ def connect_with_hello(addr: tuple[str, int], hello: Hello, deadline: float, who
             except OSError as exc:
                 sock.close()
                 last_error = exc.strerror or str(exc)
-        time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+        (pause or time.sleep)(min(delay, max(0.0, deadline - time.monotonic())))
         delay = min(delay * 2, 0.5)
 
 

@@ -102,6 +102,14 @@ class TcpMeshTransport(Transport):
         state = self._peers[peer] if 0 <= peer < self.size else None
         return state.label if state is not None else f"rank {peer}"
 
+    def backlog_note(self, peer: int) -> str:
+        state = self._peers[peer] if 0 <= peer < self.size else None
+        if state is None or state.spilled < self.spill_limit:
+            return ""
+        # Both ranks sending more than the cap before receiving: each waits for the other.
+        return (f"; {state.spilled} bytes from {state.label} wait in this rank's spill buffer, which is full "
+                f"(JACKLRING_P2P_SPILL_BYTES={self.spill_limit})")
+
     # ---- buffers ---------------------------------------------------------------------------
 
     def _make_send(self, state: _Peer, slot: int) -> memoryview:
