@@ -16,24 +16,24 @@ BEFORE_INIT = """
 import signal
 from adapter.backends.transport import tcp
 
-real_connect = tcp.connect
+real_connect = tcp.connect_with_hello  # tcp.connect goes through it too
 
 if r == SLOW:
     def connect(addr, hello, *args, **kwargs):
         if hello.purpose == PURPOSE:
             time.sleep(1.0)
         return real_connect(addr, hello, *args, **kwargs)
-    tcp.connect = connect
+    tcp.connect_with_hello = connect
 
 if r == VICTIM:
 
     def connect(addr, hello, *args, **kwargs):
-        sock = real_connect(addr, hello, *args, **kwargs)
+        done = real_connect(addr, hello, *args, **kwargs)
         if hello.purpose == PURPOSE:  # connected (the peer acknowledged): die now
             say("KILLED", hello.receiver)
             os.kill(os.getpid(), signal.SIGKILL)
-        return sock
-    tcp.connect = connect
+        return done
+    tcp.connect_with_hello = connect
 """
 
 
