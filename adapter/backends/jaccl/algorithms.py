@@ -5,6 +5,10 @@ Mesh (every pair of ranks directly connected):
     contributions in rank order, so every rank computes the same bits;
   - large all_reduce: reduce-scatter (rank j reduces block j from all peers, in rank order) then
     all-gather of the reduced blocks: each link carries 2/N of the data instead of all of it.
+    The reduce-scatter reduces frame by frame out of the receive slots into the result
+    (FrameExchange.reduce_transfer), so beyond src and dst it needs only the slots;
+  - large broadcast: the root scatters one block to each rank, then the ranks all-gather them,
+    so the root's links carry the message once instead of once per peer.
 Ring (links only between neighbours, `jaccl-ring`): the classic ring reduce-scatter and
 all-gather, one block per step; each block is reduced by one chain and then copied, so the
 result is identical on every rank too.
@@ -21,8 +25,11 @@ from ..elements import block_bounds, byte_view, dtype_code, reduce_into, reduce_
 from ..protocol import OP_CODES, REDUCE_CODES, Request
 from .exchange import FrameExchange
 
-# Above this, with more than two ranks, the mesh all_reduce uses reduce-scatter + all-gather.
+# Above this, the mesh all_reduce uses reduce-scatter + all-gather (with two ranks only once the
+# message needs more than one frame: below that the one-frame exchange is quicker).
 MESH_LARGE_BYTES = 64 << 10
+# From this size (and with more than two ranks) the mesh broadcast scatters, then all-gathers.
+BROADCAST_SCATTER_BYTES = 256 << 10
 RING_LARGE_BYTES = 64 << 10
 _EMPTY = memoryview(b"")
 
@@ -98,7 +105,7 @@ class MeshAlgorithms(Algorithms):
         nbytes = src.nbytes
         if nbytes <= self.link.payload and (self.size <= 2 or nbytes < MESH_LARGE_BYTES):
             self._all_reduce_small(src, dst, op)
-        elif self.size > 2 and nbytes >= MESH_LARGE_BYTES and src.size >= self.size:
+        elif nbytes >= MESH_LARGE_BYTES and src.size >= self.size:
             self._all_reduce_blocks(_request("all_reduce", src, op), src, dst, op)
         else:
             self._all_reduce_one_step(_request("all_reduce", src, op), src, dst, op)
@@ -138,17 +145,14 @@ class MeshAlgorithms(Algorithms):
         deadline = self.link.deadline()
         bounds = block_bounds(src.size, self.size)
         lo, hi = bounds[self.rank], bounds[self.rank + 1]
-        sends = {p: byte_view(src[bounds[p]:bounds[p + 1]]) for p in self._peers()}
-        rows = self._gather_rows(request, sends, hi - lo, src[lo:hi], deadline, phase=0)
-        mine = np.empty(hi - lo, src.dtype)
-        reduce_many(mine, list(rows), op)
-        # src is no longer read: dst may alias it from here on.
-        item = src.itemsize
         peers = self._peers()
+        sends = {p: byte_view(src[bounds[p]:bounds[p + 1]]) for p in peers}
+        # Only block `rank` of dst is written while src's other blocks are sent: dst may alias src.
+        self.link.reduce_transfer(request, sends, src[lo:hi], dst[lo:hi], op, deadline, phase=0)
+        item = src.itemsize
         out = byte_view(dst)
-        self.link.transfer(request, {p: byte_view(mine) for p in peers},
+        self.link.transfer(request, {p: out[lo * item:hi * item] for p in peers},
                            {p: out[bounds[p] * item:bounds[p + 1] * item] for p in peers}, deadline, phase=1)
-        dst[lo:hi] = mine
 
     def all_gather(self, src: np.ndarray, dst: np.ndarray) -> None:
         data = byte_view(src)
@@ -162,8 +166,12 @@ class MeshAlgorithms(Algorithms):
         n = dst.size
         sends = {p: byte_view(src[p * n:(p + 1) * n]) for p in self._peers()}
         own = src[self.rank * n:(self.rank + 1) * n]
-        rows = self._gather_rows(_request("reduce_scatter", src, op), sends, n, own, self.link.deadline())
-        reduce_many(dst, list(rows), op)
+        request = _request("reduce_scatter", src, op)
+        if src.nbytes <= self.link.payload:   # one frame each way: the latency path
+            rows = self._gather_rows(request, sends, n, own, self.link.deadline())
+            reduce_many(dst, list(rows), op)
+        else:
+            self.link.reduce_transfer(request, sends, own, dst, op, self.link.deadline())
 
     def broadcast(self, buf: np.ndarray, root: int) -> None:
         request = _request("broadcast", buf, extra=root)
