@@ -7,8 +7,9 @@ Mesh (every pair of ranks directly connected):
     all-gather of the reduced blocks: each link carries 2/N of the data instead of all of it.
     The reduce-scatter reduces frame by frame out of the receive slots into the result
     (FrameExchange.reduce_transfer), so beyond src and dst it needs only the slots;
-  - large broadcast: the root scatters one block to each rank, then the ranks all-gather them,
-    so the root's links carry the message once instead of once per peer.
+  - large broadcast (more than two ranks): the root scatters the message in one block per other
+    rank, then those ranks all-gather the blocks among themselves, so the root sends the message
+    once instead of once per peer.
 Ring (links only between neighbours, `jaccl-ring`): the classic ring reduce-scatter and
 all-gather, one block per step; each block is reduced by one chain and then copied, so the
 result is identical on every rank too.
@@ -28,7 +29,8 @@ from .exchange import FrameExchange
 # Above this, the mesh all_reduce uses reduce-scatter + all-gather (with two ranks only once the
 # message needs more than one frame: below that the one-frame exchange is quicker).
 MESH_LARGE_BYTES = 64 << 10
-# From this size (and with more than two ranks) the mesh broadcast scatters, then all-gathers.
+# From this size (and with more than two ranks) the mesh broadcast scatters, then all-gathers:
+# below it one more step costs more than the root's extra copies.
 BROADCAST_SCATTER_BYTES = 256 << 10
 RING_LARGE_BYTES = 64 << 10
 _EMPTY = memoryview(b"")
@@ -175,7 +177,9 @@ class MeshAlgorithms(Algorithms):
 
     def broadcast(self, buf: np.ndarray, root: int) -> None:
         request = _request("broadcast", buf, extra=root)
-        if root == self.rank:
+        if self.size > 2 and buf.nbytes >= BROADCAST_SCATTER_BYTES and buf.size >= self.size - 1:
+            self._broadcast_scattered(request, buf, root)
+        elif root == self.rank:
             peers = self._peers()
             # Receivers answer with a header-only message so the root also sees a mismatch.
             self.link.transfer(request, {p: byte_view(buf) for p in peers}, {p: _EMPTY for p in peers},
@@ -183,6 +187,29 @@ class MeshAlgorithms(Algorithms):
         else:
             self._check_peer(root, "broadcast root")
             self.link.transfer(request, {root: _EMPTY}, {root: byte_view(buf)}, self.link.deadline())
+
+    def _broadcast_scattered(self, request: Request, buf: np.ndarray, root: int) -> None:
+        """Step 0: the root sends block i to others[i] (the ranks but the root, in order). Step 1:
+        those ranks all-gather the blocks among themselves; each also sends the root a header,
+        so the root sees a mismatch, as every rank does on the short path."""
+        if root != self.rank:
+            self._check_peer(root, "broadcast root")
+        deadline = self.link.deadline()
+        others = [p for p in range(self.size) if p != root]
+        bounds = block_bounds(buf.size, len(others))
+        item = buf.itemsize
+        data = byte_view(buf)
+        block = {p: data[bounds[i] * item:bounds[i + 1] * item] for i, p in enumerate(others)}
+        if root == self.rank:
+            self.link.transfer(request, block, {}, deadline, phase=0)
+            self.link.transfer(request, {}, dict.fromkeys(others, _EMPTY), deadline, phase=1)
+            return
+        mine = block[self.rank]
+        self.link.transfer(request, {}, {root: mine}, deadline, phase=0)
+        peers = [p for p in others if p != self.rank]
+        sends = {p: mine for p in peers}
+        sends[root] = _EMPTY
+        self.link.transfer(request, sends, {p: block[p] for p in peers}, deadline, phase=1)
 
     def barrier(self) -> None:
         peers = self._peers()

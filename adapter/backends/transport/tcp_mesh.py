@@ -98,6 +98,7 @@ class TcpMeshTransport(Transport):
             self._set_mask(state, _READ)
         self._done: list[Completion] = []
         self._closed = False
+        self.posted_bytes = 0   # message bytes posted for sending (what an algorithm puts on the wire)
         self.spin_s = spin_seconds(size) if spin_s is None else spin_s
         self.spill_limit = config.get("JACKLRING_P2P_SPILL_BYTES")
 
@@ -135,6 +136,7 @@ class TcpMeshTransport(Transport):
         if raw is None:
             self._make_send(state, slot)
             raw = state.send_raw[slot]
+        self.posted_bytes += nbytes
         _LEN.pack_into(raw, 0, nbytes)
         view = raw[:_LS + nbytes]
         if not state.sends:  # the usual case: the whole message leaves in this one call
@@ -165,6 +167,7 @@ class TcpMeshTransport(Transport):
         if raw is None:
             self._make_send(state, slot)
             raw = state.send_raw[slot]
+        self.posted_bytes += nbytes
         _LEN.pack_into(raw, 0, nbytes)
         parts = [raw[:_LS + head], data]
         if tail:
