@@ -60,3 +60,13 @@ def test_peak_memory_of_a_large_all_sum_stays_near_src_and_dst(tmp_path):
         assert match, out
         assert match.group(2) == "ok", out
         assert float(match.group(1)) <= 2.2, out
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("n", [3, 4])
+def test_ring_mode_large_messages_are_right_and_identical(tmp_path, n):
+    """jaccl-ring reduces each incoming block frame by frame into dst (no copy of src, no scratch)."""
+    from test_jaccl_mesh import ring_matrix
+    reports = run_ranks(tmp_path, ring_matrix(n), "large", {"MLX_JACCL_RING": "1"}, timeout=100)
+    assert all(r["mode"] == "ring" and r["large"] == "ok" for r in reports)
+    assert_identical_reductions(reports)

@@ -261,7 +261,7 @@ def run_api(b, report: dict) -> None:
 
 
 SCENARIOS = {"api": run_api, "ops": run_ops, "large": run_large, "broadcast": run_broadcast,
-              "p2p": run_p2p, "split": run_split, "mismatch": run_mismatch,
+             "p2p": run_p2p, "split": run_split, "mismatch": run_mismatch,
              "recv_mismatch": run_recv_mismatch, "dead_peer": run_dead_peer}
 
 

@@ -22,7 +22,7 @@ import numpy as np
 
 from ...errors import DistributedError
 from ..base import ReduceOp
-from ..elements import block_bounds, byte_view, dtype_code, reduce_into, reduce_many
+from ..elements import block_bounds, byte_view, dtype_code, reduce_many
 from ..protocol import OP_CODES, REDUCE_CODES, Request
 from .exchange import FrameExchange
 
@@ -237,15 +237,15 @@ class RingAlgorithms(Algorithms):
 
     def _ring_reduce_scatter(self, request: Request, acc: np.ndarray, bounds: list[int], op: ReduceOp,
                              deadline: float) -> None:
-        """Reduce acc across ranks so that acc's block `rank` holds the full result."""
+        """Reduce acc across ranks so that acc's block `rank` holds the full result. Each
+        incoming block is reduced frame by frame out of the receive slots into acc."""
         n, r = self.size, self.rank
-        scratch = np.empty(max(bounds[i + 1] - bounds[i] for i in range(n)), acc.dtype)
+        order = [self.left, r]   # op(incoming, ours), as every hop of the chain computes it
         for s in range(n - 1):
             out_i, in_i = (r - s - 1) % n, (r - s - 2) % n
-            incoming = scratch[:bounds[in_i + 1] - bounds[in_i]]
-            self._step(request, s, byte_view(acc[bounds[out_i]:bounds[out_i + 1]]), byte_view(incoming), deadline)
             block = acc[bounds[in_i]:bounds[in_i + 1]]
-            reduce_into(block, incoming, block, op)
+            self.link.reduce_transfer(request, {self.right: byte_view(acc[bounds[out_i]:bounds[out_i + 1]])},
+                                      block, block, op, deadline, s, order)
 
     def all_reduce(self, src: np.ndarray, dst: np.ndarray, op: ReduceOp) -> None:
         request = _request("all_reduce", src, op)
@@ -258,11 +258,11 @@ class RingAlgorithms(Algorithms):
             reduce_many(dst, list(rows), op)
             return
         bounds = block_bounds(src.size, n)
-        acc = src.copy()
-        self._ring_reduce_scatter(request, acc, bounds, op, deadline)
-        self._ring_all_gather(request, [byte_view(acc[bounds[i]:bounds[i + 1]]) for i in range(n)],
+        if dst is not src:   # dst is the working buffer: no third copy of the message
+            dst[...] = src
+        self._ring_reduce_scatter(request, dst, bounds, op, deadline)
+        self._ring_all_gather(request, [byte_view(dst[bounds[i]:bounds[i + 1]]) for i in range(n)],
                               deadline, first_phase=n)
-        dst[...] = acc
 
     def all_gather(self, src: np.ndarray, dst: np.ndarray) -> None:
         k = src.size

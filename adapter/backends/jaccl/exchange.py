@@ -87,6 +87,8 @@ class FrameExchange:
         (default: the same as ours)."""
         if self.failure.why is not None:
             self.failure.check()
+        # Reading ahead is needed only by a rank that sends without receiving (see read_ahead).
+        self.t.read_ahead(not targets)
         payload = self.payload
         single = True
         for v in sends.values():
@@ -104,13 +106,16 @@ class FrameExchange:
             self._guarded(request, _Transfer(self, request, expect or request, phase, sends, targets, deadline).run)
 
     def reduce_transfer(self, request: Request, sends: dict[int, memoryview], own: np.ndarray, out: np.ndarray,
-                        op: ReduceOp, deadline: float, phase: int = 0) -> None:
-        """Send sends[peer] to each peer while receiving from every peer its part of this rank's
-        block (own.size elements each) and reducing it: out = op over the parts in rank order,
-        own being this rank's part. out may alias own."""
+                        op: ReduceOp, deadline: float, phase: int = 0, order: list[int] | None = None) -> None:
+        """Send sends[peer] to each peer while receiving from each rank of `order` (default:
+        every rank) but this one its part of this rank's block (own.size elements each) and
+        reducing it: out = op over the parts in `order`, own being this rank's part. out may
+        alias own."""
         if self.failure.why is not None:
             self.failure.check()
-        self._guarded(request, _ReduceTransfer(self, request, phase, sends, own, out, op, deadline).run)
+        order = list(range(self.t.size)) if order is None else order
+        self.t.read_ahead(False)
+        self._guarded(request, _ReduceTransfer(self, request, phase, sends, own, out, op, deadline, order).run)
 
     def _guarded(self, request: Request, run, *args) -> None:
         """Run one exchange; its first error marks the group failed (peer errors gain the operation)."""
@@ -378,20 +383,22 @@ class _ReduceTransfer(_Transfer):
     take the next frames. Memory stays at the slots, whatever the message size."""
 
     def __init__(self, link: FrameExchange, request: Request, phase: int, sends: dict[int, memoryview],
-                 own: np.ndarray, out: np.ndarray, op: ReduceOp, deadline: float) -> None:
+                 own: np.ndarray, out: np.ndarray, op: ReduceOp, deadline: float, order: list[int]) -> None:
         item = own.itemsize
         # Frames carry whole elements, so each one is reduced on its own.
         payload = max(item, link.payload - link.payload % item)
-        peers = [p for p in range(link.t.size) if p != link.rank]
+        peers = [p for p in order if p != link.rank]
         own_bytes = memoryview(own.reshape(-1).view(np.uint8))
         super().__init__(link, request, request, phase, sends, dict.fromkeys(peers, own_bytes), deadline, payload)
         self.peers = peers
         self.own = own
         self.out = out
         self.op = op
+        self.order = order
         self.frame = 0   # the next frame to reduce (the same index for every peer)
-        # out may be own itself (in place): a later part must be read before out is written.
-        self.own_later = link.rank > 0 and np.may_share_memory(own, out)
+        # out may be own itself (in place). reduce_many writes out while reading the first two
+        # parts, then reads the others: own as a third or later part must be copied first.
+        self.own_later = order.index(link.rank) >= 2 and np.may_share_memory(own, out)
         self.dtype = own.dtype
 
     def _consume(self, peer: int) -> None:
@@ -407,7 +414,7 @@ class _ReduceTransfer(_Transfer):
             want = min(payload, nbytes - offset)
             lo, hi = offset // item, (offset + want) // item
             parts = []
-            for q in range(t.size):
+            for q in self.order:
                 if q == link.rank:
                     mine = self.own[lo:hi]
                     parts.append(mine.copy() if self.own_later else mine)

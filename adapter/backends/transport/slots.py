@@ -100,6 +100,11 @@ class Transport(abc.ABC):
         buf[head + n:head + n + tail] = trailer
         self.post_send(peer, slot, head + n + tail)
 
+    def read_ahead(self, allowed: bool) -> None:
+        """Whether the transport may read bytes that no posted receive waits for into memory of
+        its own (the TCP mesh's spill); the caller allows it only while it sends without
+        receiving. Transports that receive only into posted slots ignore it."""
+
     @abc.abstractmethod
     def post_recv(self, peer: int, slot: int) -> None:
         """Make the receive slot ready for the next message from peer."""

@@ -101,6 +101,22 @@ class TcpMeshTransport(Transport):
         self.posted_bytes = 0   # message bytes posted for sending (what an algorithm puts on the wire)
         self.spin_s = spin_seconds(size) if spin_s is None else spin_s
         self.spill_limit = config.get("JACKLRING_P2P_SPILL_BYTES")
+        self._spill_allowed = True
+        self._paused: list[_Peer] = []   # not read while read-ahead was off; read again when it is on
+
+    def read_ahead(self, allowed: bool) -> None:
+        """Whether bytes that no posted receive waits for may be read into the spill. Only a rank
+        that sends without receiving needs it (two ranks that both send large messages before
+        receiving); in a collective every byte has a receive coming, and reading ahead would
+        hold and copy a peer's later messages (up to JACKLRING_P2P_SPILL_BYTES of memory)."""
+        if allowed == self._spill_allowed:
+            return
+        self._spill_allowed = allowed
+        if allowed:
+            for state in self._paused:
+                if state.gone is None and not state.mask & select.POLLIN:
+                    self._set_mask(state, state.mask | _READ)
+            self._paused.clear()
 
     def peer_label(self, peer: int) -> str:
         state = self._peers[peer] if 0 <= peer < self.size else None
@@ -304,9 +320,12 @@ class TcpMeshTransport(Transport):
                 space = _INBUF_BYTES - state.in_end
                 if not space or state.spill:
                     # Full and nobody waiting on this peer yet: keep reading into the spill, up to
-                    # its limit, so a peer blocked sending to us can finish and read our messages.
-                    if state.spilled >= self.spill_limit:
+                    # its limit, so a peer blocked sending to us can finish and read our messages
+                    # (while the caller allows it: see read_ahead).
+                    if state.spilled >= self.spill_limit or not (self._spill_allowed or state.recvs):
                         self._set_mask(state, state.mask & ~_READ)
+                        if not self._spill_allowed:
+                            self._paused.append(state)
                         return
                     chunk = bytearray(min(_SPILL_CHUNK, self.spill_limit - state.spilled))
                     n = recv_into(chunk)
