@@ -134,8 +134,15 @@ class FrameExchange:
                    targets: dict[int, memoryview], deadline: float) -> None:
         t = self.t
         sent, received = self.sent, self.received
-        for p in targets:
-            t.post_recv(p, 0)
+        direct = None   # peers whose data the transport puts straight into the target
+        if self.verify:
+            for p in targets:
+                t.post_recv(p, 0)
+        else:
+            for p, target in targets.items():
+                if t.post_recv_into(p, 0, _HS, target):
+                    direct = direct or set()
+                    direct.add(p)
         kind, reduce, dtype, extra, total = request.op | self.flag, request.reduce, request.dtype, \
             request.extra, request.nbytes
         pack_into, verify = HEADER.pack_into, self.verify
@@ -168,7 +175,7 @@ class FrameExchange:
                 target = targets[peer]
                 want = len(target)
                 self._check(request, expect, phase, peer, 0, buf, nbytes, want)
-                if want:
+                if want and not (direct and peer in direct):
                     target[:] = buf[_HS:_HS + want]
                 received[peer] += 1
                 waiting.remove(peer)
@@ -276,6 +283,10 @@ class _Transfer:
         self.next_post = {p: 0 for p in targets}        # next frame index to post a receive for
         self.next_recv = {p: 0 for p in targets}        # next frame index to consume
         self.ready: dict[tuple[int, int], int] = {}     # (peer, slot) -> completed bytes
+        # Received data may go straight into the targets (not with checksums: those cover the
+        # frame as it lies in the slot); `direct` holds the (peer, slot)s whose data did.
+        self.into_targets = not link.verify
+        self.direct: set[tuple[int, int]] = set()
 
     def run(self) -> None:
         slots = self.t.slots
@@ -331,7 +342,14 @@ class _Transfer:
         return ", ".join(parts) or "nothing"
 
     def _post_recv(self, peer: int) -> None:
-        self.t.post_recv(peer, self.next_post[peer] % self.t.slots)
+        frame = self.next_post[peer]
+        slot = frame % self.t.slots
+        if self.into_targets:
+            start = frame * self.payload
+            if self.t.post_recv_into(peer, slot, _HS, self.targets[peer][start:start + self.payload]):
+                self.direct.add((peer, slot))
+        else:
+            self.t.post_recv(peer, slot)
         self.next_post[peer] += 1
 
     def _post_send(self, peer: int) -> None:
@@ -369,7 +387,9 @@ class _Transfer:
             offset = frame * payload
             want = min(payload, max(0, len(target) - offset))
             link._check(self.request, self.expect, self.phase, peer, frame, buf, nbytes, want)
-            if want > 0:
+            if (peer, slot) in self.direct:
+                self.direct.discard((peer, slot))   # the data is already in place
+            elif want > 0:
                 target[offset:offset + want] = buf[_HS:_HS + want]
             self.next_recv[peer] += 1
             if self.next_post[peer] < self.total_in[peer]:
@@ -394,6 +414,7 @@ class _ReduceTransfer(_Transfer):
         self.own = own
         self.out = out
         self.op = op
+        self.into_targets = False   # the targets stand for sizes only: frames are reduced from the slots
         self.order = order
         self.frame = 0   # the next frame to reduce (the same index for every peer)
         # out may be own itself (in place). reduce_many writes out while reading the first two

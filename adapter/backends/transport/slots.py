@@ -100,6 +100,13 @@ class Transport(abc.ABC):
         buf[head + n:head + n + tail] = trailer
         self.post_send(peer, slot, head + n + tail)
 
+    def post_recv_into(self, peer: int, slot: int, head: int, view: memoryview) -> bool:
+        """Like post_recv; a transport that can may put a message of exactly head + len(view)
+        bytes into slot[:head] and view (returns True then: the caller must not copy the data
+        out of the slot). This default does not: the whole message lands in the slot."""
+        self.post_recv(peer, slot)
+        return False
+
     def read_ahead(self, allowed: bool) -> None:
         """Whether the transport may read bytes that no posted receive waits for into memory of
         its own (the TCP mesh's spill); the caller allows it only while it sends without

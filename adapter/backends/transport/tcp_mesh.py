@@ -48,7 +48,7 @@ class _Peer:
 
     __slots__ = ("rank", "sock", "fd", "label", "sends", "recvs", "inbuf", "inview", "in_start", "in_end",
                  "body_len", "body_got", "mask", "gone", "send_raw", "send_views", "recv_views", "spill",
-                 "spilled")
+                 "spilled", "divert", "body_into", "body_head")
 
     def __init__(self, rank: int, sock: socket.socket, label: str, slots: int) -> None:
         self.rank = rank
@@ -72,6 +72,11 @@ class _Peer:
         self.send_raw: list[memoryview | None] = [None] * slots   # length prefix + body
         self.send_views: list[memoryview | None] = [None] * slots  # the body part
         self.recv_views: list[memoryview | None] = [None] * slots
+        # Per receive slot, (head, view) from post_recv_into: a message of exactly head +
+        # len(view) bytes puts its first head bytes in the slot and the rest straight into view.
+        self.divert: list[tuple[int, memoryview] | None] = [None] * slots
+        self.body_into: memoryview | None = None   # the large body being read goes there
+        self.body_head = 0
 
 
 class TcpMeshTransport(Transport):
@@ -202,6 +207,17 @@ class TcpMeshTransport(Transport):
         state.sends.append([slot, parts, nbytes])
         self._set_mask(state, state.mask | select.POLLOUT)
 
+    def post_recv_into(self, peer: int, slot: int, head: int, view: memoryview) -> bool:
+        """A receive whose data (after head bytes) goes straight into view, saving the copy out of
+        the slot, when the message is exactly head + len(view) bytes; any other message fills
+        the slot as post_recv does (its checks then fail it). Returns whether view is used."""
+        if len(view) < _GATHER_MIN_BYTES or head + len(view) > self.frame_bytes:
+            self.post_recv(peer, slot)
+            return False
+        self._peers[peer].divert[slot] = (head, view)
+        self.post_recv(peer, slot)
+        return True
+
     def post_recv(self, peer: int, slot: int) -> None:
         state = self._peers[peer]
         if state.recv_views[slot] is None:
@@ -287,8 +303,8 @@ class TcpMeshTransport(Transport):
         drained = False
         try:
             while True:
-                if state.body_len >= 0:   # a large body goes straight into its slot
-                    view = state.recv_views[state.recvs[0]][state.body_got:state.body_len]
+                if state.body_len >= 0:   # a large body goes straight into its slot (or view)
+                    view = self._dest(state, state.recvs[0], state.body_got, state.body_len)
                     if state.spill:
                         n = self._take_spill(state, view)
                     else:
@@ -388,9 +404,15 @@ class TcpMeshTransport(Transport):
             raise PeerError(f"{state.label} sent a {length}-byte message, larger than the "
                             f"{self.frame_bytes}-byte slot (different jacklring versions?)")
         body = start + _LS
+        slot = state.recvs[0]
         if have - _LS >= length:
-            slot = state.recvs.popleft()
-            state.recv_views[slot][:length] = state.inview[body:body + length]
+            state.recvs.popleft()
+            if state.divert[slot] is None:
+                state.recv_views[slot][:length] = state.inview[body:body + length]
+            else:
+                self._take_divert(state, slot, length)
+                self._place(state, slot, state.inview[body:body + length])
+                state.body_into = None
             end = body + length
             if end == state.in_end:
                 state.in_start = state.in_end = 0
@@ -401,12 +423,42 @@ class TcpMeshTransport(Transport):
         if length <= _INBUF_BYTES - _LS:
             return False  # a small message still arriving: read more into the buffer
         got = state.in_end - body
-        state.recv_views[state.recvs[0]][:got] = state.inview[body:state.in_end]
+        if state.divert[slot] is not None:
+            self._take_divert(state, slot, length)
+        self._place(state, slot, state.inview[body:state.in_end])
         state.in_start = state.in_end = 0
         state.body_len, state.body_got = length, got
         return True
 
+    @staticmethod
+    def _take_divert(state: _Peer, slot: int, length: int) -> None:
+        """The message for this slot has begun: use its diverted view if the length fits it."""
+        head, into = state.divert[slot]
+        state.divert[slot] = None
+        state.body_into, state.body_head = (into, head) if length == head + len(into) else (None, 0)
+
+    @staticmethod
+    def _dest(state: _Peer, slot: int, start: int, end: int) -> memoryview:
+        """Where the message's bytes [start, end) go: the slot, or past the head the diverted view
+        (one of the two: the returned view may be shorter)."""
+        into = state.body_into
+        if into is None:
+            return state.recv_views[slot][start:end]
+        head = state.body_head
+        if start < head:
+            return state.recv_views[slot][start:min(end, head)]
+        return into[start - head:end - head]
+
+    def _place(self, state: _Peer, slot: int, data: memoryview) -> None:
+        """Copy the first len(data) bytes of a message to where they belong."""
+        pos, n = 0, len(data)
+        while pos < n:
+            dest = self._dest(state, slot, pos, n)
+            dest[:] = data[pos:pos + len(dest)]
+            pos += len(dest)
+
     def _finish_recv(self, state: _Peer, nbytes: int) -> None:
+        state.body_into = None
         self._done.append(_new(Completion, (RECV, state.rank, state.recvs.popleft(), nbytes)))
 
     def _connection_ended(self, state: _Peer, why: str) -> None:
