@@ -70,3 +70,10 @@ def test_ring_mode_large_messages_are_right_and_identical(tmp_path, n):
     reports = run_ranks(tmp_path, ring_matrix(n), "large", {"MLX_JACCL_RING": "1"}, timeout=100)
     assert all(r["mode"] == "ring" and r["large"] == "ok" for r in reports)
     assert_identical_reductions(reports)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("local, family", [("auto", "AF_UNIX"), ("tcp", "AF_INET")])
+def test_ranks_on_one_host_use_unix_sockets_unless_told_tcp(tmp_path, local, family):
+    reports = run_ranks(tmp_path, mesh_matrix(2), "p2p", {"JACKLRING_LOCAL_TRANSPORT": local}, timeout=45)
+    assert all(r["p2p"] == "ok" and r["families"] == [family] for r in reports), reports

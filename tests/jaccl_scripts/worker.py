@@ -268,7 +268,8 @@ SCENARIOS = {"api": run_api, "ops": run_ops, "large": run_large, "broadcast": ru
 def main() -> None:
     scenarios, out_dir = sys.argv[1].split(","), sys.argv[2]
     b = jaccl.create()
-    report = {"rank": b.rank(), "size": b.size(), "mode": b.mode, "transport": b.transport_kind, "digests": {}}
+    report = {"rank": b.rank(), "size": b.size(), "mode": b.mode, "transport": b.transport_kind, "digests": {},
+              "families": sorted({s.sock.family.name for s in b._transport._by_fd.values()})}
     for name in scenarios:
         SCENARIOS[name](b, report)
     with open(os.path.join(out_dir, f"rank{b.rank()}.json"), "w") as fh:
