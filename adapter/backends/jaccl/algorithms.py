@@ -22,7 +22,7 @@ import numpy as np
 
 from ...errors import DistributedError
 from ..base import ReduceOp
-from ..elements import block_bounds, byte_view, dtype_code, reduce_many
+from ..elements import block_bounds, byte_view, dtype_code, reduce_into, reduce_many
 from ..protocol import OP_CODES, REDUCE_CODES, Request
 from .exchange import FrameExchange
 
@@ -138,6 +138,17 @@ class MeshAlgorithms(Algorithms):
                            deadline, phase)
         return rows
 
+    def _reduce_block(self, request: Request, sends: dict[int, memoryview], own: np.ndarray, out: np.ndarray,
+                      op: ReduceOp, deadline: float) -> None:
+        """out = op over every rank's part of this rank's block in rank order (own: this rank's
+        part; the peers' arrive while sends go out). A part that fits one frame takes the latency
+        path (rows of one frame each); larger ones are reduced frame by frame from the slots."""
+        if own.nbytes <= self.link.payload:
+            rows = self._gather_rows(request, sends, own.size, own, deadline)
+            reduce_many(out, list(rows), op)
+        else:
+            self.link.reduce_transfer(request, sends, own, out, op, deadline)
+
     def _all_reduce_one_step(self, request: Request, src: np.ndarray, dst: np.ndarray, op: ReduceOp) -> None:
         data = byte_view(src)
         rows = self._gather_rows(request, {p: data for p in self._peers()}, src.size, src, self.link.deadline())
@@ -150,7 +161,7 @@ class MeshAlgorithms(Algorithms):
         peers = self._peers()
         sends = {p: byte_view(src[bounds[p]:bounds[p + 1]]) for p in peers}
         # Only block `rank` of dst is written while src's other blocks are sent: dst may alias src.
-        self.link.reduce_transfer(request, sends, src[lo:hi], dst[lo:hi], op, deadline, phase=0)
+        self._reduce_block(request, sends, src[lo:hi], dst[lo:hi], op, deadline)
         item = src.itemsize
         out = byte_view(dst)
         self.link.transfer(request, {p: out[lo * item:hi * item] for p in peers},
@@ -168,12 +179,7 @@ class MeshAlgorithms(Algorithms):
         n = dst.size
         sends = {p: byte_view(src[p * n:(p + 1) * n]) for p in self._peers()}
         own = src[self.rank * n:(self.rank + 1) * n]
-        request = _request("reduce_scatter", src, op)
-        if src.nbytes <= self.link.payload:   # one frame each way: the latency path
-            rows = self._gather_rows(request, sends, n, own, self.link.deadline())
-            reduce_many(dst, list(rows), op)
-        else:
-            self.link.reduce_transfer(request, sends, own, dst, op, self.link.deadline())
+        self._reduce_block(_request("reduce_scatter", src, op), sends, own, dst, op, self.link.deadline())
 
     def broadcast(self, buf: np.ndarray, root: int) -> None:
         request = _request("broadcast", buf, extra=root)
@@ -241,11 +247,19 @@ class RingAlgorithms(Algorithms):
         incoming block is reduced frame by frame out of the receive slots into acc."""
         n, r = self.size, self.rank
         order = [self.left, r]   # op(incoming, ours), as every hop of the chain computes it
+        largest = max(bounds[i + 1] - bounds[i] for i in range(n))
+        # Blocks of one frame take the latency path through a one-block scratch.
+        scratch = np.empty(largest, acc.dtype) if largest * acc.itemsize <= self.link.payload else None
         for s in range(n - 1):
             out_i, in_i = (r - s - 1) % n, (r - s - 2) % n
+            send = byte_view(acc[bounds[out_i]:bounds[out_i + 1]])
             block = acc[bounds[in_i]:bounds[in_i + 1]]
-            self.link.reduce_transfer(request, {self.right: byte_view(acc[bounds[out_i]:bounds[out_i + 1]])},
-                                      block, block, op, deadline, s, order)
+            if scratch is None:
+                self.link.reduce_transfer(request, {self.right: send}, block, block, op, deadline, s, order)
+                continue
+            incoming = scratch[:block.size]
+            self._step(request, s, send, byte_view(incoming), deadline)
+            reduce_into(block, incoming, block, op)
 
     def all_reduce(self, src: np.ndarray, dst: np.ndarray, op: ReduceOp) -> None:
         request = _request("all_reduce", src, op)
