@@ -63,12 +63,14 @@ def test_peak_memory_of_a_large_all_sum_stays_near_src_and_dst(tmp_path):
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("n", [3, 4])
-def test_ring_mode_large_messages_are_right_and_identical(tmp_path, n):
-    """jaccl-ring reduces each incoming block frame by frame into dst (no copy of src, no scratch)."""
+@pytest.mark.parametrize("n, verify", [(3, "0"), (4, "0"), (3, "1")])
+def test_ring_mode_large_messages_and_relayed_broadcasts_are_right(tmp_path, n, verify):
+    """jaccl-ring reduces each incoming block frame by frame into dst (no copy of src, no scratch),
+    and a broadcast's middle ranks pass each frame on as it lands (right from every root)."""
     from test_jaccl_mesh import ring_matrix
-    reports = run_ranks(tmp_path, ring_matrix(n), "large", {"MLX_JACCL_RING": "1"}, timeout=100)
-    assert all(r["mode"] == "ring" and r["large"] == "ok" for r in reports)
+    reports = run_ranks(tmp_path, ring_matrix(n), "large,broadcast", {"MLX_JACCL_RING": "1", "JACKLRING_VERIFY": verify},
+                        timeout=100)
+    assert all(r["mode"] == "ring" and r["large"] == "ok" and r["broadcast"] == "ok" for r in reports)
     assert_identical_reductions(reports)
 
 

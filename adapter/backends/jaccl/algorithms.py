@@ -298,6 +298,10 @@ class RingAlgorithms(Algorithms):
         request = _request("broadcast", buf, extra=root)
         deadline = self.link.deadline()
         position = (self.rank - root) % self.size
+        if 0 < position < self.size - 1 and buf.nbytes > self.link.payload:
+            # In the middle of the chain: pass each frame on as it arrives.
+            self.link.relay(request, self.left, self.right, byte_view(buf), deadline)
+            return
         if position > 0:   # receive from the left, answering with a header so it can check us
             self.link.transfer(request, {self.left: _EMPTY}, {self.left: byte_view(buf)}, deadline)
         if position < self.size - 1:   # forward to the right

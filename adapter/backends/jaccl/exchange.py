@@ -105,6 +105,14 @@ class FrameExchange:
         else:
             self._guarded(request, _Transfer(self, request, expect or request, phase, sends, targets, deadline).run)
 
+    def relay(self, request: Request, source: int, sink: int, buf: memoryview, deadline: float) -> None:
+        """Receive buf from source and send it on to sink, each frame as soon as it has landed
+        (a broadcast chain). Each side also gets a header-only message, so both see a mismatch."""
+        if self.failure.why is not None:
+            self.failure.check()
+        self.t.read_ahead(False)
+        self._guarded(request, _Relay(self, request, source, sink, buf, deadline).run)
+
     def reduce_transfer(self, request: Request, sends: dict[int, memoryview], own: np.ndarray, out: np.ndarray,
                         op: ReduceOp, deadline: float, phase: int = 0, order: list[int] | None = None) -> None:
         """Send sends[peer] to each peer while receiving from each rank of `order` (default:
@@ -294,7 +302,7 @@ class _Transfer:
             while self.next_post[p] < min(slots, self.total_in[p]):
                 self._post_recv(p)
         for p in self.sends:
-            while self.next_send[p] < min(slots, self.total_out[p]):
+            while self.next_send[p] < min(slots, self.total_out[p]) and self._may_send(p):
                 self._post_send(p)
         link = self.link
         started = time.monotonic()
@@ -318,7 +326,7 @@ class _Transfer:
                 moved += c.nbytes
                 if c.kind == SEND:
                     self.unacked[c.peer] -= 1
-                    if self.next_send[c.peer] < self.total_out[c.peer]:
+                    if self.next_send[c.peer] < self.total_out[c.peer] and self._may_send(c.peer):
                         self._post_send(c.peer)
                 else:
                     self.ready[(c.peer, c.slot)] = c.nbytes
@@ -327,6 +335,10 @@ class _Transfer:
             link.sent[p] += 1
         for p in self.targets:
             link.received[p] += 1
+
+    def _may_send(self, peer: int) -> bool:
+        """Whether the next frame to peer holds its data yet (always, but in a relay)."""
+        return True
 
     def _busy(self) -> bool:
         return (any(self.next_recv[p] < self.total_in[p] for p in self.targets)
@@ -450,3 +462,25 @@ class _ReduceTransfer(_Transfer):
                 self.next_recv[q] += 1
                 if self.next_post[q] < self.total_in[q]:
                     self._post_recv(q)
+
+
+class _Relay(_Transfer):
+    """Frame f goes on to the sink once frame f from the source is in buf: a message crosses a
+    chain of ranks a frame behind the previous hop instead of a whole message behind."""
+
+    def __init__(self, link: FrameExchange, request: Request, source: int, sink: int, buf: memoryview,
+                 deadline: float) -> None:
+        super().__init__(link, request, request, 0, {source: _EMPTY, sink: buf}, {source: buf, sink: _EMPTY},
+                         deadline)
+        self.source, self.sink = source, sink
+
+    def _may_send(self, peer: int) -> bool:
+        return peer != self.sink or self.next_send[peer] < self.next_recv[self.source]
+
+    def _consume(self, peer: int) -> None:
+        super()._consume(peer)
+        if peer == self.source:
+            sink, slots = self.sink, self.t.slots
+            while (self.next_send[sink] < self.total_out[sink] and self.unacked[sink] < slots
+                   and self._may_send(sink)):
+                self._post_send(sink)
