@@ -79,3 +79,11 @@ def test_ring_mode_large_messages_and_relayed_broadcasts_are_right(tmp_path, n, 
 def test_ranks_on_one_host_use_unix_sockets_unless_told_tcp(tmp_path, local, family):
     reports = run_ranks(tmp_path, mesh_matrix(2), "p2p", {"JACKLRING_LOCAL_TRANSPORT": local}, timeout=45)
     assert all(r["p2p"] == "ok" and r["families"] == [family] for r in reports), reports
+
+
+@pytest.mark.timeout(60)
+def test_a_peer_blocked_sending_is_read_ahead_while_this_rank_waits_on_another(tmp_path):
+    """A receive from one peer does not read others ahead at first (memory), but a rank that has
+    waited with nothing moving reads ahead anyway, so a chain of dependent sends completes."""
+    reports = run_ranks(tmp_path, mesh_matrix(3), "p2p_chain", timeout=45)
+    assert all(r["p2p_chain"] < 10 for r in reports), reports

@@ -165,6 +165,29 @@ def run_broadcast(b, report: dict) -> None:
     report["broadcast"] = "ok"
 
 
+def run_p2p_chain(b, report: dict) -> None:
+    """Rank 0 receives from rank 2, then from rank 1; rank 1 sends rank 0 16 MB (more than any
+    socket buffer) before it sends rank 2 what rank 2 waits for before sending rank 0. Rank 0
+    must read rank 1's bytes ahead while it waits on rank 2, or all three wait forever."""
+    r = b.rank()
+    big = np.arange(4_000_000, dtype=np.float32)
+    start = time.monotonic()
+    if r == 0:
+        got2, got1 = np.empty(3, np.int64), np.empty_like(big)
+        b.recv(got2, 2)
+        b.recv(got1, 1)
+        assert list(got2) == [7, 8, 9] and np.array_equal(got1, big)
+    elif r == 1:
+        b.send(big, 0)
+        b.send(np.array([1, 2, 3], np.int64), 2)
+    elif r == 2:
+        got = np.empty(3, np.int64)
+        b.recv(got, 1)
+        assert list(got) == [1, 2, 3]
+        b.send(np.array([7, 8, 9], np.int64), 0)
+    report["p2p_chain"] = time.monotonic() - start
+
+
 def run_p2p(b, report: dict) -> None:
     """Every ordered pair of ranks exchanges a message, in one global order."""
     r, n = b.rank(), b.size()
@@ -261,7 +284,7 @@ def run_api(b, report: dict) -> None:
 
 
 SCENARIOS = {"api": run_api, "ops": run_ops, "large": run_large, "broadcast": run_broadcast,
-             "p2p": run_p2p, "split": run_split, "mismatch": run_mismatch,
+             "p2p_chain": run_p2p_chain, "p2p": run_p2p, "split": run_split, "mismatch": run_mismatch,
              "recv_mismatch": run_recv_mismatch, "dead_peer": run_dead_peer}
 
 

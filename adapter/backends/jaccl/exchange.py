@@ -285,9 +285,8 @@ class _Transfer:
         self.seq_out = {p: link.sent[p] for p in sends}
         self.next_send = {p: 0 for p in sends}          # next frame index to post
         self.unacked = {p: 0 for p in sends}            # posted send frames not yet completed
-        self.recv_len = {p: len(v) for p, v in targets.items()}
         self.total_out = {p: max(1, -(-len(v) // payload)) for p, v in self.sends.items()}
-        self.total_in = {p: max(1, -(-n // payload)) for p, n in self.recv_len.items()}
+        self.total_in = {p: max(1, -(-len(v) // payload)) for p, v in targets.items()}
         self.next_post = {p: 0 for p in targets}        # next frame index to post a receive for
         self.next_recv = {p: 0 for p in targets}        # next frame index to consume
         self.ready: dict[tuple[int, int], int] = {}     # (peer, slot) -> completed bytes

@@ -39,6 +39,8 @@ _READ = select.POLLIN | select.POLLPRI
 # Below this a frame's data is copied into its slot (one send call); above it the slot's header
 # and the caller's memory go out together with sendmsg, saving a copy of every byte.
 _GATHER_MIN_BYTES = 64 << 10
+# With read-ahead off, how long poll waits with nothing moving before reading ahead anyway.
+STUCK_READ_AHEAD_S = 0.2
 _new = tuple.__new__
 
 Exchange = Callable[[bytes], list[bytes]]
@@ -111,10 +113,12 @@ class TcpMeshTransport(Transport):
         self._paused: list[_Peer] = []   # not read while read-ahead was off; read again when it is on
 
     def read_ahead(self, allowed: bool) -> None:
-        """Whether bytes that no posted receive waits for may be read into the spill. Only a rank
-        that sends without receiving needs it (two ranks that both send large messages before
+        """Whether bytes that no posted receive waits for may be read into the spill. A rank that
+        sends without receiving needs it (two ranks that both send large messages before
         receiving); in a collective every byte has a receive coming, and reading ahead would
-        hold and copy a peer's later messages (up to JACKLRING_P2P_SPILL_BYTES of memory)."""
+        hold and copy a peer's later messages (up to JACKLRING_P2P_SPILL_BYTES of memory). When
+        it is off, poll still reads ahead once nothing has moved for STUCK_READ_AHEAD_S (a peer
+        blocked in a send this rank receives only later)."""
         if allowed == self._spill_allowed:
             return
         self._spill_allowed = allowed
@@ -246,6 +250,7 @@ class TcpMeshTransport(Transport):
         poll, by_fd = self._poller.poll, self._by_fd
         now = time.monotonic()
         spin_until = now + self.spin_s
+        stuck_at = now + STUCK_READ_AHEAD_S
         while True:
             remaining = deadline - now
             # Busy-poll briefly before sleeping (see spin_seconds): a sleeping receiver must be
@@ -253,6 +258,15 @@ class TcpMeshTransport(Transport):
             # trip. Past the deadline, one last look without waiting (the process may have been
             # stopped while the data arrived).
             wait_ms = 0 if now < spin_until or remaining <= 0 else (remaining if remaining < 1.0 else 1.0) * 1000.0
+            if self._paused and wait_ms:
+                # Peers left unread (read_ahead off) and nothing moving: one of them may be blocked
+                # sending to us while we wait for something it must do first (a send this rank
+                # has not received yet). Read ahead after a while rather than deadlock.
+                if now >= stuck_at:
+                    self.read_ahead(True)
+                    wait_ms = 0
+                else:
+                    wait_ms = min(wait_ms, (stuck_at - now) * 1000.0)
             for fd, mask in poll(wait_ms):
                 state = by_fd[fd]
                 if state.sends:
@@ -341,7 +355,7 @@ class TcpMeshTransport(Transport):
                     # (while the caller allows it: see read_ahead).
                     if state.spilled >= self.spill_limit or not (self._spill_allowed or state.recvs):
                         self._set_mask(state, state.mask & ~_READ)
-                        if not self._spill_allowed:
+                        if not self._spill_allowed and state not in self._paused:
                             self._paused.append(state)
                         return
                     chunk = bytearray(min(_SPILL_CHUNK, self.spill_limit - state.spilled))
