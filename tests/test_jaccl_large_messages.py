@@ -75,8 +75,8 @@ def test_ring_mode_large_messages_and_relayed_broadcasts_are_right(tmp_path, n, 
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("local, family", [("auto", "AF_UNIX"), ("tcp", "AF_INET")])
-def test_ranks_on_one_host_use_unix_sockets_unless_told_tcp(tmp_path, local, family):
+@pytest.mark.parametrize("local, family", [("auto", "AF_INET"), ("unix", "AF_UNIX"), ("tcp", "AF_INET")])
+def test_ranks_on_one_host_use_unix_sockets_when_told_unix(tmp_path, local, family):
     reports = run_ranks(tmp_path, mesh_matrix(2), "p2p", {"JACKLRING_LOCAL_TRANSPORT": local}, timeout=45)
     assert all(r["p2p"] == "ok" and r["families"] == [family] for r in reports), reports
 

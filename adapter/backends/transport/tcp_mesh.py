@@ -1,5 +1,5 @@
 """The TCP mesh transport: JACCL's transport interface over one TCP connection per peer pair
-(a Unix socket between ranks on one host, unless JACKLRING_LOCAL_TRANSPORT=tcp).
+(a Unix socket between ranks on one host with JACKLRING_LOCAL_TRANSPORT=unix).
 
 Used where no RDMA device exists, so the same mesh and ring algorithms run (and are tested)
 on any machine. Sockets are non-blocking and progressed by poll(): every posted send and
@@ -563,9 +563,11 @@ def connect_mesh(rank: int, size: int, peers: list[int], host: str, exchange: Ex
     Every connection proves `job`'s key for job context `token` (tcp.connect / Listener).
     watch (a split): called every WATCH_S while waiting; raises when the parent group saw a death."""
     higher = {p for p in peers if p > rank}
-    # Loopback peers connect through the listener's abstract Unix socket, as the ring's do
-    # (JACKLRING_LOCAL_TRANSPORT=tcp keeps TCP): it skips the TCP/IP stack.
-    listener = tcp.Listener(host, 0)
+    # JACKLRING_LOCAL_TRANSPORT=unix: loopback peers connect through the listener's abstract Unix
+    # socket, skipping the TCP/IP stack. Not by default: a peer that fails and exits breaks a
+    # Unix socket at once, so its neighbours may report the broken pipe instead of the
+    # mismatch that made it fail (TCP still takes their messages).
+    listener = tcp.Listener(host, 0, local=config.get("JACKLRING_LOCAL_TRANSPORT") == "unix")
     listener.serve(job, token, rank,
                    lambda h: None if h.purpose == PURPOSE_MESH and h.sender in higher and h.channel == 0
                    else f"not a mesh connection from a higher rank ({sorted(higher)})", f"rank {rank} (TCP mesh)")
