@@ -114,6 +114,8 @@ VARIANTS = [
     Variant("ring-4k-segments", "ring", (2,), env={"JACKLRING_RING_SEGMENT_BYTES": "4096"}, checks=DATA_PATH),
     # Local ranks talk over Unix sockets by default; TCP must work on its own.
     Variant("ring-tcp", "ring", (3,), env={"JACKLRING_LOCAL_TRANSPORT": "tcp"}, checks=DATA_PATH),
+    # JACKLRING_LOCAL_TRANSPORT=unix puts local JACCL ranks on Unix sockets (TCP by default).
+    Variant("jaccl-unix", "jaccl", (3,), env={"JACKLRING_LOCAL_TRANSPORT": "unix"}, checks=DATA_PATH),
     # Ranks that disagree on the local transport (rank 0 TCP, the others Unix sockets) still connect.
     Variant("ring-mixed-transport", "ring", (2,), checks=(
         "send_recv_any_pair_in_both_orders_and_sizes", "send_recv_edge_inputs", "split_every_way"),
