@@ -10,7 +10,8 @@ started by the venv's mpirun; otherwise as plain subprocesses.
 busbw follows nccl-tests: all-reduce busbw = 2(n-1)/n * bytes / time.
 
 ring is the ring backend as configured (on one host: shared memory); ring-unix and ring-tcp are
-extra ring groups in the same processes forced onto Unix or TCP sockets. mpi means both
+extra ring groups in the same processes forced onto Unix or TCP sockets, ring-1dir one whose large
+reductions go one way round the ring only (JACKLRING_RING_DIRECTIONS=1). mpi means both
 mpi-sm (Open MPI's shared-memory BTL) and mpi-tcp (its TCP BTL): a BTL is chosen per job, so
 every MPI variant after the first runs as a job of its own right after the main one (its column
 is then not interleaved with the others).
@@ -27,11 +28,16 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import Callable
 
 import numpy as np
 
 DEFAULT_SIZES = "4,64,1K,4K,16K,64K,256K,1M,4M,16M,64M"
-OURS = ("ring", "ring-unix", "ring-tcp", "jaccl", "mpi-adapter")
+# Extra ring groups in the same processes, each formed with these settings.
+RING_VARIANTS = {"ring-unix": {"JACKLRING_LOCAL_TRANSPORT": "unix"},
+                 "ring-tcp": {"JACKLRING_LOCAL_TRANSPORT": "tcp"},
+                 "ring-1dir": {"JACKLRING_RING_DIRECTIONS": "1"}}
+OURS = ("ring", *RING_VARIANTS, "jaccl", "mpi-adapter")
 OTHERS = ("gloo", "mpi-sm", "mpi-tcp", "mlx")
 MPI_BTLS = {"mpi-sm": "self,sm", "mpi-tcp": "self,tcp"}
 
@@ -76,21 +82,22 @@ class Runner:
             group = adapter.init(strict=True, backend=name.replace("-adapter", ""))
             backend = group.backend
             self.fn = lambda src, dst: backend.all_reduce(src, dst, ReduceOp.SUM)
-        elif name in ("ring-unix", "ring-tcp"):
+        elif name in RING_VARIANTS:
             from adapter.backends.base import ReduceOp
             from adapter.backends.ring.backend import RingBackend, load_ring_hostfile
             addresses = load_ring_hostfile(os.environ[f"BENCH_HOSTFILE_{name[5:].upper()}"])
-            # The setting is read (through adapter.config) while the group forms: set it for
+            # The settings are read (through adapter.config) while the group forms: set them for
             # that moment only, then put back whatever the user had.
-            key = "JACKLRING_LOCAL_TRANSPORT"
-            saved = dict(os.environ)
-            os.environ.update({key: name[5:]})
+            settings = RING_VARIANTS[name]
+            saved = {key: os.environ.get(key) for key in settings}
+            os.environ.update(settings)
             try:
                 backend = RingBackend.from_addresses(rank, addresses)
             finally:
-                os.environ.pop(key, None)
-                if key in saved:
-                    os.environ.update({key: saved[key]})
+                for key, value in saved.items():
+                    os.environ.pop(key, None)
+                    if value is not None:
+                        os.environ[key] = value
             self.fn = lambda src, dst: backend.all_reduce(src, dst, ReduceOp.SUM)
         elif name == "gloo":
             import torch
@@ -164,15 +171,17 @@ def worker(args: argparse.Namespace) -> None:
             dist.destroy_process_group()
 
 
-def report(args: argparse.Namespace, results: dict, n: int) -> None:
+def report(args: argparse.Namespace, results: dict, n: int, link_rate: float | None = None) -> None:
+    """Print the table; with link_rate (bytes/s per direction of each rank's link) a column
+    "link" gives busbw as a fraction of it (benchmarks/netns_bench.py shapes such links)."""
     factor = 2 * (n - 1) / n
     names = [name for name in args.backends if any(key[1] == name for key in results)]
     pick = min if args.stat == "min" else statistics.median
     print(f"# all_sum float32, {n} ranks, {args.stat} of {args.rounds} interleaved rounds; "
-          f"time in us, algbw/busbw in GB/s")
+          f"time in us, algbw/busbw in GB/s" + (f", link = busbw / {link_rate / 1e9:.4g} GB/s" if link_rate else ""))
     head = f"{'bytes':>8}"
     for name in names:
-        head += f" | {name + ' time':>14} {'algbw':>7} {'busbw':>7} {'ok':>3}"
+        head += f" | {name + ' time':>14} {'algbw':>7} {'busbw':>7}" + (f" {'link':>5}" if link_rate else "") + f" {'ok':>3}"
     print(head)
     for nbytes in args.sizes:
         line = f"{human(nbytes):>8}"
@@ -180,7 +189,10 @@ def report(args: argparse.Namespace, results: dict, n: int) -> None:
             res = results[(nbytes, name)]
             t = pick(res["times"])
             alg = nbytes / t / 1e9
-            line += f" | {t * 1e6:>14.1f} {alg:>7.2f} {alg * factor:>7.2f} {'yes' if res['ok'] else 'NO':>3}"
+            line += f" | {t * 1e6:>14.1f} {alg:>7.3f} {alg * factor:>7.3f}"
+            if link_rate:
+                line += f" {alg * factor * 1e9 / link_rate:>5.2f}"
+            line += f" {'yes' if res['ok'] else 'NO':>3}"
         print(line)
     if len(names) > 1:
         base = names[0]
@@ -205,57 +217,91 @@ def jobs(backends: list[str]) -> list[tuple[list[str], str | None]]:
     return [(main, "" if "mpi-adapter" in main else None)]
 
 
-def launch(args: argparse.Namespace, argv: list[str]) -> int:
-    n = args.n
-    tmp = tempfile.mkdtemp(prefix="jacklring-bench-")
-    ports = iter(free_ports(3 * n * args.connections + n + 2))
-
+def contract_env(n: int, hosts: list[str], ports, tmp: str, connections: int,
+                 backends: list[str]) -> dict[str, str]:
+    """The environment contract for n ranks, rank r at hosts[r]: hostfiles for the ring (and the
+    extra ring and MLX groups), MASTER_ADDR for gloo, the coordinator and devices for JACCL.
+    ports yields port numbers free on those hosts."""
     def hostfile(name: str, per_rank: int) -> str:
         path = os.path.join(tmp, name)
         with open(path, "w") as f:
-            json.dump([[f"127.0.0.1:{next(ports)}" for _ in range(per_rank)] for _ in range(n)], f)
+            json.dump([[f"{hosts[r]}:{next(ports)}" for _ in range(per_rank)] for r in range(n)], f)
         return path
-    env = dict(os.environ, MLX_HOSTFILE=hostfile("ring.json", args.connections),
-               BENCH_HOSTFILE_UNIX=hostfile("ring-unix.json", args.connections),
-               BENCH_HOSTFILE_TCP=hostfile("ring-tcp.json", args.connections),
+    env = dict(MLX_HOSTFILE=hostfile("ring.json", connections),
+               BENCH_HOSTFILE_UNIX=hostfile("ring-unix.json", connections),
+               BENCH_HOSTFILE_TCP=hostfile("ring-tcp.json", connections),
+               BENCH_HOSTFILE_1DIR=hostfile("ring-1dir.json", connections),
                BENCH_MLX_HOSTFILE=hostfile("mlx-ring.json", 1),
-               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(next(ports)), WORLD_SIZE=str(n))
-    if "jaccl" in args.backends:
+               MASTER_ADDR=hosts[0], MASTER_PORT=str(next(ports)), WORLD_SIZE=str(n))
+    if "jaccl" in backends:
         devices = os.path.join(tmp, "devices.json")
         with open(devices, "w") as f:
+            # Device names that exist nowhere: JACCL then runs over its TCP mesh.
             json.dump([[None if i == j else f"rdma_fake{j}" for j in range(n)] for i in range(n)], f)
-        env.update(MLX_IBV_DEVICES=devices, MLX_JACCL_COORDINATOR=f"127.0.0.1:{next(ports)}")
+        env.update(MLX_IBV_DEVICES=devices, MLX_JACCL_COORDINATOR=f"{hosts[0]}:{next(ports)}")
+    return env
+
+
+def measure(args: argparse.Namespace, argv: list[str], env: dict, tmp: str,
+            rank_prefix: Callable[[int], list[str]] | None = None,
+            mpi_launch: list[str] | None = None) -> dict | None:
+    """Run every job (see jobs()) and gather rank 0's timings; None when a job failed.
+    rank_prefix(r): words put before rank r's command (e.g. `ip netns exec NAME`); mpi_launch:
+    how mpirun starts and places the ranks of an MPI job (see run_job)."""
     results: dict = {}
     for i, (backends, btl) in enumerate(jobs(args.backends)):
         out = os.path.join(tmp, f"results{i}.json")
         cmd = [sys.executable, "-m", "adapter.bench", "--worker"] + argv + [
             "--only", ",".join(backends), "--results", out]
-        code = run_job(args, cmd, env, btl)
-        if code:
-            return code
+        if run_job(args, cmd, env, btl, rank_prefix, mpi_launch):
+            return None
         with open(out) as f:
             for nbytes, name, times, ok in json.load(f):
                 results[(nbytes, name)] = {"times": times, "ok": ok}
+    return results
+
+
+def launch(args: argparse.Namespace, argv: list[str]) -> int:
+    n = args.n
+    tmp = tempfile.mkdtemp(prefix="jacklring-bench-")
+    ports = iter(free_ports(len(RING_VARIANTS) * n * args.connections + 2 * n + 2))
+    env = dict(os.environ, **contract_env(n, ["127.0.0.1"] * n, ports, tmp, args.connections, args.backends))
+    results = measure(args, argv, env, tmp)
+    if results is None:
+        return 1
     report(args, results, n)
     return 0
 
 
-def run_job(args: argparse.Namespace, cmd: list[str], env: dict, btl: str | None) -> int:
+def find_mpirun() -> str:
+    mpirun = shutil.which("mpirun", path=os.path.dirname(sys.executable)) or shutil.which("mpirun")
+    if mpirun is None:
+        raise SystemExit("bench: mpirun not found (pip install jacklring[mpi])")
+    return mpirun
+
+
+def run_job(args: argparse.Namespace, cmd: list[str], env: dict, btl: str | None,
+            rank_prefix: Callable[[int], list[str]] | None = None,
+            mpi_launch: list[str] | None = None) -> int:
+    """Run cmd on every rank: through mpirun when btl is not None (mpi_launch: the words that
+    start mpirun and place its ranks, default all on this host), else as n subprocesses, rank r
+    behind rank_prefix(r)."""
     n = args.n
     if btl is not None:
-        mpirun = shutil.which("mpirun", path=os.path.dirname(sys.executable)) or shutil.which("mpirun")
-        if mpirun is None:
-            raise SystemExit("bench: mpirun not found (pip install jacklring[mpi])")
+        if rank_prefix is not None and mpi_launch is None:
+            raise SystemExit("bench: Open MPI jobs start their ranks through mpirun, which takes no per-rank prefix")
         env = dict(env, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
         env.setdefault("OMPI_MCA_btl_tcp_if_include", "lo")
         if btl:
             env.update(OMPI_MCA_pml="ob1", OMPI_MCA_btl=btl)
+        launch_words = mpi_launch or [find_mpirun(), "--oversubscribe", "-n", str(n)]
         try:
-            return subprocess.call([mpirun, "--oversubscribe", "-n", str(n)] + cmd, env=env, timeout=args.timeout)
+            return subprocess.call(launch_words + cmd, env=env, timeout=args.timeout)
         except subprocess.TimeoutExpired:
             print(f"bench: timed out after {args.timeout} s", file=sys.stderr)
             return 1
-    procs = [subprocess.Popen(cmd, env=dict(env, MLX_RANK=str(r))) for r in range(n)]
+    prefix = rank_prefix or (lambda r: [])
+    procs = [subprocess.Popen(prefix(r) + cmd, env=dict(env, MLX_RANK=str(r))) for r in range(n)]
     try:
         codes = [p.wait(timeout=args.timeout) for p in procs]
     except subprocess.TimeoutExpired:
@@ -266,13 +312,12 @@ def run_job(args: argparse.Namespace, cmd: list[str], env: dict, btl: str | None
     return max(codes)
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+def parse_args(argv: list[str]) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m adapter.bench", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-n", type=int, default=2, help="number of ranks (default 2)")
     ap.add_argument("--backend", default="ring",
-                    help="our backends to measure, comma separated: ring, ring-unix, ring-tcp, jaccl, mpi-adapter")
+                    help="our backends to measure, comma separated: ring, ring-unix, ring-tcp, ring-1dir, jaccl, mpi-adapter")
     ap.add_argument("--compare", default="",
                     help="others in the same run, comma separated: gloo, mpi (= mpi-sm,mpi-tcp), mpi-sm, mpi-tcp, mlx")
     ap.add_argument("--sizes", default=DEFAULT_SIZES, help=f"message sizes in bytes (default {DEFAULT_SIZES})")
@@ -294,10 +339,16 @@ def main(argv: list[str] | None = None) -> int:
     for b in args.backends:
         if b not in OURS + OTHERS:
             ap.error(f"unknown backend {b!r}; choose from {', '.join(OURS + OTHERS)}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
     if args.worker:
         worker(args)
         return 0
-    return launch(args, [a for a in argv])
+    return launch(args, list(argv))
 
 
 if __name__ == "__main__":

@@ -215,3 +215,80 @@ def test_spinning_only_when_every_local_rank_has_a_cpu(monkeypatch):
     monkeypatch.setenv("JACKLRING_SPIN_US", "x")
     with pytest.raises(ConfigError, match="JACKLRING_SPIN_US"):
         mesh_tcp.spin_seconds(1)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("verify", [False, True])
+def test_frames_copied_into_their_slots_are_right(monkeypatch, verify):
+    """The path registered memory (RDMA) takes: every frame's data copied into its send slot
+    (Transport.post_send_parts' default) instead of sent from the caller's buffer."""
+    from adapter.backends.transport import tcp_mesh
+    monkeypatch.setattr(tcp_mesh, "_GATHER_MIN_BYTES", 1 << 40)
+    b0, b1 = pair(verify=verify)
+    count = 700_001   # several frames, the last one partial
+    x0 = np.arange(count, dtype=np.float32)
+    x1 = np.full(count, 2.0, np.float32)
+    r0, r1 = both(lambda: all_sum(b0, x0), lambda: all_sum(b1, x1))
+    assert np.array_equal(r0, x0 + x1) and r0.tobytes() == r1.tobytes()
+    got = np.empty(count, np.float32)
+    both(lambda: b0.send(x0, 1), lambda: b1.recv(got, 0))
+    assert np.array_equal(got, x0)
+    b0.close()
+    b1.close()
+
+
+def forged_frames(data: bytes, payload: int, total: int | None = None) -> list[bytes]:
+    """Rank 0's send of `data` (float32) to rank 1 as the wire carries it, frame by frame."""
+    kind = OP_CODES["send"]
+    out = []
+    for index, start in enumerate(range(0, len(data), payload)):
+        body = HEADER.pack(kind, 0, dtype_code(np.float32), 0, 0, index, 1, total or len(data)) + \
+            data[start:start + payload]
+        out.append(_LEN.pack(len(body)) + body)
+    return out
+
+
+@pytest.mark.timeout(30)
+def test_frames_arriving_in_pieces_land_straight_in_the_target():
+    """Large frames go from the socket straight into the receiver's array; a frame whose length
+    prefix and header arrive split across reads (and later bytes in odd pieces) still lands whole."""
+    a, b = socket.socketpair()
+    receiver = backend(1, b)
+    payload = receiver._link.payload
+    data = np.arange((payload + payload // 2) // 4, dtype=np.float32)   # two frames
+    wire = b"".join(forged_frames(data.tobytes(), payload))
+    cuts = [5, 8 + 10, 8 + HEADER.size + 1, 70_000, payload + 3, payload + 8 + 20, len(wire)]
+
+    def send_in_pieces():
+        last = 0
+        for cut in cuts:
+            a.sendall(wire[last:cut])
+            last = cut
+            time.sleep(0.02)
+    sender = threading.Thread(target=send_in_pieces)
+    sender.start()
+    got = np.zeros_like(data)
+    receiver.recv(got, 0)
+    sender.join(10)
+    assert np.array_equal(got, data)
+    a.close()
+    receiver.close()
+
+
+@pytest.mark.timeout(30)
+def test_a_frame_of_another_length_than_the_target_expects_is_a_mismatch():
+    """A receive set up to land in the target: a sender whose frame is shorter (another size)
+    is reported, not written past or half into the target."""
+    a, b = socket.socketpair()
+    receiver = backend(1, b)
+    payload = receiver._link.payload
+    count = (payload + payload // 2) // 4
+    sent = np.ones(count - 40_000, np.float32)   # the first frame is full, the second shorter
+    wire = b"".join(forged_frames(sent.tobytes(), payload, total=count * 4))
+    sender = threading.Thread(target=a.sendall, args=(wire,))
+    sender.start()
+    with pytest.raises(MismatchError, match="out-of-step message from rank 0.*frame 1 with"):
+        receiver.recv(np.empty(count, np.float32), 0)
+    sender.join(10)
+    a.close()
+    receiver.close()

@@ -9,6 +9,8 @@ import pytest
 from adapter.backends.transport.stream_engine import Engine, Stream
 from adapter.errors import CollectiveTimeout, IntegrityError, PeerError
 
+SESSION = bytes(range(64))  # both handshake nonces of a connection (a MAC key depends on them)
+
 
 def pair(verify=False):
     a, b = socket.socketpair()
@@ -64,3 +66,70 @@ def test_deadline_names_what_is_missing():
     with pytest.raises(CollectiveTimeout, match=r"8 bytes still to receive from rank 0 \(test\)"):
         Engine([left, right], 0).run(time.monotonic() + 0.3, "test")
     assert time.monotonic() - t < 2
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("mode", ["crc", "mac"])
+def test_checked_messages_survive_pieces_of_any_size(mode):
+    """Small socket buffers split messages and their trailers across many calls on both ends
+    (a trailer's bytes arrive apart from its message's), and the sender, in its own engine,
+    seals queued messages while it waits; every message still checks, in order."""
+    import threading
+
+    from adapter.backends.transport import auth, integrity
+    job = auth.auth_from_secret(b"k" * 32)
+    a, b = socket.socketpair()
+    for s in (a, b):
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sender = Stream(a, 1, "rank 1 (test)", integrity.for_link(mode, job, 1, 0, 1, "ring 0->1 #0", SESSION))
+    receiver = Stream(b, 0, "rank 0 (test)", integrity.for_link(mode, job, 1, 1, 0, "ring 0->1 #0", SESSION))
+    sizes = [1, 3, 4, 5, 17, 4095, 4096, 4097, 100_000, 2, 65_537]
+    payloads = [bytes((i * 7 + j) % 251 for j in range(n)) for i, n in enumerate(sizes)]
+    outs = [bytearray(n) for n in sizes]
+    done = []
+    for i, (p, o) in enumerate(zip(payloads, outs)):
+        sender.post_send(memoryview(p))
+        receiver.post_recv(memoryview(o), lambda i=i: done.append(i))
+    errors = []
+
+    def send() -> None:
+        try:
+            Engine([sender], 1).run(time.monotonic() + 10, "test")
+        except Exception as exc:  # reported by the assertion below
+            errors.append(exc)
+    thread = threading.Thread(target=send)
+    thread.start()
+    time.sleep(0.2)  # the sender fills the socket and waits: it seals the rest meanwhile
+    assert len(sender.tails) == len(sender.sendq)
+    Engine([receiver], 0).run(time.monotonic() + 10, "test")
+    thread.join(10)
+    assert not errors and done == list(range(len(sizes))), errors
+    assert [bytes(o) for o in outs] == payloads
+
+
+@pytest.mark.parametrize("mode", ["crc", "mac"])
+def test_a_flipped_trailer_byte_is_caught(mode):
+    from adapter.backends.transport import auth, integrity
+    job = auth.auth_from_secret(b"k" * 32)
+    a, b = socket.socketpair()
+    seal = integrity.for_link(mode, job, 1, 0, 1, "ring 0->1 #0", SESSION)
+    receiver = Stream(b, 0, "rank 0 (test)", integrity.for_link(mode, job, 1, 1, 0, "ring 0->1 #0", SESSION))
+    payload = b"z" * 5000
+    trailer = bytearray(seal.seal(payload))
+    trailer[-1] ^= 1
+    a.sendall(payload + trailer)
+    receiver.post_recv(memoryview(bytearray(5000)))
+    with pytest.raises(IntegrityError, match=r"rank 0: test: checksum mismatch on a 5000-byte message from rank 0"):
+        Engine([receiver], 0).run(time.monotonic() + 5, "test")
+
+
+def test_peer_hanging_up_before_the_trailer_is_a_peer_error():
+    a, b = socket.socketpair()
+    receiver = Stream(b, 3, "rank 3 (test)", verify=True)
+    a.sendall(b"x" * 10)  # the whole message, but not its checksum
+    a.close()
+    receiver.post_recv(memoryview(bytearray(10)))
+    with pytest.raises(PeerError, match=r"rank 0: test: rank 3 \(test\) closed the connection \(4 bytes of the current "
+                                        r"message's checksum still expected"):
+        Engine([receiver], 0).run(time.monotonic() + 5, "test")

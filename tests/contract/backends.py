@@ -114,12 +114,20 @@ VARIANTS = [
     Variant("ring-4k-segments", "ring", (2,), env={"JACKLRING_RING_SEGMENT_BYTES": "4096"}, checks=DATA_PATH),
     # Local ranks talk over Unix sockets by default; TCP must work on its own.
     Variant("ring-tcp", "ring", (3,), env={"JACKLRING_LOCAL_TRANSPORT": "tcp"}, checks=DATA_PATH),
+    # JACKLRING_LOCAL_TRANSPORT=unix puts local JACCL ranks on Unix sockets (TCP by default).
+    Variant("jaccl-unix", "jaccl", (3,), env={"JACKLRING_LOCAL_TRANSPORT": "unix"}, checks=DATA_PATH),
     # Ranks that disagree on the local transport (rank 0 TCP, the others Unix sockets) still connect.
     Variant("ring-mixed-transport", "ring", (2,), checks=(
         "send_recv_any_pair_in_both_orders_and_sizes", "send_recv_edge_inputs", "split_every_way"),
         rank_wrapper='if [ "$MLX_RANK" = 0 ]; then export JACKLRING_LOCAL_TRANSPORT=tcp; fi; exec "$@"'),
-    # Checksums on every message (JACKLRING_VERIFY=1), one-pass and pipelined paths.
-    Variant("ring-checksums", "ring", (3,), env={"JACKLRING_VERIFY": "1"}, checks=DATA_PATH),
+    # Checksums on every message (JACKLRING_VERIFY=1), one-pass and pipelined paths. The ranks
+    # share a host, so without the Unix sockets forced the collectives would run over shared
+    # memory, where nothing is checked.
+    Variant("ring-checksums", "ring", (3,), env={"JACKLRING_VERIFY": "1", "JACKLRING_LOCAL_TRANSPORT": "unix"},
+            checks=DATA_PATH),
+    # A MAC under keys of each connection instead (the launcher provides the job secret).
+    Variant("ring-mac", "ring", (3,), env={"JACKLRING_VERIFY": "mac", "JACKLRING_LOCAL_TRANSPORT": "unix"},
+            checks=DATA_PATH),
     # Every MPI call cut at 7 elements: the path buffers beyond MPI's 2**31-1 count take.
     Variant("mpi-chunked", "mpi", (3,), env={"JACKLRING_MPI_MAX_COUNT": "7"}, missing=_mpirun_missing, checks=(
         "init_returns_the_launched_backend", "all_sum_max_min_every_dtype_and_count", "all_reduce_every_op_and_dtype",

@@ -19,7 +19,7 @@ def die(*args, **kwargs):
 
 if r == VICTIM:  # dies as it connects its sub-group (after the parent's address exchange)
     from adapter.backends.transport import tcp
-    tcp.connect = die
+    tcp.connect = tcp.connect_with_hello = die  # the ring's connections take the second
 barrier()
 try:
     sub = group.split(r % 2)

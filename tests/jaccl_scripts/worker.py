@@ -111,6 +111,83 @@ def run_ops(b, report: dict) -> None:
     report["ops"] = "ok"
 
 
+def run_large(b, report: dict) -> None:
+    """Messages of several frames on the streaming reduction: element sizes that do not divide a
+    frame, uneven blocks, in place (where a later rank's own part is also its output) and not."""
+    r, n = b.rank(), b.size()
+    exact = b.mode == "mesh"
+    frame = b._transport.frame_bytes
+    for tag, (op, dtype) in enumerate([(ReduceOp.SUM, np.complex128), (ReduceOp.SUM, np.float16),
+                                       (ReduceOp.SUM, BF16), (ReduceOp.MAX, np.int8), (ReduceOp.PROD, np.float64)]):
+        item = np.dtype(dtype).itemsize
+        count = n * (2 * frame // item) + 2 * n + 1   # every block > two frames, blocks uneven
+        inputs = [make(q, 600 + tag, count, dtype) for q in range(n)]
+        want = np.empty_like(inputs[0])
+        reduce_many(want, inputs, op)
+        for in_place in (False, True):
+            src = inputs[r].copy()
+            dst = src if in_place else np.empty_like(src)
+            b.all_reduce(src, dst, op)
+            name = f"large all_reduce {op.name} {np.dtype(dtype)} x{count}{' in place' if in_place else ''}"
+            check_equal(name, dst, want, exact)
+            report["digests"][name] = digest(dst)
+        block = 2 * frame // item + 3
+        inputs = [make(q, 650 + tag, n * block, dtype) for q in range(n)]
+        full = np.empty_like(inputs[0])
+        reduce_many(full, inputs, op)
+        dst = np.empty(block, np.dtype(dtype))
+        b.reduce_scatter(inputs[r], dst, op)
+        check_equal(f"large reduce_scatter {op.name} {np.dtype(dtype)}", dst, full[r * block:(r + 1) * block], exact)
+    report["large"] = "ok"
+
+
+def run_broadcast(b, report: dict) -> None:
+    """broadcast from every root at the scatter threshold's boundaries (and above one frame),
+    against the root's numpy data; records how many bytes each root put on the wire."""
+    from adapter.backends.jaccl.algorithms import BROADCAST_SCATTER_BYTES
+    r, n = b.rank(), b.size()
+    sent = {}
+    for tag, (dtype, nbytes) in enumerate([(np.float32, BROADCAST_SCATTER_BYTES - 4),
+                                           (np.float32, BROADCAST_SCATTER_BYTES),
+                                           (np.int16, BROADCAST_SCATTER_BYTES + 2),
+                                           (np.float64, 3 * (1 << 20) + 8 * 7),
+                                           (BF16, 2 * 6 + 2)]):
+        count = nbytes // np.dtype(dtype).itemsize
+        for root in range(n):
+            want = make(root, 700 + tag, count, dtype)
+            buf = want.copy() if r == root else make(r, 750 + tag, count, dtype)
+            before = b._transport.posted_bytes
+            b.broadcast(buf, root)
+            check_equal(f"broadcast {np.dtype(dtype)} x{count} from {root}", buf, want, True)
+            if r == root:
+                sent[str(nbytes)] = b._transport.posted_bytes - before
+    report["broadcast_sent"] = sent
+    report["broadcast"] = "ok"
+
+
+def run_p2p_chain(b, report: dict) -> None:
+    """Rank 0 receives from rank 2, then from rank 1; rank 1 sends rank 0 16 MB (more than any
+    socket buffer) before it sends rank 2 what rank 2 waits for before sending rank 0. Rank 0
+    must read rank 1's bytes ahead while it waits on rank 2, or all three wait forever."""
+    r = b.rank()
+    big = np.arange(4_000_000, dtype=np.float32)
+    start = time.monotonic()
+    if r == 0:
+        got2, got1 = np.empty(3, np.int64), np.empty_like(big)
+        b.recv(got2, 2)
+        b.recv(got1, 1)
+        assert list(got2) == [7, 8, 9] and np.array_equal(got1, big)
+    elif r == 1:
+        b.send(big, 0)
+        b.send(np.array([1, 2, 3], np.int64), 2)
+    elif r == 2:
+        got = np.empty(3, np.int64)
+        b.recv(got, 1)
+        assert list(got) == [1, 2, 3]
+        b.send(np.array([7, 8, 9], np.int64), 0)
+    report["p2p_chain"] = time.monotonic() - start
+
+
 def run_p2p(b, report: dict) -> None:
     """Every ordered pair of ranks exchanges a message, in one global order."""
     r, n = b.rank(), b.size()
@@ -206,14 +283,16 @@ def run_api(b, report: dict) -> None:
     report["api"] = group.backend_name
 
 
-SCENARIOS = {"api": run_api, "ops": run_ops, "p2p": run_p2p, "split": run_split, "mismatch": run_mismatch,
+SCENARIOS = {"api": run_api, "ops": run_ops, "large": run_large, "broadcast": run_broadcast,
+             "p2p_chain": run_p2p_chain, "p2p": run_p2p, "split": run_split, "mismatch": run_mismatch,
              "recv_mismatch": run_recv_mismatch, "dead_peer": run_dead_peer}
 
 
 def main() -> None:
     scenarios, out_dir = sys.argv[1].split(","), sys.argv[2]
     b = jaccl.create()
-    report = {"rank": b.rank(), "size": b.size(), "mode": b.mode, "transport": b.transport_kind, "digests": {}}
+    report = {"rank": b.rank(), "size": b.size(), "mode": b.mode, "transport": b.transport_kind, "digests": {},
+              "families": sorted({s.sock.family.name for s in b._transport._by_fd.values()})}
     for name in scenarios:
         SCENARIOS[name](b, report)
     with open(os.path.join(out_dir, f"rank{b.rank()}.json"), "w") as fh:

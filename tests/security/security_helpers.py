@@ -29,8 +29,10 @@ def outsider_available() -> str | None:
 
 @pytest.fixture(name="outsider")
 def outsider_fixture():
-    """outsider(script, *args) starts attacks/<script> as uid 65534 from a 0755 directory
-    holding only the attack scripts; returns the Popen (text stdout). All are killed after."""
+    """outsider(script, *args, wrap=[...]) starts attacks/<script> as uid 65534 from a 0755
+    directory holding only the attack scripts, behind the command prefix `wrap` (e.g. `ip
+    netns exec NS`: root enters the namespace, then setpriv drops to the outsider); returns
+    the Popen (text stdout). All are killed after."""
     reason = outsider_available()
     if reason:
         pytest.skip(reason)
@@ -41,8 +43,8 @@ def outsider_fixture():
         os.chmod(os.path.join(home, script.name), 0o644)
     procs: list[subprocess.Popen] = []
 
-    def start(script: str, *args: str) -> subprocess.Popen:
-        cmd = ["setpriv", f"--reuid={OUTSIDER_UID}", f"--regid={OUTSIDER_UID}", "--clear-groups",
+    def start(script: str, *args: str, wrap: list[str] | None = None) -> subprocess.Popen:
+        cmd = [*(wrap or []), "setpriv", f"--reuid={OUTSIDER_UID}", f"--regid={OUTSIDER_UID}", "--clear-groups",
                SYSTEM_PYTHON, "-u", os.path.join(home, script), *map(str, args)]
         proc = subprocess.Popen(cmd, cwd=home, env={"PATH": "/usr/bin:/bin"}, stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -5,6 +5,11 @@ Mesh (every pair of ranks directly connected):
     contributions in rank order, so every rank computes the same bits;
   - large all_reduce: reduce-scatter (rank j reduces block j from all peers, in rank order) then
     all-gather of the reduced blocks: each link carries 2/N of the data instead of all of it.
+    The reduce-scatter reduces frame by frame out of the receive slots into the result
+    (FrameExchange.reduce_transfer), so beyond src and dst it needs only the slots;
+  - large broadcast (more than two ranks): the root scatters the message in one block per other
+    rank, then those ranks all-gather the blocks among themselves, so the root sends the message
+    once instead of once per peer.
 Ring (links only between neighbours, `jaccl-ring`): the classic ring reduce-scatter and
 all-gather, one block per step; each block is reduced by one chain and then copied, so the
 result is identical on every rank too.
@@ -21,8 +26,12 @@ from ..elements import block_bounds, byte_view, dtype_code, reduce_into, reduce_
 from ..protocol import OP_CODES, REDUCE_CODES, Request
 from .exchange import FrameExchange
 
-# Above this, with more than two ranks, the mesh all_reduce uses reduce-scatter + all-gather.
+# Above this, the mesh all_reduce uses reduce-scatter + all-gather (with two ranks only once the
+# message needs more than one frame: below that the one-frame exchange is quicker).
 MESH_LARGE_BYTES = 64 << 10
+# From this size (and with more than two ranks) the mesh broadcast scatters, then all-gathers:
+# below it one more step costs more than the root's extra copies.
+BROADCAST_SCATTER_BYTES = 256 << 10
 RING_LARGE_BYTES = 64 << 10
 _EMPTY = memoryview(b"")
 
@@ -98,7 +107,7 @@ class MeshAlgorithms(Algorithms):
         nbytes = src.nbytes
         if nbytes <= self.link.payload and (self.size <= 2 or nbytes < MESH_LARGE_BYTES):
             self._all_reduce_small(src, dst, op)
-        elif self.size > 2 and nbytes >= MESH_LARGE_BYTES and src.size >= self.size:
+        elif nbytes >= MESH_LARGE_BYTES and src.size >= self.size:
             self._all_reduce_blocks(_request("all_reduce", src, op), src, dst, op)
         else:
             self._all_reduce_one_step(_request("all_reduce", src, op), src, dst, op)
@@ -129,6 +138,17 @@ class MeshAlgorithms(Algorithms):
                            deadline, phase)
         return rows
 
+    def _reduce_block(self, request: Request, sends: dict[int, memoryview], own: np.ndarray, out: np.ndarray,
+                      op: ReduceOp, deadline: float) -> None:
+        """out = op over every rank's part of this rank's block in rank order (own: this rank's
+        part; the peers' arrive while sends go out). A part that fits one frame takes the latency
+        path (rows of one frame each); larger ones are reduced frame by frame from the slots."""
+        if own.nbytes <= self.link.payload:
+            rows = self._gather_rows(request, sends, own.size, own, deadline)
+            reduce_many(out, list(rows), op)
+        else:
+            self.link.reduce_transfer(request, sends, own, out, op, deadline)
+
     def _all_reduce_one_step(self, request: Request, src: np.ndarray, dst: np.ndarray, op: ReduceOp) -> None:
         data = byte_view(src)
         rows = self._gather_rows(request, {p: data for p in self._peers()}, src.size, src, self.link.deadline())
@@ -138,17 +158,14 @@ class MeshAlgorithms(Algorithms):
         deadline = self.link.deadline()
         bounds = block_bounds(src.size, self.size)
         lo, hi = bounds[self.rank], bounds[self.rank + 1]
-        sends = {p: byte_view(src[bounds[p]:bounds[p + 1]]) for p in self._peers()}
-        rows = self._gather_rows(request, sends, hi - lo, src[lo:hi], deadline, phase=0)
-        mine = np.empty(hi - lo, src.dtype)
-        reduce_many(mine, list(rows), op)
-        # src is no longer read: dst may alias it from here on.
-        item = src.itemsize
         peers = self._peers()
+        sends = {p: byte_view(src[bounds[p]:bounds[p + 1]]) for p in peers}
+        # Only block `rank` of dst is written while src's other blocks are sent: dst may alias src.
+        self._reduce_block(request, sends, src[lo:hi], dst[lo:hi], op, deadline)
+        item = src.itemsize
         out = byte_view(dst)
-        self.link.transfer(request, {p: byte_view(mine) for p in peers},
+        self.link.transfer(request, {p: out[lo * item:hi * item] for p in peers},
                            {p: out[bounds[p] * item:bounds[p + 1] * item] for p in peers}, deadline, phase=1)
-        dst[lo:hi] = mine
 
     def all_gather(self, src: np.ndarray, dst: np.ndarray) -> None:
         data = byte_view(src)
@@ -162,12 +179,13 @@ class MeshAlgorithms(Algorithms):
         n = dst.size
         sends = {p: byte_view(src[p * n:(p + 1) * n]) for p in self._peers()}
         own = src[self.rank * n:(self.rank + 1) * n]
-        rows = self._gather_rows(_request("reduce_scatter", src, op), sends, n, own, self.link.deadline())
-        reduce_many(dst, list(rows), op)
+        self._reduce_block(_request("reduce_scatter", src, op), sends, own, dst, op, self.link.deadline())
 
     def broadcast(self, buf: np.ndarray, root: int) -> None:
         request = _request("broadcast", buf, extra=root)
-        if root == self.rank:
+        if self.size > 2 and buf.nbytes >= BROADCAST_SCATTER_BYTES and buf.size >= self.size - 1:
+            self._broadcast_scattered(request, buf, root)
+        elif root == self.rank:
             peers = self._peers()
             # Receivers answer with a header-only message so the root also sees a mismatch.
             self.link.transfer(request, {p: byte_view(buf) for p in peers}, {p: _EMPTY for p in peers},
@@ -175,6 +193,29 @@ class MeshAlgorithms(Algorithms):
         else:
             self._check_peer(root, "broadcast root")
             self.link.transfer(request, {root: _EMPTY}, {root: byte_view(buf)}, self.link.deadline())
+
+    def _broadcast_scattered(self, request: Request, buf: np.ndarray, root: int) -> None:
+        """Step 0: the root sends block i to others[i] (the ranks but the root, in order). Step 1:
+        those ranks all-gather the blocks among themselves; each also sends the root a header,
+        so the root sees a mismatch, as every rank does on the short path."""
+        if root != self.rank:
+            self._check_peer(root, "broadcast root")
+        deadline = self.link.deadline()
+        others = [p for p in range(self.size) if p != root]
+        bounds = block_bounds(buf.size, len(others))
+        item = buf.itemsize
+        data = byte_view(buf)
+        block = {p: data[bounds[i] * item:bounds[i + 1] * item] for i, p in enumerate(others)}
+        if root == self.rank:
+            self.link.transfer(request, block, {}, deadline, phase=0)
+            self.link.transfer(request, {}, dict.fromkeys(others, _EMPTY), deadline, phase=1)
+            return
+        mine = block[self.rank]
+        self.link.transfer(request, {}, {root: mine}, deadline, phase=0)
+        peers = [p for p in others if p != self.rank]
+        sends = {p: mine for p in peers}
+        sends[root] = _EMPTY
+        self.link.transfer(request, sends, {p: block[p] for p in peers}, deadline, phase=1)
 
     def barrier(self) -> None:
         peers = self._peers()
@@ -202,14 +243,22 @@ class RingAlgorithms(Algorithms):
 
     def _ring_reduce_scatter(self, request: Request, acc: np.ndarray, bounds: list[int], op: ReduceOp,
                              deadline: float) -> None:
-        """Reduce acc across ranks so that acc's block `rank` holds the full result."""
+        """Reduce acc across ranks so that acc's block `rank` holds the full result. Each
+        incoming block is reduced frame by frame out of the receive slots into acc."""
         n, r = self.size, self.rank
-        scratch = np.empty(max(bounds[i + 1] - bounds[i] for i in range(n)), acc.dtype)
+        order = [self.left, r]   # op(incoming, ours), as every hop of the chain computes it
+        largest = max(bounds[i + 1] - bounds[i] for i in range(n))
+        # Blocks of one frame take the latency path through a one-block scratch.
+        scratch = np.empty(largest, acc.dtype) if largest * acc.itemsize <= self.link.payload else None
         for s in range(n - 1):
             out_i, in_i = (r - s - 1) % n, (r - s - 2) % n
-            incoming = scratch[:bounds[in_i + 1] - bounds[in_i]]
-            self._step(request, s, byte_view(acc[bounds[out_i]:bounds[out_i + 1]]), byte_view(incoming), deadline)
+            send = byte_view(acc[bounds[out_i]:bounds[out_i + 1]])
             block = acc[bounds[in_i]:bounds[in_i + 1]]
+            if scratch is None:
+                self.link.reduce_transfer(request, {self.right: send}, block, block, op, deadline, s, order)
+                continue
+            incoming = scratch[:block.size]
+            self._step(request, s, send, byte_view(incoming), deadline)
             reduce_into(block, incoming, block, op)
 
     def all_reduce(self, src: np.ndarray, dst: np.ndarray, op: ReduceOp) -> None:
@@ -223,11 +272,11 @@ class RingAlgorithms(Algorithms):
             reduce_many(dst, list(rows), op)
             return
         bounds = block_bounds(src.size, n)
-        acc = src.copy()
-        self._ring_reduce_scatter(request, acc, bounds, op, deadline)
-        self._ring_all_gather(request, [byte_view(acc[bounds[i]:bounds[i + 1]]) for i in range(n)],
+        if dst is not src:   # dst is the working buffer: no third copy of the message
+            dst[...] = src
+        self._ring_reduce_scatter(request, dst, bounds, op, deadline)
+        self._ring_all_gather(request, [byte_view(dst[bounds[i]:bounds[i + 1]]) for i in range(n)],
                               deadline, first_phase=n)
-        dst[...] = acc
 
     def all_gather(self, src: np.ndarray, dst: np.ndarray) -> None:
         k = src.size
@@ -249,6 +298,10 @@ class RingAlgorithms(Algorithms):
         request = _request("broadcast", buf, extra=root)
         deadline = self.link.deadline()
         position = (self.rank - root) % self.size
+        if 0 < position < self.size - 1 and buf.nbytes > self.link.payload:
+            # In the middle of the chain: pass each frame on as it arrives.
+            self.link.relay(request, self.left, self.right, byte_view(buf), deadline)
+            return
         if position > 0:   # receive from the left, answering with a header so it can check us
             self.link.transfer(request, {self.left: _EMPTY}, {self.left: byte_view(buf)}, deadline)
         if position < self.size - 1:   # forward to the right

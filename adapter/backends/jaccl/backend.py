@@ -84,8 +84,9 @@ def create(timeout: float | None = None) -> "Backend":
     try:
         kind = _agree_on_transport(cfg, choice, side)
         host = side.local_host()
+        # The side channel watches the mesh's formation: rank 0 sees every rank (verbs has no watch).
         transport = _build_transport(kind, cfg.rank, cfg.size, cfg.peers(), cfg.devices[cfg.rank],
-                                     host, side.all_gather, token, deadline, job)
+                                     host, side.all_gather, token, deadline, job, watch=side.watch)
         try:
             side.barrier()  # every queue pair / socket is ready before anyone sends
         except BaseException:

@@ -14,7 +14,10 @@ operation and the peers.
 
 `FrameExchange.transfer` moves one message to each of several peers and one from each of several peers at
 once; messages that fit one frame take a short path (the latency path), larger ones keep
-`slots` frames in flight per peer and direction.
+`slots` frames in flight per peer and direction. `FrameExchange.reduce_transfer` is the same
+exchange for a reduction: the received frames are reduced (with this rank's part, in rank
+order) straight out of the receive slots into the result, so no whole received message is ever
+held and the reduction runs while later frames are still on the wire.
 """
 from __future__ import annotations
 
@@ -22,8 +25,11 @@ import logging
 import struct
 import time
 
+import numpy as np
+
 from ...errors import CollectiveTimeout, MismatchError, PeerError
-from ..base import GroupFailure
+from ..base import GroupFailure, ReduceOp
+from ..elements import reduce_many
 from ..protocol import CHECKSUM, Request, checksum, checksum_error, mismatch_message
 from ..transport.slots import SEND, Transport
 
@@ -81,6 +87,8 @@ class FrameExchange:
         (default: the same as ours)."""
         if self.failure.why is not None:
             self.failure.check()
+        # Reading ahead is needed only by a rank that sends without receiving (see read_ahead).
+        self.t.read_ahead(not targets)
         payload = self.payload
         single = True
         for v in sends.values():
@@ -92,11 +100,35 @@ class FrameExchange:
                 if len(v) > payload:
                     single = False
                     break
+        if single:
+            self._guarded(request, self._one_frame, request, expect or request, phase, sends, targets, deadline)
+        else:
+            self._guarded(request, _Transfer(self, request, expect or request, phase, sends, targets, deadline).run)
+
+    def relay(self, request: Request, source: int, sink: int, buf: memoryview, deadline: float) -> None:
+        """Receive buf from source and send it on to sink, each frame as soon as it has landed
+        (a broadcast chain). Each side also gets a header-only message, so both see a mismatch."""
+        if self.failure.why is not None:
+            self.failure.check()
+        self.t.read_ahead(False)
+        self._guarded(request, _Relay(self, request, source, sink, buf, deadline).run)
+
+    def reduce_transfer(self, request: Request, sends: dict[int, memoryview], own: np.ndarray, out: np.ndarray,
+                        op: ReduceOp, deadline: float, phase: int = 0, order: list[int] | None = None) -> None:
+        """Send sends[peer] to each peer while receiving from each rank of `order` (default:
+        every rank) but this one its part of this rank's block (own.size elements each) and
+        reducing it: out = op over the parts in `order`, own being this rank's part. out may
+        alias own."""
+        if self.failure.why is not None:
+            self.failure.check()
+        order = list(range(self.t.size)) if order is None else order
+        self.t.read_ahead(False)
+        self._guarded(request, _ReduceTransfer(self, request, phase, sends, own, out, op, deadline, order).run)
+
+    def _guarded(self, request: Request, run, *args) -> None:
+        """Run one exchange; its first error marks the group failed (peer errors gain the operation)."""
         try:
-            if single:
-                self._one_frame(request, expect or request, phase, sends, targets, deadline)
-            else:
-                _Transfer(self, request, expect or request, phase, sends, targets, deadline).run()
+            run(*args)
         except PeerError as exc:
             self.failure.mark(f"{type(exc).__name__}: {exc}")
             raise PeerError(f"rank {self.rank}: {request.label(self.op_seq)}: {exc}") from None
@@ -110,8 +142,15 @@ class FrameExchange:
                    targets: dict[int, memoryview], deadline: float) -> None:
         t = self.t
         sent, received = self.sent, self.received
-        for p in targets:
-            t.post_recv(p, 0)
+        direct = None   # peers whose data the transport puts straight into the target
+        if self.verify:
+            for p in targets:
+                t.post_recv(p, 0)
+        else:
+            for p, target in targets.items():
+                if t.post_recv_into(p, 0, _HS, target):
+                    direct = direct or set()
+                    direct.add(p)
         kind, reduce, dtype, extra, total = request.op | self.flag, request.reduce, request.dtype, \
             request.extra, request.nbytes
         pack_into, verify = HEADER.pack_into, self.verify
@@ -144,7 +183,7 @@ class FrameExchange:
                 target = targets[peer]
                 want = len(target)
                 self._check(request, expect, phase, peer, 0, buf, nbytes, want)
-                if want:
+                if want and not (direct and peer in direct):
                     target[:] = buf[_HS:_HS + want]
                 received[peer] += 1
                 waiting.remove(peer)
@@ -231,8 +270,11 @@ class _Transfer:
     """Messages of several frames: `slots` frames in flight per peer and direction."""
 
     def __init__(self, link: FrameExchange, request: Request, expect: Request, phase: int,
-                 sends: dict[int, memoryview], targets: dict[int, memoryview], deadline: float) -> None:
+                 sends: dict[int, memoryview], targets: dict[int, memoryview], deadline: float,
+                 payload: int = 0) -> None:
         self.link = link
+        # Data bytes per frame: the slot's room, or less (a reduction cuts whole elements).
+        self.payload = payload = payload or link.payload
         self.t = link.t
         self.request = request
         self.expect = expect
@@ -243,11 +285,15 @@ class _Transfer:
         self.seq_out = {p: link.sent[p] for p in sends}
         self.next_send = {p: 0 for p in sends}          # next frame index to post
         self.unacked = {p: 0 for p in sends}            # posted send frames not yet completed
-        self.total_out = {p: link.frames(len(v)) for p, v in self.sends.items()}
-        self.total_in = {p: link.frames(len(v)) for p, v in targets.items()}
+        self.total_out = {p: max(1, -(-len(v) // payload)) for p, v in self.sends.items()}
+        self.total_in = {p: max(1, -(-len(v) // payload)) for p, v in targets.items()}
         self.next_post = {p: 0 for p in targets}        # next frame index to post a receive for
         self.next_recv = {p: 0 for p in targets}        # next frame index to consume
         self.ready: dict[tuple[int, int], int] = {}     # (peer, slot) -> completed bytes
+        # Received data may go straight into the targets (not with checksums: those cover the
+        # frame as it lies in the slot); `direct` holds the (peer, slot)s whose data did.
+        self.into_targets = not link.verify
+        self.direct: set[tuple[int, int]] = set()
 
     def run(self) -> None:
         slots = self.t.slots
@@ -255,7 +301,7 @@ class _Transfer:
             while self.next_post[p] < min(slots, self.total_in[p]):
                 self._post_recv(p)
         for p in self.sends:
-            while self.next_send[p] < min(slots, self.total_out[p]):
+            while self.next_send[p] < min(slots, self.total_out[p]) and self._may_send(p):
                 self._post_send(p)
         link = self.link
         started = time.monotonic()
@@ -279,7 +325,7 @@ class _Transfer:
                 moved += c.nbytes
                 if c.kind == SEND:
                     self.unacked[c.peer] -= 1
-                    if self.next_send[c.peer] < self.total_out[c.peer]:
+                    if self.next_send[c.peer] < self.total_out[c.peer] and self._may_send(c.peer):
                         self._post_send(c.peer)
                 else:
                     self.ready[(c.peer, c.slot)] = c.nbytes
@@ -288,6 +334,10 @@ class _Transfer:
             link.sent[p] += 1
         for p in self.targets:
             link.received[p] += 1
+
+    def _may_send(self, peer: int) -> bool:
+        """Whether the next frame to peer holds its data yet (always, but in a relay)."""
+        return True
 
     def _busy(self) -> bool:
         return (any(self.next_recv[p] < self.total_in[p] for p in self.targets)
@@ -299,30 +349,36 @@ class _Transfer:
                  f"#{self.link.received[p]} to rank {self.link.rank}"
                  for p in self.targets if self.next_recv[p] < self.total_in[p]]
         parts += [f"{label(p)} to take {self.total_out[p] - self.next_send[p] + self.unacked[p]} frame(s)"
+                  f"{self.t.backlog_note(p)}"
                   for p in self.sends if self.next_send[p] < self.total_out[p] or self.unacked[p]]
         return ", ".join(parts) or "nothing"
 
     def _post_recv(self, peer: int) -> None:
-        self.t.post_recv(peer, self.next_post[peer] % self.t.slots)
+        frame = self.next_post[peer]
+        slot = frame % self.t.slots
+        if self.into_targets:
+            start = frame * self.payload
+            if self.t.post_recv_into(peer, slot, _HS, self.targets[peer][start:start + self.payload]):
+                self.direct.add((peer, slot))
+        else:
+            self.t.post_recv(peer, slot)
         self.next_post[peer] += 1
 
     def _post_send(self, peer: int) -> None:
         link = self.link
         frame = self.next_send[peer]
         slot = frame % self.t.slots
-        start = frame * link.payload
-        chunk = self.sends[peer][start:start + link.payload]
+        start = frame * self.payload
+        chunk = self.sends[peer][start:start + self.payload]
         buf = self.t.send_buffer(peer, slot)
         r = self.request
         HEADER.pack_into(buf, 0, r.op | link.flag, r.reduce, r.dtype, self.phase, self.seq_out[peer] & SEQ_MASK,
                          frame, r.extra, r.nbytes)
-        n = len(chunk)
-        buf[_HS:_HS + n] = chunk
-        n += _HS
-        if link.verify:
-            CHECKSUM.pack_into(buf, n, checksum(buf[:n]))
-            n += CHECKSUM.size
-        self.t.post_send(peer, slot, n)
+        if link.verify:   # the checksum goes in the slot after the header; the message ends with it
+            CHECKSUM.pack_into(buf, _HS, checksum(chunk, checksum(buf[:_HS])))
+            self.t.post_send_parts(peer, slot, _HS, chunk, CHECKSUM.size)
+        else:
+            self.t.post_send_parts(peer, slot, _HS, chunk)
         self.next_send[peer] += 1
         self.unacked[peer] += 1
 
@@ -332,6 +388,7 @@ class _Transfer:
         link = self.link
         slots = self.t.slots
         target = self.targets[peer]
+        payload = self.payload
         while self.next_recv[peer] < self.total_in[peer]:
             frame = self.next_recv[peer]
             slot = frame % slots
@@ -339,11 +396,91 @@ class _Transfer:
             if nbytes is None:
                 return
             buf = self.t.recv_buffer(peer, slot)
-            offset = frame * link.payload
-            want = min(link.payload, max(0, len(target) - offset))
+            offset = frame * payload
+            want = min(payload, max(0, len(target) - offset))
             link._check(self.request, self.expect, self.phase, peer, frame, buf, nbytes, want)
-            if want > 0:
+            if (peer, slot) in self.direct:
+                self.direct.discard((peer, slot))   # the data is already in place
+            elif want > 0:
                 target[offset:offset + want] = buf[_HS:_HS + want]
             self.next_recv[peer] += 1
             if self.next_post[peer] < self.total_in[peer]:
                 self._post_recv(peer)
+
+
+class _ReduceTransfer(_Transfer):
+    """A _Transfer whose received frames are reduced, not stored: frame f of every peer waits
+    in its receive slot until all peers' frame f is in, then op over them and this rank's part
+    (in rank order, so every rank computes the same bits) goes straight into out, and the slots
+    take the next frames. Memory stays at the slots, whatever the message size."""
+
+    def __init__(self, link: FrameExchange, request: Request, phase: int, sends: dict[int, memoryview],
+                 own: np.ndarray, out: np.ndarray, op: ReduceOp, deadline: float, order: list[int]) -> None:
+        item = own.itemsize
+        # Frames carry whole elements, so each one is reduced on its own.
+        payload = max(item, link.payload - link.payload % item)
+        peers = [p for p in order if p != link.rank]
+        own_bytes = memoryview(own.reshape(-1).view(np.uint8))
+        super().__init__(link, request, request, phase, sends, dict.fromkeys(peers, own_bytes), deadline, payload)
+        self.peers = peers
+        self.own = own
+        self.out = out
+        self.op = op
+        self.into_targets = False   # the targets stand for sizes only: frames are reduced from the slots
+        self.order = order
+        self.frame = 0   # the next frame to reduce (the same index for every peer)
+        # out may be own itself (in place). reduce_many writes out while reading the first two
+        # parts, then reads the others: own as a third or later part must be copied first.
+        self.own_later = order.index(link.rank) >= 2 and np.may_share_memory(own, out)
+        self.dtype = own.dtype
+
+    def _consume(self, peer: int) -> None:
+        link, t, payload = self.link, self.t, self.payload
+        slots, item, nbytes = t.slots, self.own.itemsize, self.own.nbytes
+        ready = self.ready
+        while self.frame < self.total_in[peer]:
+            frame = self.frame
+            slot = frame % slots
+            if any((p, slot) not in ready for p in self.peers):
+                return
+            offset = frame * payload
+            want = min(payload, nbytes - offset)
+            lo, hi = offset // item, (offset + want) // item
+            parts = []
+            for q in self.order:
+                if q == link.rank:
+                    mine = self.own[lo:hi]
+                    parts.append(mine.copy() if self.own_later else mine)
+                    continue
+                buf = t.recv_buffer(q, slot)
+                link._check(self.request, self.expect, self.phase, q, frame, buf, ready.pop((q, slot)), want)
+                parts.append(np.frombuffer(buf, np.uint8, want, _HS).view(self.dtype))
+            if want:
+                reduce_many(self.out[lo:hi], parts, self.op)
+            self.frame += 1
+            for q in self.peers:
+                self.next_recv[q] += 1
+                if self.next_post[q] < self.total_in[q]:
+                    self._post_recv(q)
+
+
+class _Relay(_Transfer):
+    """Frame f goes on to the sink once frame f from the source is in buf: a message crosses a
+    chain of ranks a frame behind the previous hop instead of a whole message behind."""
+
+    def __init__(self, link: FrameExchange, request: Request, source: int, sink: int, buf: memoryview,
+                 deadline: float) -> None:
+        super().__init__(link, request, request, 0, {source: _EMPTY, sink: buf}, {source: buf, sink: _EMPTY},
+                         deadline)
+        self.source, self.sink = source, sink
+
+    def _may_send(self, peer: int) -> bool:
+        return peer != self.sink or self.next_send[peer] < self.next_recv[self.source]
+
+    def _consume(self, peer: int) -> None:
+        super()._consume(peer)
+        if peer == self.source:
+            sink, slots = self.sink, self.t.slots
+            while (self.next_send[sink] < self.total_out[sink] and self.unacked[sink] < slots
+                   and self._may_send(sink)):
+                self._post_send(sink)

@@ -8,11 +8,16 @@ When rank 0 gives up (a rank never connected by the deadline), it sends every co
 abort frame with its reason, so they fail naming the missing rank instead of timing out on
 rank 0; they wait ABORT_GRACE_S past the deadline for that verdict.
 
+Since every rank is connected to rank 0, the side channel also watches the rest of the formation
+(watch()): rank 0 sees any rank die (its connection ends) and aborts the others; a rank sees an
+abort from rank 0, or rank 0's own death.
+
 Every connection proves the job key (tcp.connect / Listener), and every length field is
 bounded by what the protocol sends: MAX_BLOB_BYTES per rank's blob, MAX_ABORT_BYTES of reason.
 """
 from __future__ import annotations
 
+import select
 import socket
 import struct
 import time
@@ -24,9 +29,14 @@ PURPOSE_SIDE_CHANNEL = 0x4A43  # "JC": rejects connections meant for other backe
 _LEN = struct.Struct("<I")
 _ABORT = 0xFFFFFFFF            # in place of a length: an abort frame (text length, text) follows
 ABORT_GRACE_S = 1.0
+LATECOMER_GRACE_S = 5.0        # rank 0, after a death: how long ranks still on their way get the verdict
 _ABORT_SEND_S = 0.5
 MAX_BLOB_BYTES = 1 << 16       # a rank's connection details: a few hundred bytes in practice
 MAX_ABORT_BYTES = 60000
+
+
+class _Died(PeerError):
+    """Rank 0 saw a rank's side-channel connection end while the group formed."""
 
 
 class SideChannel:
@@ -47,21 +57,52 @@ class SideChannel:
                            and h.channel == 0 else f"not a side-channel connection of ranks 1..{size - 1}",
                            "rank 0 (JACCL side channel)")
             try:
-                while len(self._peers) < size - 1:
-                    waiting = sorted(set(range(1, size)) - set(self._peers))
-                    sock, hello = listener.take(  # type: ignore[misc]
-                        lambda h: h.sender not in self._peers, deadline, f"JACCL ranks {waiting} (side channel)")
-                    self._peers[hello.sender] = sock
+                self._gather_ranks(listener, deadline)
             except PeerError as exc:
                 self.abort(str(exc))
+                if not isinstance(exc, _Died):
+                    self.close()
+                    raise
+                self._tell_latecomers(listener, str(exc))
                 self.close()
-                raise
+                raise PeerError(str(exc)) from None
             finally:
                 listener.close()
         else:
             hello = tcp.Hello(PURPOSE_SIDE_CHANNEL, rank, 0, 0, token)
             self._peers[0] = tcp.connect(coordinator, hello, deadline,
                                          f"JACCL coordinator (rank 0, MLX_JACCL_COORDINATOR={where})", job)
+
+    def _gather_ranks(self, listener: tcp.Listener, deadline: float) -> None:
+        """Rank 0: take every rank's connection, watching those taken (a death ends this at once)."""
+        while len(self._peers) < self.size - 1:
+            waiting = sorted(set(range(1, self.size)) - set(self._peers))
+            poller = select.poll()
+            poller.register(listener.ready_fd(), select.POLLIN)
+            for sock in self._peers.values():
+                poller.register(sock, select.POLLRDHUP)
+            poller.poll(max(0, int((deadline - time.monotonic()) * 1000 + 0.999)))
+            listener.drain_ready()
+            try:
+                self.watch()
+            except PeerError as exc:
+                raise _Died(str(exc)) from None
+            # Every connection waiting now (one readiness wake-up may stand for several).
+            while (taken := listener.take(lambda h: h.sender not in self._peers, time.monotonic(), None)) is not None:
+                self._peers[taken[1].sender] = taken[0]
+            if len(self._peers) < self.size - 1 and time.monotonic() >= deadline:
+                listener.take(lambda h: h.sender not in self._peers, deadline, f"JACCL ranks {waiting} (side channel)")
+
+    def _tell_latecomers(self, listener: tcp.Listener, reason: str) -> None:
+        """Rank 0, after a death: ranks still on their way get the abort too, for LATECOMER_GRACE_S
+        at most (a rank that is not there by then waits for its own deadline)."""
+        until = time.monotonic() + LATECOMER_GRACE_S
+        while len(self._peers) < self.size - 1:
+            taken = listener.take(lambda h: h.sender not in self._peers, until, None)
+            if taken is None:
+                return
+            self._peers[taken[1].sender] = taken[0]
+            self.abort(reason, [taken[1].sender])
 
     def local_host(self) -> str:
         """The address of this host on the network that reaches the coordinator."""
@@ -97,14 +138,38 @@ class SideChannel:
         tcp.recv_exact(sock, memoryview(body), deadline, who)
         return bytes(body)
 
-    def abort(self, reason: str) -> None:
-        """Rank 0 only: tell every connected rank why the group cannot form (best effort: a
-        rank that is gone already does not delay the others)."""
+    def watch(self) -> None:
+        """Raise PeerError when a rank died (rank 0: a side-channel connection ended) or rank 0
+        gave up (an abort frame) or died, while the rest of the group forms. Nothing else
+        arrives meanwhile: each exchange is answered before the formation moves on."""
+        poller = select.poll()
+        for sock in self._peers.values():
+            poller.register(sock, select.POLLRDHUP if self.rank == 0 else select.POLLIN | select.POLLRDHUP)
+        ready = {fd for fd, _ in poller.poll(0)}
+        for peer, sock in self._peers.items():
+            if sock.fileno() not in ready:
+                continue
+            if self.rank == 0:
+                raise PeerError(f"rank 0: JACCL rank {peer} died while the group formed (its side-channel "
+                                f"connection to rank 0 closed)")
+            try:
+                self._recv(0)  # an abort frame raises, naming the coordinator's reason
+            except PeerError as exc:
+                if "stopped forming" in str(exc):
+                    raise
+            raise PeerError(f"rank {self.rank}: the JACCL coordinator (rank 0 at {self._where}) died while the "
+                            f"group formed (its side-channel connection closed)")
+
+    def abort(self, reason: str, peers: list[int] | None = None) -> None:
+        """Rank 0 only: tell every connected rank (or those of `peers`) why the group cannot
+        form (best effort: a rank that is gone already does not delay the others)."""
         if self.rank != 0:
             return
         text = reason.encode()[:60000]
         frame = _LEN.pack(_ABORT) + _LEN.pack(len(text)) + text
         for peer, sock in self._peers.items():
+            if peers is not None and peer not in peers:
+                continue
             try:
                 tcp.send_all(sock, frame, time.monotonic() + _ABORT_SEND_S, self._who(peer))
             except (OSError, DistributedError):

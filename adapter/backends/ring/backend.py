@@ -50,11 +50,13 @@ from ..transport.stream_engine import Engine, Stream
 from . import origin, shared, shm_algorithms
 from .algorithms import Channel, chain_broadcast, reduce_scatter_all_gather
 from .algorithms import all_gather as ring_all_gather
+from .formation import FormationAbandoned, Watch
 
 log = logging.getLogger("jacklring.ring")
 
 PURPOSE_RING = 1
 PURPOSE_P2P = 2
+PURPOSE_ABORT = 3  # a rank that gave up forming tells a ring neighbour it had no connection with yet
 
 HEADER = struct.Struct("<HBBIQq")  # magic, op, dtype code, sequence, byte count, extra (reduce op / root)
 HEADER_MAGIC = 0x4A4B
@@ -62,9 +64,11 @@ OP_ALL_REDUCE, OP_ALL_GATHER, OP_REDUCE_SCATTER, OP_BROADCAST, OP_BARRIER, OP_SE
     OP_CODES[name] for name in ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "barrier", "send", "split",
                                 "abort", "shared-memory set-up"))
 _REDUCING = (OP_ALL_REDUCE, OP_REDUCE_SCATTER)
-# While sub-rings form, each rank looks at its parent ring this often for a neighbour that died or
-# gave up (an abort header: sequence = the reporting rank, extra = the rank that failed, or -1).
-WATCH_S = 0.1
+# A member that gives up forming a ring sends an abort header (sequence = the reporting rank,
+# extra = the rank that failed, or -1) before it stops writing; see formation.py.
+# Its dtype byte says why: the culprit died or gave up, or never connected before the deadline.
+ABORT_DIED, ABORT_MISSING = 0, 1
+ABORT_NOTICE_S = 1.0  # how long a rank that gave up tries to reach a neighbour it had no connection with
 SPILL_CHUNK = 1 << 20   # bytes read ahead at a time from a peer while a send to it is blocked
 SPILL_POLL_S = 0.05     # how long a blocked send waits before looking for the peer's connection again
 
@@ -77,6 +81,16 @@ def header_request(raw: bytes) -> Request | None:
     if op in _REDUCING:
         return Request(op, reduce=extra, dtype=dt, nbytes=nbytes)
     return Request(op, dtype=dt, nbytes=nbytes, extra=extra if op == OP_BROADCAST else 0)
+
+
+def find_abort(data: bytes) -> tuple[int, int, bool] | None:
+    """(reporter, culprit, missing) of the first abort header among the headers peeked in data.
+    A neighbour may have sent its next collective's header first: that is looked past."""
+    for at in range(0, len(data) - HEADER.size + 1, HEADER.size):
+        magic, op, reason, reporter, _, culprit = HEADER.unpack_from(data, at)
+        if magic == HEADER_MAGIC and op == OP_ABORT:
+            return reporter, culprit, reason == ABORT_MISSING
+    return None
 
 
 def describe_header(raw: bytes) -> str:
@@ -171,12 +185,8 @@ def _copy(src: np.ndarray, dst: np.ndarray) -> None:
         dst[...] = src
 
 
-class SplitAbandoned(PeerError):
+class SplitAbandoned(FormationAbandoned):
     """A sub-group stopped forming because `culprit` (a parent rank, or -1) died or gave up."""
-
-    def __init__(self, culprit: int, text: str) -> None:
-        super().__init__(text)
-        self.culprit = culprit
 
 
 class RingBackend(Backend):
@@ -205,10 +215,21 @@ class RingBackend(Backend):
 
     def __init__(self, rank: int, addresses: list[list[str]], listeners: list[tcp.Listener],
                  timeout: float | None, connect_timeout: float | None, incarnation: int = 0,
-                 job: auth.Auth | None = None, watch=None) -> None:
+                 job: auth.Auth | None = None, watch: Watch | None = None,
+                 parent_ranks: list[int] | None = None) -> None:
         self._rank = rank
-        self._watch = watch  # raises when the group this one is split from gave up forming it
+        # A split's watch names members by their parent rank (parent_ranks[sub-group rank]).
+        self._watched_rank = (lambda p: p) if parent_ranks is None else parent_ranks.__getitem__
         self._describe_member = lambda p: f"rank {p}"  # a split names ranks in both numberings
+        # What an abort header is about (a split's parent rewords these for the sub-groups).
+        self._task, self._forming, self._member_word = "forming the group", "the group", "rank"
+        self._abandoned: type[FormationAbandoned] = FormationAbandoned
+        # A split passes the watch over its parent's links; init watches this ring's own.
+        self._formation = watch if watch is not None else Watch(
+            find_abort, self._abort_header, self._abort_text, self._describe_member, self._forming,
+            prefix=f"rank {rank}: ")
+        self._own_formation = watch is None
+        self._gave_up = False
         self._abandon_on_failure = False
         self._size = len(addresses)
         self._addresses = addresses
@@ -266,9 +287,14 @@ class RingBackend(Backend):
                     listener.serve(self._auth, self._token, rank, lambda h, c=c, k=k: self._admit(h, c, k),
                                    f"rank {rank}")
                 self._connect_ring()
+                if watch is None:
+                    self._finish_formation()  # a split's parent runs the closing barrier instead
                 self._attach_shared_memory()
-            except BaseException:
+            except BaseException as exc:
+                self._give_up_forming(exc, tell_unlinked=watch is None)
                 self.close()  # the listeners, so a failed formation leaves no fd behind
+                if watch is None and isinstance(exc, FormationAbandoned):
+                    raise PeerError(str(exc)) from None  # the culprit matters inside the formation only
                 raise
 
     # ---- set-up ---------------------------------------------------------------------------
@@ -290,6 +316,10 @@ class RingBackend(Backend):
             if 0 <= hello.sender < self._size and hello.sender != self._rank and hello.channel == 0:
                 return None
             return f"no rank {hello.sender} sends point-to-point here"
+        if hello.purpose == PURPOSE_ABORT and listener == 0:
+            if hello.sender in (prv, (self._rank + 1) % self._size) and hello.channel == 0:
+                return None
+            return f"rank {hello.sender} is not a ring neighbour"
         return f"unknown purpose {hello.purpose:#x}"
 
     def _connect_ring(self) -> None:
@@ -297,24 +327,60 @@ class RingBackend(Backend):
         nxt, prv = (r + 1) % n, (r - 1) % n
         # Every rank must use the same number of connections per neighbour pair.
         k = min(len(a) for a in self._addresses)
-        deadline = time.monotonic() + self._connect_timeout
+        deadline = self._formation_deadline = time.monotonic() + self._connect_timeout
+        watch = self._formation
+        as_watched = self._watched_rank
         right: list = []
-        left: list[Stream | None] = [None] * k
+        left_socks: list[socket.socket | None] = [None] * k
+        left_hellos: list = [None] * k  # their handshakes: the nonces key each connection's trailers
+        aborts: list[socket.socket] = []
+
+        def arrivals() -> None:
+            """Take the left neighbour's connections (and abort notices) as they arrive, so they
+            are watched while this rank still connects to the right."""
+            now = time.monotonic()
+            for c in range(k):
+                if left_socks[c] is None:
+                    taken = self._listeners[c].take(lambda h: h.purpose == PURPOSE_RING, now, None)
+                    if taken is not None:
+                        left_socks[c], left_hellos[c] = taken
+                        watch.add(taken[0], as_watched(prv))
+            while (taken := self._listeners[0].take(lambda h: h.purpose == PURPOSE_ABORT, now, None)) is not None:
+                aborts.append(taken[0])
+                watch.add(taken[0], taken[1].sender)
+
+        watch.wake_on(self._listeners, arrivals,
+                      lambda p: (p == as_watched(nxt) and len(right) < k) or (p == as_watched(prv) and None in left_socks))
         try:
             for c in range(k):
-                sock = self._connect_right(nxt, c, deadline)
+                sock, hello = self._connect_right(nxt, c, deadline)
+                watch.add(sock, as_watched(nxt))
                 right.append(Stream(sock, nxt, self._who(nxt, c), integrity.for_link(
-                    self._verify, self._auth, self._token, r, nxt, f"ring {r}->{nxt} #{c}")))
+                    self._verify, self._auth, self._token, r, nxt, f"ring {r}->{nxt} #{c}", hello.session)))
+            watch.wait(deadline, lambda: None not in left_socks)
             for c in range(k):
-                sock = self._take(self._listeners[c], lambda h: h.purpose == PURPOSE_RING, deadline,
-                                  f"rank {r}: rank {prv} (connection {c} of {k})")
-                left[c] = Stream(sock, prv, self._who(prv, c), integrity.for_link(
-                    self._verify, self._auth, self._token, r, prv, f"ring {prv}->{r} #{c}"))
-        except BaseException:
-            for item in right + left:
-                if item is not None:
-                    item.close()
+                if left_socks[c] is None:  # the deadline: the listener's error names what is missing
+                    try:
+                        left_socks[c], left_hellos[c] = self._listeners[c].take(
+                            lambda h: h.purpose == PURPOSE_RING, deadline, f"rank {r}: rank {prv} (connection {c} of {k})")
+                    except PeerError as exc:
+                        exc.missing_rank, exc.about_rank = as_watched(prv), prv  # type: ignore[attr-defined]
+                        raise
+            left = [Stream(sock, prv, self._who(prv, c), integrity.for_link(
+                self._verify, self._auth, self._token, r, prv, f"ring {prv}->{r} #{c}", left_hellos[c].session))
+                for c, sock in enumerate(left_socks)]
+        except BaseException as exc:
+            self._give_up_forming(exc, tell_unlinked=self._own_formation)  # before the connections close
+            for item in right:
+                item.close()
+            for sock in left_socks:
+                if sock is not None:
+                    sock.close()
             raise
+        finally:
+            watch.wake_on([], None)
+            for sock in aborts:
+                sock.close()
         self.right, self.left = right, left  # type: ignore[assignment]
         self.engine = Engine(right + left, r)  # type: ignore[operator]
         self.engine.stall_report_s = config.get("JACKLRING_STALL_REPORT")
@@ -322,33 +388,85 @@ class RingBackend(Backend):
             tcp.local_rank_count([a[0] for a in self._addresses], self._addresses[r][0]))
         log.info("rank %d: ring connected (%d connection(s) to rank %d and from rank %d)", r, k, nxt, prv)
 
-    def _connect_right(self, nxt: int, c: int, deadline: float) -> socket.socket:
+    def _connect_right(self, nxt: int, c: int, deadline: float) -> tuple[socket.socket, tcp.Hello]:
         """Connect ring connection c to the right neighbour; the handshake's acknowledgement
-        means the neighbour took it. While a split forms, the parent is watched meanwhile."""
+        means the neighbour took it. Between attempts the formation's watch sleeps in poll() on the
+        connections that can bring news of a death (see formation.py)."""
         addr = tcp.parse_address(self._addresses[nxt][c])
         hello = tcp.Hello(PURPOSE_RING, self._rank, nxt, c, self._token)
-        while True:
-            self._watch_parent()
-            step = deadline if self._watch is None else min(deadline, time.monotonic() + WATCH_S)
+        self._formation.check()
+        try:
+            return tcp.connect_with_hello(addr, hello, deadline, f"rank {nxt}", self._auth,
+                                          pause=self._formation.pause)
+        except FormationAbandoned:
+            raise
+        except PeerError as exc:
+            error = PeerError(f"rank {self._rank}: {exc}")
+            error.about_rank = nxt  # type: ignore[attr-defined]
+            if time.monotonic() >= deadline:
+                error.missing_rank = self._watched_rank(nxt)  # type: ignore[attr-defined]
+            raise error from None
+
+    def _abort_header(self, culprit: int, missing: bool = False) -> bytes:
+        return HEADER.pack(HEADER_MAGIC, OP_ABORT, ABORT_MISSING if missing else ABORT_DIED, self._rank, 0, culprit)
+
+    def _finish_formation(self) -> None:
+        """A closing barrier: no rank leaves init() before every rank has connected, and a rank
+        whose barrier fails passes the verdict on over the ring (see _collective)."""
+        self._abandon_on_failure = True
+        op_timeout, self.timeout = self.timeout, max(0.001, self._formation_deadline - time.monotonic())
+        seq = self._seq
+        try:
+            self.barrier()  # waits for the slowest rank's formation: the connect deadline bounds it
+            self._seq = seq  # formation traffic: the caller's operations keep their numbers (seq 1 first)
+        except FormationAbandoned:
+            raise
+        except DistributedError as exc:
+            peer = getattr(exc, "peer", -1)
+            if peer < 0:
+                raise
+            raise FormationAbandoned(peer, f"rank {self._rank}: {self._describe_member(peer)} died while the "
+                                           f"group formed (the closing barrier failed: {exc})") from None
+        finally:
+            self._abandon_on_failure = False
+            self.timeout = op_timeout
+
+    def _give_up_forming(self, exc: BaseException, tell_unlinked: bool) -> None:
+        """A formation failed here: pass the verdict on before the connections close (so the
+        others read an abort naming the culprit, not just a closed connection). Once."""
+        if self._gave_up:
+            return
+        self._gave_up = True
+        culprit = exc.culprit if isinstance(exc, FormationAbandoned) else getattr(exc, "missing_rank", -1)
+        missing = exc.missing if isinstance(exc, FormationAbandoned) else culprit >= 0
+        if culprit < 0:
             try:
-                return tcp.connect(addr, hello, step, f"rank {nxt}", self._auth)
-            except PeerError as exc:
-                if step < deadline and time.monotonic() < deadline and "before the deadline" in str(exc):
-                    continue
-                raise PeerError(f"rank {self._rank}: {exc}") from None
-
-    def _take(self, listener: tcp.Listener, match, deadline: float, who: str) -> socket.socket:
-        """The authenticated connection match() wants, watching the parent while a split forms."""
-        while True:
-            self._watch_parent()
-            step = deadline if self._watch is None else min(deadline, time.monotonic() + WATCH_S)
-            taken = listener.take(match, step, who if step >= deadline else None)
-            if taken is not None:
-                return taken[0]
-
-    def _watch_parent(self) -> None:
-        if self._watch is not None:
-            self._watch()
+                self._formation.check()  # a failure here is often the echo of a death elsewhere
+            except FormationAbandoned as cause:
+                culprit, missing = cause.culprit, cause.missing
+        self._formation.abandon(culprit, missing)
+        if not tell_unlinked or self._size < 2:
+            return
+        # A ring neighbour this rank has no connection with yet would wait for its deadline (not
+        # the one this failure is about: it is missing, or something else answers at its address).
+        until = time.monotonic() + ABORT_NOTICE_S
+        skip = {culprit, self._rank, getattr(exc, "about_rank", -1)}
+        for peer in {(self._rank + 1) % self._size, (self._rank - 1) % self._size} - skip:
+            if self._formation.linked(peer):
+                continue
+            hello = tcp.Hello(PURPOSE_ABORT, self._rank, peer, 0, self._token)
+            try:
+                sock = tcp.connect(tcp.parse_address(self._addresses[peer][0]), hello, until,
+                                   f"rank {peer}", self._auth)
+            except DistributedError:
+                continue  # not listening (yet): it waits for its own deadline
+            try:
+                sock.sendall(self._abort_header(culprit, missing))
+                sock.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass
+            finally:
+                sock.close()
 
     # ---- Backend interface ----------------------------------------------------------------
 
@@ -459,13 +577,13 @@ class RingBackend(Backend):
             except (BlockingIOError, InterruptedError):
                 pass
             except OSError as exc:
-                raise PeerError(f"connection to {who} failed: {exc.strerror or exc}") from None
+                raise PeerError(f"{who} failed: {exc.strerror or exc}") from None
             if self._spill_from(dst):
                 last_move = time.monotonic()
                 continue
             now = time.monotonic()
             if now - last_move >= silence:
-                raise CollectiveTimeout(f"timed out sending to {who}: it took no byte for {silence:g} s "
+                raise CollectiveTimeout(f"{who} timed out: it took no byte for {silence:g} s "
                                         f"({len(view)} bytes left; it is not reading)"
                                         + self._spill_note(dst))
             if poller is None:
@@ -500,6 +618,8 @@ class RingBackend(Backend):
                     sock = self._p2p_in.setdefault(peer, taken[0])
                 if sock is not taken[0]:
                     taken[0].close()
+                else:
+                    self._p2p_connected(peer, self._rank, taken[1])
         return sock
 
     def _spill_from(self, peer: int) -> bool:
@@ -572,17 +692,16 @@ class RingBackend(Backend):
                                      f"from {self._who(src)}: {problem}")
 
     def _p2p_integrity(self, kind: str, sender: int, receiver: int) -> integrity.Integrity | None:
-        """The trailer of the point-to-point stream sender -> receiver (one per stream: a MAC
-        counts its messages)."""
-        if not self._verify:
-            return None
-        key = (sender, receiver)
-        found = self._integrity.get(key)
-        if found is None:
+        """The trailer of the point-to-point stream sender -> receiver (one per connection: a
+        MAC counts its messages, under a key of that connection alone); set by _p2p_connected."""
+        return self._integrity.get((sender, receiver)) if self._verify else None
+
+    def _p2p_connected(self, sender: int, receiver: int, hello: tcp.Hello) -> None:
+        """A point-to-point connection sender -> receiver was set up: its own trailers."""
+        if self._verify:
             peer = receiver if sender == self._rank else sender
-            found = self._integrity[key] = integrity.for_link(
-                self._verify, self._auth, self._token, self._rank, peer, f"{kind} {sender}->{receiver}")
-        return found
+            self._integrity[(sender, receiver)] = integrity.for_link(
+                self._verify, self._auth, self._token, self._rank, peer, f"p2p {sender}->{receiver}", hello.session)
 
     def _recv_bytes(self, sock: socket.socket, view: memoryview, src: int, deadline: float, who: str) -> None:
         """Fill view from src's spill buffer first, then its stream (caller holds src's receive lock).
@@ -670,20 +789,28 @@ class RingBackend(Backend):
         sub_ranks = {p: split_members(colors, keys, colors[p]).index(p) for p in range(self._size)}
         self._describe_member = lambda p: (f"parent rank {p} (rank {sub_ranks[p]} of the sub-group of color "
                                            f"{entries[p]['color']})")
+        self._task, self._forming, self._member_word = "the split", "the sub-groups", "parent rank"
+        self._abandoned = SplitAbandoned
         what = f"rank {self._rank}: split(color={color}) (rank {new_rank} of its sub-group)"
+        # While the sub-rings connect, each rank watches its parent links (and the sub-ring's
+        # connections made so far) for a death or an abort.
+        watch = Watch(find_abort, self._abort_header, self._abort_text, self._describe_member, self._forming,
+                      SplitAbandoned)
+        for link in self.right + self.left:
+            watch.add(link.sock, link.peer)
         try:
             # A sub-ring keeps the job secret; without one its key follows its own addresses.
             sub = RingBackend(new_rank, [e["addrs"] for e in members], listeners, self.timeout,
                               self._connect_timeout, job=self._auth if self._auth.secret else None,
-                              watch=self._watch_split)
-        except SplitAbandoned as exc:
-            self._abandon_split(exc.culprit)
+                              watch=watch, parent_ranks=[e["rank"] for e in members])
+        except FormationAbandoned as exc:
+            self._abandon_split(exc.culprit, exc.missing)
             raise PeerError(f"{what}: {exc}") from None
         except DistributedError as exc:
             try:
-                self._watch_split()  # the sub-group's failure is often the echo of a death in the parent
-            except SplitAbandoned as cause:
-                self._abandon_split(cause.culprit)
+                watch.check()  # the sub-group's failure is often the echo of a death in the parent
+            except FormationAbandoned as cause:
+                self._abandon_split(cause.culprit, cause.missing)
                 raise PeerError(f"{what}: {cause} ({exc})") from None
             self._abandon_split(-1)
             raise type(exc)(f"{what}: {exc}") from None
@@ -719,47 +846,30 @@ class RingBackend(Backend):
         size = record.size
         return [json.loads(bytes(table[q * size:(q + 1) * size]).rstrip(b"\0")) for q in range(self._size)]
 
-    def _watch_split(self) -> None:
-        """Raise SplitAbandoned when a parent neighbour died (its connection ended) or gave up
-        (an abort header, sent before it stops writing) while the sub-groups form. A neighbour
-        may have sent its next collective's header first: that is looked past, and left in place."""
-        poller = select.poll()
-        for link in self.right + self.left:
-            poller.register(link.fd, select.POLLRDHUP)
-        ended = {fd for fd, events in poller.poll(0) if events & (select.POLLRDHUP | select.POLLHUP | select.POLLERR)}
-        for link in self.right + self.left:
-            if link.fd not in ended:
-                continue
-            try:
-                data = link.sock.recv(4 * HEADER.size, socket.MSG_PEEK | socket.MSG_DONTWAIT)
-            except OSError:
-                data = b""
-            for at in range(0, len(data) - HEADER.size + 1, HEADER.size):
-                magic, op, _, reporter, _, culprit = HEADER.unpack(data[at:at + HEADER.size])
-                if magic == HEADER_MAGIC and op == OP_ABORT:
-                    raise SplitAbandoned(culprit, self._abort_text(reporter, culprit))
-            raise SplitAbandoned(link.peer, f"{self._describe_member(link.peer)} died while the "
-                                             f"sub-groups formed (its connection closed)")
-
-    def _abort_text(self, reporter: int, culprit: int) -> str:
+    def _abort_text(self, reporter: int, culprit: int, missing: bool = False) -> str:
+        if missing:
+            who = self._who(culprit) if self._task == "forming the group" else self._describe_member(culprit)
+            return f"{who} did not connect before the deadline (reported by {self._member_word} {reporter})"
         if culprit == reporter:
-            return f"{self._describe_member(reporter)} gave up the split after an error of its own"
+            return f"{self._describe_member(reporter)} gave up {self._task} after an error of its own"
         if culprit < 0:
-            return f"{self._describe_member(reporter)} gave up forming its sub-group"
-        return (f"{self._describe_member(culprit)} died or gave up while the sub-groups formed "
-                f"(reported by parent rank {reporter})")
+            return f"{self._describe_member(reporter)} gave up {self._task}"
+        return (f"{self._describe_member(culprit)} died or gave up while {self._forming} formed "
+                f"(reported by {self._member_word} {reporter})")
 
-    def _abandon_split(self, culprit: int) -> None:
-        """Tell both parent neighbours (who tell theirs) that the split failed and why, then stop
-        writing: every member of every sub-group raises within a few WATCH_S per ring hop."""
-        abort = HEADER.pack(HEADER_MAGIC, OP_ABORT, 0, self._rank, 0, culprit)
+    def _abandon_split(self, culprit: int, missing: bool = False) -> None:
+        """Tell both ring neighbours (who tell theirs) that the split (or, in init's closing
+        barrier, the formation) failed and why, then stop writing: each neighbour's poll wakes
+        on the end of the stream, so the news crosses a hop as soon as it arrives."""
+        abort = self._abort_header(culprit, missing)
         for link in self.right + self.left:
             try:
                 link.sock.send(abort, socket.MSG_DONTWAIT)
                 link.sock.shutdown(socket.SHUT_WR)
             except OSError:
                 pass
-        self.failure.mark(f"rank {self._rank}: a split of this group failed")
+        what = "a split of this group" if self._task == "the split" else "forming this group"
+        self.failure.mark(f"rank {self._rank}: {what} failed")
 
     def close(self) -> None:
         if self._shm is not None:
@@ -796,8 +906,8 @@ class RingBackend(Backend):
                 body()
             except BaseException as exc:
                 if self._abandon_on_failure:  # a split's closing barrier: pass the verdict on first
-                    self._abandon_split(exc.culprit if isinstance(exc, SplitAbandoned)
-                                        else getattr(exc, "peer", -1))
+                    self._abandon_split(exc.culprit if isinstance(exc, FormationAbandoned)
+                                        else getattr(exc, "peer", -1), getattr(exc, "missing", False))
                 # Name the rank that failed first, not the neighbour that passed the failure on,
                 # and tell the other neighbour before the links close (origin.py).
                 named = exc if self._shm is not None or self._abandon_on_failure else origin.blame(self, exc)
@@ -843,9 +953,11 @@ class RingBackend(Backend):
     def _check_header(self, mine: bytes, raw: memoryview, sender: int) -> None:
         if raw[:HEADER.size] != mine:
             theirs = bytes(raw[:HEADER.size])
-            magic, op, _, reporter, _, culprit = HEADER.unpack(theirs)
+            magic, op, reason, reporter, _, culprit = HEADER.unpack(theirs)
             if magic == HEADER_MAGIC and op == OP_ABORT:
-                raise SplitAbandoned(culprit, f"rank {self._rank}: {self._abort_text(reporter, culprit)}")
+                missing = reason == ABORT_MISSING
+                raise self._abandoned(culprit, f"rank {self._rank}: {self._abort_text(reporter, culprit, missing)}",
+                                      missing)
             request = header_request(theirs)
             if request is None:
                 raise MismatchError(f"rank {self._rank}: rank {sender} sent {describe_header(theirs)} "
@@ -987,9 +1099,10 @@ class RingBackend(Backend):
             addr = tcp.parse_address(self._addresses[dst][0])
             hello = tcp.Hello(PURPOSE_P2P, self._rank, dst, 0, self._token)
             try:
-                sock = tcp.connect(addr, hello, deadline, f"rank {dst}", self._auth)
+                sock, hello = tcp.connect_with_hello(addr, hello, deadline, f"rank {dst}", self._auth)
             except PeerError as exc:
                 raise PeerError(f"rank {self._rank}: send: {exc}") from None
+            self._p2p_connected(self._rank, dst, hello)
             with self._p2p_lock:
                 self._p2p_out[dst] = sock
         return sock
@@ -1038,6 +1151,7 @@ class RingBackend(Backend):
             taken = self._listeners[0].take(lambda h: h.purpose == PURPOSE_P2P and h.sender == src,
                                             min(deadline, time.monotonic() + 0.2), None)
             if taken is not None:
+                self._p2p_connected(src, self._rank, taken[1])
                 with self._p2p_lock:
                     old = self._p2p_in.get(src)
                     self._p2p_in[src] = taken[0]

@@ -7,7 +7,9 @@
 
 Each side proves the key over a nonce the other side just chose, so neither a recorded
 handshake nor a relay that does not know the key gets through, and a connection counts on
-either side only once both proofs checked (the connector waits for the ACK). Every frame has a
+either side only once both proofs checked (the connector waits for the ACK). Both nonces,
+known to both ends when it is done (Hello.session), key the connection's message MACs
+(integrity.for_link), so no two connections share those keys. Every frame has a
 fixed size: there is no length field to lie about.
 
 The acceptor side runs in a thread per listener (Acceptor): connections are accepted as they
@@ -26,7 +28,7 @@ import socket
 import struct
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from ...errors import PeerError
@@ -61,6 +63,14 @@ class Hello:
     channel: int
     token: int                      # the job context id (auth.context_id), in the clear
     nonce: bytes = field(default=bytes(NONCE_BYTES), compare=False, repr=False)
+    # The acceptor's nonce, known to both ends once the handshake is done (not in the frame).
+    server_nonce: bytes = field(default=b"", compare=False, repr=False)
+
+    @property
+    def session(self) -> bytes:
+        """Both handshake nonces: what no other connection shares, even one of the same job,
+        ranks and purpose (a key derived from it is this connection's alone)."""
+        return self.nonce + self.server_nonce
 
     def pack(self) -> bytes:
         return HELLO.pack(MAGIC, VERSION, self.purpose, self.sender, self.receiver, self.channel,
@@ -114,9 +124,10 @@ def _recv_fixed(sock: socket.socket, size: int, timeout_at: float, magic: bytes)
     return bytes(data)
 
 
-def client_handshake(sock: socket.socket, hello: Hello, auth: Auth, where: str, who: str) -> None:
-    """Run the connector's half on a connected socket. PeerError (final) when the listener is
-    not a rank of this job or refuses this rank; HandshakeRetry when it closed without a word."""
+def client_handshake(sock: socket.socket, hello: Hello, auth: Auth, where: str, who: str) -> Hello:
+    """Run the connector's half on a connected socket; returns hello with the acceptor's nonce.
+    PeerError (final) when the listener is not a rank of this job or refuses this rank;
+    HandshakeRetry when it closed without a word."""
     hello_bytes = hello.pack()
     try:
         sock.settimeout(ANSWER_TIMEOUT_S)
@@ -161,6 +172,7 @@ def client_handshake(sock: socket.socket, hello: Hello, auth: Auth, where: str, 
     if status != OK:
         raise PeerError(f"{who} at {where} refused this rank's proof: {STATUS_TEXT.get(status, status)} "
                         f"(were the ranks given different job secrets?)")
+    return replace(hello, server_nonce=nonce_s)
 
 
 # ---- acceptor side ------------------------------------------------------------------------------
@@ -211,6 +223,10 @@ class Acceptor:
         self._rejected_from: list[str] = []
         self._closed = False
         self._wake_r, self._wake_w = socket.socketpair()
+        # A byte per authenticated arrival: a consumer can sleep in poll() on other sockets too.
+        self._ready_r, self._ready_w = socket.socketpair()
+        self._ready_w.setblocking(False)
+        self._ready_r.setblocking(False)
         self._thread = threading.Thread(target=self._loop, name=f"jacklring-accept {where}", daemon=True)
         self._thread.start()
 
@@ -229,6 +245,18 @@ class Acceptor:
                 if remaining <= 0 or self._closed:
                     return None
                 self._cond.wait(min(remaining, 1.0))
+
+    def ready_fd(self) -> int:
+        """Readable after an authenticated connection joined the queue (see drain_ready)."""
+        return self._ready_r.fileno()
+
+    def drain_ready(self) -> None:
+        """Consume the readiness bytes; call before looking at the queue with take()."""
+        try:
+            while self._ready_r.recv(4096):
+                pass
+        except (BlockingIOError, InterruptedError, OSError):
+            pass
 
     def rejected_summary(self) -> str:
         with self._cond:
@@ -250,6 +278,8 @@ class Acceptor:
             self._thread.join(2.0)
         for _, sock, _ in ready:
             sock.close()
+        self._ready_r.close()
+        self._ready_w.close()
 
     # ---- the thread
 
@@ -421,8 +451,12 @@ class Acceptor:
             if self._closed:
                 item.sock.close()
                 return
-            self._ready.append((hello, item.sock, item.peer))
+            self._ready.append((replace(hello, server_nonce=item.nonce_s), item.sock, item.peer))
             self._cond.notify_all()
+        try:
+            self._ready_w.send(b"x")
+        except OSError:
+            pass  # full: it is readable anyway
 
     @staticmethod
     def _send(item: _Pending, frame: bytes) -> bool:

@@ -3,9 +3,10 @@
 crc  CRC-32C (the Castagnoli polynomial, computed by the CPU's crc32 instruction through the
      `crc32c` package; zlib's CRC-32 where that package is missing). A relay that rewrites data
      can recompute it: it finds corruption, not tampering.
-mac  keyed BLAKE2b (16-byte tags) with a key derived from the job key for one direction of one
-     connection, over a message counter and the bytes: a changed, dropped, replayed or
-     reordered message fails the check. Needs the job secret to mean anything (without one the
+mac  keyed BLAKE2b (16-byte tags) with a key derived from the job key and both handshake
+     nonces for one direction of one connection, over a message counter and the bytes: a
+     changed, dropped, replayed or reordered message fails the check, and so does one
+     recorded from any other connection. Needs the job secret to mean anything (without one the
      key follows from public facts; JACKLRING_REQUIRE_AUTH=1 refuses that).
 
 One Integrity object per connection direction pair (a stream_engine.Stream): seal() for each message sent and
@@ -17,7 +18,7 @@ import hashlib
 import hmac
 import struct
 
-from .auth import Auth
+from .auth import NONCE_BYTES, Auth
 
 try:
     from crc32c import crc32c as _crc32c
@@ -34,6 +35,21 @@ _COUNTER = struct.Struct("<Q")
 def crc(data, start: int = 0) -> int:
     """CRC-32C of data, continuing from `start` (a header and a payload in two calls)."""
     return _crc32c(data, start)
+
+
+class _RunningCrc:
+    """A CRC-32C fed piece by piece, as the bytes of one message land."""
+
+    __slots__ = ("value",)
+
+    def __init__(self) -> None:
+        self.value = 0
+
+    def update(self, data) -> None:
+        self.value = _crc32c(data, self.value)
+
+    def digest(self) -> bytes:
+        return CRC.pack(self.value)
 
 
 class Integrity:
@@ -61,33 +77,50 @@ class Integrity:
         if self.mode != "crc":
             self._received += 1
 
-    def check(self, data, trailer) -> str | None:
-        """None when the trailer matches; else what was wrong, for the error message."""
+    def checker(self) -> "_RunningCrc | hashlib.blake2b":
+        """The running check of the next incoming message: update() it with each piece as it
+        lands (while the data is still in cache), then verdict() it against the trailer."""
+        if self.mode == "crc":
+            return _RunningCrc()
+        tag = hashlib.blake2b(_COUNTER.pack(self._received), digest_size=MAC_BYTES, key=self._recv_key)
+        self._received += 1
+        return tag
+
+    def verdict(self, running: "_RunningCrc | hashlib.blake2b", trailer) -> str | None:
+        """None when the trailer matches the message fed to `running` (from checker()); else
+        what was wrong, for the error message."""
         if self.mode == "crc":
             (expected,) = CRC.unpack(trailer)
-            actual = _crc32c(data)
+            actual = running.value
             return None if actual == expected else f"{CRC_NAME} {actual:#010x}, sender's {expected:#010x}"
-        tag = hashlib.blake2b(_COUNTER.pack(self._received), digest_size=MAC_BYTES, key=self._recv_key)
-        tag.update(data)
-        self._received += 1
-        if hmac.compare_digest(tag.digest(), bytes(trailer)):
+        if hmac.compare_digest(running.digest(), bytes(trailer)):
             return None
         return f"its MAC does not match (message {self._received - 1}: changed, dropped, replayed or forged)"
 
+    def check(self, data, trailer) -> str | None:
+        """None when the trailer matches data (a whole message at once); else what was wrong."""
+        running = self.checker()
+        running.update(data)
+        return self.verdict(running, trailer)
+
 
 def for_link(mode: "str | bool", job: Auth | None, context: int, me: int, peer: int,
-             connection: str) -> Integrity | None:
+             connection: str, session: bytes) -> Integrity | None:
     """The Integrity of one connection between ranks `me` and `peer`, or None when
     JACKLRING_VERIFY is off. `connection` names the connection the same way on both ends (e.g.
-    "ring 3->4 #0": who connected to whom, which one), so each connection and direction of the
-    job context `context` has its own MAC key."""
+    "ring 3->4 #0": who connected to whom, which one) and `session` is its handshake's two
+    nonces (handshake.Hello.session), so each connection and direction has its own MAC key:
+    a stream recorded from one connection, even of an earlier run of the same job with the
+    same secret and addresses, fails the check on any other."""
     if not mode:
         return None
     if mode != "mac":
         return Integrity("crc")
     if job is None:
         raise ValueError("JACKLRING_VERIFY=mac needs the job key")
+    if len(session) < 2 * NONCE_BYTES:
+        raise ValueError("JACKLRING_VERIFY=mac needs both handshake nonces of the connection")
 
     def key(sender: int) -> bytes:
-        return job.derive(f"verify-mac {context} {connection} from {sender}".encode()).key
+        return job.derive(f"verify-mac {context} {connection} from {sender}\0".encode() + session).key
     return Integrity("mac", key(me), key(peer))

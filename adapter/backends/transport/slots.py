@@ -76,6 +76,11 @@ class Transport(abc.ABC):
         """How error messages name a peer (a transport may add its address)."""
         return f"rank {peer}"
 
+    def backlog_note(self, peer: int) -> str:
+        """For a timeout: why `peer` may not be taking frames (a transport with a bounded
+        read-ahead says when its own buffer for that peer is full); empty when nothing is known."""
+        return ""
+
     @abc.abstractmethod
     def send_buffer(self, peer: int, slot: int) -> memoryview:
         """The registered buffer of send slot `slot` to `peer` (do not touch while posted)."""
@@ -87,6 +92,30 @@ class Transport(abc.ABC):
     @abc.abstractmethod
     def post_send(self, peer: int, slot: int, nbytes: int) -> None:
         """Send the first nbytes of the send slot as one message."""
+
+    def post_send_parts(self, peer: int, slot: int, head: int, data: memoryview, tail: int = 0) -> None:
+        """Send slot[:head] + data + slot[head:head + tail] as one message. data must stay
+        unchanged until the send completes. This default copies data into the slot (registered
+        memory needs it there); a transport that can send from any memory overrides it and
+        saves that copy."""
+        buf = self.send_buffer(peer, slot)
+        n = len(data)
+        trailer = bytes(buf[head:head + tail])
+        buf[head:head + n] = data
+        buf[head + n:head + n + tail] = trailer
+        self.post_send(peer, slot, head + n + tail)
+
+    def post_recv_into(self, peer: int, slot: int, head: int, view: memoryview) -> bool:
+        """Like post_recv; a transport that can may put a message of exactly head + len(view)
+        bytes into slot[:head] and view (returns True then: the caller must not copy the data
+        out of the slot). This default does not: the whole message lands in the slot."""
+        self.post_recv(peer, slot)
+        return False
+
+    def read_ahead(self, allowed: bool) -> None:
+        """Whether the transport may read bytes that no posted receive waits for into memory of
+        its own (the TCP mesh's spill); the caller allows it only while it sends without
+        receiving. Transports that receive only into posted slots ignore it."""
 
     @abc.abstractmethod
     def post_recv(self, peer: int, slot: int) -> None:

@@ -30,7 +30,8 @@ Truncated = Callable[[int], None]
 class Stream:
     """One TCP connection to a peer, with queues of pending sends and receives."""
 
-    __slots__ = ("sock", "fd", "peer", "label", "sendq", "recvq", "recv_got", "bytes_in", "bytes_out", "verify")
+    __slots__ = ("sock", "fd", "peer", "label", "sendq", "recvq", "recv_got", "bytes_in", "bytes_out", "verify",
+                 "tails", "running", "trailer")
 
     def __init__(self, sock: socket.socket, peer: int, label: str, verify: "bool | Integrity | None" = False) -> None:
         sock.setblocking(False)
@@ -44,14 +45,20 @@ class Stream:
         self.bytes_in = 0
         self.bytes_out = 0
         # JACKLRING_VERIFY: every message is followed by its CRC-32C or MAC, checked on receipt.
+        # A trailer is computed when its message reaches the head of the send queue, or earlier
+        # while the engine would otherwise sleep (not when it is posted: a whole chunk's
+        # checksums up front would delay its first byte), and goes out in the same call as the
+        # message's last bytes; the receiver feeds each piece to its check as it lands, and
+        # reads the trailer in the same call as the message's last bytes.
         self.verify = Integrity("crc") if verify is True else (verify or None)
+        self.tails: deque[memoryview] = deque()    # trailers of sendq[0], sendq[1], ... so far
+        self.running = None                        # the head incoming message's running check
+        self.trailer = memoryview(bytearray(self.verify.size)) if self.verify else None
 
     def post_send(self, view: memoryview) -> None:
-        """Queue view for sending; it must not change until sent (its checksum is taken now)."""
+        """Queue view for sending; it must not change until sent."""
         if len(view):
             self.sendq.append(view)
-            if self.verify:
-                self.sendq.append(memoryview(self.verify.seal(view)))
 
     def post_recv(self, view: memoryview, on_done: Callback | None = None,
                   on_truncated: Truncated | None = None) -> None:
@@ -60,36 +67,29 @@ class Stream:
         if not len(view):
             if on_done is not None:
                 on_done()
-        elif self.verify:
-            trailer = bytearray(self.verify.size)
-            self.recvq.append((view, None, on_truncated))
-            self.recvq.append((memoryview(trailer), lambda: self._check(view, trailer, on_done), None))
         else:
             self.recvq.append((view, on_done, on_truncated))
-
-    def _check(self, view: memoryview, trailer: bytearray, on_done: Callback | None) -> None:
-        problem = self.verify.check(view, trailer)
-        if problem is not None:
-            raise IntegrityError(f"checksum mismatch on a {len(view)}-byte message from {self.label}: {problem}")
-        if on_done is not None:
-            on_done()
 
     def pending(self) -> bool:
         return bool(self.sendq or self.recvq)
 
     def describe_pending(self) -> str:
         parts = []
+        trailer = self.verify.size if self.verify else 0
         if self.recvq:
-            missing = sum(len(entry[0]) for entry in self.recvq) - self.recv_got
+            missing = sum(len(entry[0]) + trailer for entry in self.recvq) - self.recv_got
             parts.append(f"{missing} bytes still to receive from {self.label}")
         if self.sendq:
-            parts.append(f"{sum(len(v) for v in self.sendq)} bytes still to send to {self.label}")
+            tail = len(self.tails[0]) if self.tails else trailer
+            parts.append(f"{sum(len(v) + trailer for v in self.sendq) - trailer + tail} bytes still to send to {self.label}")
         return "; ".join(parts)
 
     def reset(self) -> None:
         self.sendq.clear()
         self.recvq.clear()
         self.recv_got = 0
+        self.tails.clear()
+        self.running = None
 
     def close(self) -> None:
         try:
@@ -126,6 +126,7 @@ class Engine:
         stall_at = started + self.stall_report_s if self.stall_report_s else None
         spin_until = started + self.spin_s
         bytes_at_start = self._bytes_moved()
+        checked = any(link.verify is not None for link in all_links)
         while links:
             progressed = False
             try:
@@ -147,6 +148,8 @@ class Engine:
             now = time.monotonic()
             if moved:  # time of the first idle look after bytes moved: when the silence began
                 last_move, moved = now, False
+            if checked and self._seal_ahead(links):
+                continue
             if now < spin_until:
                 continue
             if now >= last_move + silence:
@@ -202,6 +205,8 @@ class Engine:
         poll.poll(max(1, int(min(seconds, 60.0) * 1000) + 1))  # the caller re-checks the deadline
 
     def _push(self, link: Stream, what: str) -> bool:
+        if link.verify is not None:
+            return self._push_checked(link, what)
         sock_send = link.sock.send
         queue = link.sendq
         progressed = False
@@ -223,6 +228,8 @@ class Engine:
         return progressed
 
     def _pull(self, link: Stream, what: str) -> bool:
+        if link.verify is not None:
+            return self._pull_checked(link, what)
         recv_into = link.sock.recv_into
         queue = link.recvq
         progressed = False
@@ -251,6 +258,97 @@ class Engine:
                 return progressed
             link.recv_got = 0
             queue.popleft()
+            if on_done is not None:
+                on_done()
+        return progressed
+
+    # ---- JACKLRING_VERIFY: each message followed by its trailer -----------------------------
+
+    def _push_checked(self, link: Stream, what: str) -> bool:
+        sock = link.sock
+        queue, tails = link.sendq, link.tails
+        progressed = False
+        while queue:
+            view = queue[0]
+            if not tails:
+                tails.append(memoryview(link.verify.seal(view)))
+            tail = tails[0]
+            try:
+                sent = sock.sendmsg((view, tail))
+            except BlockingIOError:
+                return progressed
+            except OSError as exc:
+                raise PeerError(f"rank {self.rank}: {what}: sending to {link.label} failed: "
+                                f"{exc.strerror or exc}") from None
+            progressed = True
+            link.bytes_out += sent
+            size = len(view)
+            if sent < size:
+                queue[0] = view[sent:]
+                return progressed
+            if sent < size + len(tail):
+                queue[0] = view[size:]
+                tails[0] = tail[sent - size:]
+                return progressed
+            queue.popleft()
+            tails.popleft()
+        return progressed
+
+    @staticmethod
+    def _seal_ahead(links: list[Stream]) -> bool:
+        """Seal one queued message that is not at the head yet: work moved into time the engine
+        would spend waiting for a socket. False when there is none."""
+        for link in links:
+            if link.verify is not None and len(link.tails) < len(link.sendq):
+                link.tails.append(memoryview(link.verify.seal(link.sendq[len(link.tails)])))
+                return True
+        return False
+
+    def _pull_checked(self, link: Stream, what: str) -> bool:
+        recvmsg_into = link.sock.recvmsg_into
+        queue = link.recvq
+        verify = link.verify
+        trailer = link.trailer
+        tsize = len(trailer)
+        progressed = False
+        while queue:
+            view, on_done, on_truncated = queue[0]
+            got = link.recv_got
+            size = len(view)
+            data = view[got:] if got < size else view[size:]
+            try:
+                n = recvmsg_into((data, trailer[max(0, got - size):]))[0]
+            except BlockingIOError:
+                return progressed
+            except OSError as exc:
+                raise PeerError(f"rank {self.rank}: {what}: connection to {link.label} failed: "
+                                f"{exc.strerror or exc}") from None
+            if n == 0:
+                if on_truncated is not None:
+                    on_truncated(min(got, size))
+                missing = (f"{size - got} bytes of the current message and its {tsize}-byte checksum" if got < size
+                           else f"{size + tsize - got} bytes of the current message's checksum")
+                raise PeerError(f"rank {self.rank}: {what}: {link.label} closed the connection ({missing} still "
+                                f"expected; the peer died or raised)")
+            progressed = True
+            link.bytes_in += n
+            if len(data):
+                # Checked as it lands, while the bytes are still in cache.
+                running = link.running
+                if running is None:
+                    running = link.running = verify.checker()
+                running.update(data[:n] if n < len(data) else data)
+            got += n
+            if got < size + tsize:
+                link.recv_got = got
+                return progressed
+            link.recv_got = 0
+            running, link.running = link.running, None
+            queue.popleft()
+            problem = verify.verdict(running, trailer)
+            if problem is not None:
+                raise IntegrityError(f"rank {self.rank}: {what}: checksum mismatch on a {size}-byte message from "
+                                     f"{link.label}: {problem}")
             if on_done is not None:
                 on_done()
         return progressed

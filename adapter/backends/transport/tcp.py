@@ -14,6 +14,7 @@ import os
 import socket
 import sys
 import time
+from typing import Callable
 
 from ... import config
 from ...errors import CollectiveTimeout, ConfigError, PeerError
@@ -186,8 +187,9 @@ class Listener:
             self._acceptor = Acceptor([self.tcp, self.unix], self.where(), auth, token, rank, admit, label)
 
     def take(self, match, deadline: float, who: str | None) -> tuple[socket.socket, Hello] | None:
-        """The next authenticated connection whose hello satisfies match. At the deadline:
-        PeerError naming `who` (and any rejected impostors), or None when who is None."""
+        """The next authenticated connection whose hello satisfies match (the hello carries
+        both handshake nonces: Hello.session). At the deadline: PeerError naming `who` (and any
+        rejected impostors), or None when who is None."""
         assert self._acceptor is not None, "Listener.serve() was not called"
         item = self._acceptor.take(match, deadline)
         if item is not None:
@@ -198,6 +200,15 @@ class Listener:
             return None
         raise PeerError(f"{who} did not connect to {self.where()} before the deadline"
                         f"{self._acceptor.rejected_summary()}")
+
+    def ready_fd(self) -> int:
+        """A descriptor that becomes readable when an authenticated connection waits for take()."""
+        assert self._acceptor is not None, "Listener.serve() was not called"
+        return self._acceptor.ready_fd()
+
+    def drain_ready(self) -> None:
+        if self._acceptor is not None:
+            self._acceptor.drain_ready()
 
     def close(self) -> None:
         if self._acceptor is not None:
@@ -215,11 +226,21 @@ def _new_socket(family: int, operation: str) -> socket.socket:
         raise from_os_error(exc, operation) from None
 
 
-def connect(addr: tuple[str, int], hello: Hello, deadline: float, who: str, auth: Auth) -> socket.socket:
+def connect(addr: tuple[str, int], hello: Hello, deadline: float, who: str, auth: Auth,
+            pause: Callable[[float], None] | None = None) -> socket.socket:
     """Connect to addr, retrying with backoff until deadline (the peer may not be listening yet),
     and run the handshake. A loopback peer is reached through its Unix socket when one of this
     user's processes holds it (see Listener). `who` describes the peer for the error message.
-    A listener that answers but is not a rank of this job fails at once (PeerError)."""
+    A listener that answers but is not a rank of this job fails at once (PeerError).
+    pause(seconds) waits between attempts (default: sleep); a forming group passes one that
+    watches its other connections meanwhile and raises when the formation is abandoned."""
+    return connect_with_hello(addr, hello, deadline, who, auth, pause)[0]
+
+
+def connect_with_hello(addr: tuple[str, int], hello: Hello, deadline: float, who: str, auth: Auth,
+                       pause: Callable[[float], None] | None = None) -> tuple[socket.socket, Hello]:
+    """connect(), also returning the hello as sent with both handshake nonces (Hello.session),
+    for keys that belong to this connection alone."""
     delay = 0.01
     last_error = "no attempt made"
     name = local_name(*addr)
@@ -242,10 +263,10 @@ def connect(addr: tuple[str, int], hello: Hello, deadline: float, who: str, auth
                         _report_squat(name, uid, f"the connection to {who}")  # type: ignore[arg-type]
                         sock.close()
                         continue
-                client_handshake(sock, hello.fresh(), auth, where, who)
+                done = client_handshake(sock, hello.fresh(), auth, where, who)
                 tune(sock)
                 sock.settimeout(None)
-                return sock
+                return sock, done
             except HandshakeRetry as exc:
                 sock.close()
                 closed_without_answer += 1
@@ -263,7 +284,7 @@ def connect(addr: tuple[str, int], hello: Hello, deadline: float, who: str, auth
             except OSError as exc:
                 sock.close()
                 last_error = exc.strerror or str(exc)
-        time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+        (pause or time.sleep)(min(delay, max(0.0, deadline - time.monotonic())))
         delay = min(delay * 2, 0.5)
 
 

@@ -1,4 +1,5 @@
-"""The TCP mesh transport: JACCL's transport interface over one TCP connection per peer pair.
+"""The TCP mesh transport: JACCL's transport interface over one TCP connection per peer pair
+(a Unix socket between ranks on one host with JACKLRING_LOCAL_TRANSPORT=unix).
 
 Used where no RDMA device exists, so the same mesh and ring algorithms run (and are tested)
 on any machine. Sockets are non-blocking and progressed by poll(): every posted send and
@@ -35,6 +36,11 @@ _LS = _LEN.size
 _INBUF_BYTES = 64 << 10
 _SPILL_CHUNK = 1 << 20
 _READ = select.POLLIN | select.POLLPRI
+# Below this a frame's data is copied into its slot (one send call); above it the slot's header
+# and the caller's memory go out together with sendmsg, saving a copy of every byte.
+_GATHER_MIN_BYTES = 64 << 10
+# With read-ahead off, how long poll waits with nothing moving before reading ahead anyway.
+STUCK_READ_AHEAD_S = 0.2
 _new = tuple.__new__
 
 Exchange = Callable[[bytes], list[bytes]]
@@ -45,14 +51,14 @@ class _Peer:
 
     __slots__ = ("rank", "sock", "fd", "label", "sends", "recvs", "inbuf", "inview", "in_start", "in_end",
                  "body_len", "body_got", "mask", "gone", "send_raw", "send_views", "recv_views", "spill",
-                 "spilled")
+                 "spilled", "divert", "body_into", "body_head")
 
     def __init__(self, rank: int, sock: socket.socket, label: str, slots: int) -> None:
         self.rank = rank
         self.sock = sock
         self.fd = sock.fileno()
         self.label = label
-        self.sends: deque[list] = deque()      # [slot, memoryview still to send, nbytes]
+        self.sends: deque[list] = deque()      # [slot, memoryview (or list of them) still to send, nbytes]
         self.recvs: deque[int] = deque()       # slots waiting for the next message
         self.inbuf = bytearray(_INBUF_BYTES)
         self.inview = memoryview(self.inbuf)
@@ -69,6 +75,11 @@ class _Peer:
         self.send_raw: list[memoryview | None] = [None] * slots   # length prefix + body
         self.send_views: list[memoryview | None] = [None] * slots  # the body part
         self.recv_views: list[memoryview | None] = [None] * slots
+        # Per receive slot, (head, view) from post_recv_into: a message of exactly head +
+        # len(view) bytes puts its first head bytes in the slot and the rest straight into view.
+        self.divert: list[tuple[int, memoryview] | None] = [None] * slots
+        self.body_into: memoryview | None = None   # the large body being read goes there
+        self.body_head = 0
 
 
 class TcpMeshTransport(Transport):
@@ -95,12 +106,39 @@ class TcpMeshTransport(Transport):
             self._set_mask(state, _READ)
         self._done: list[Completion] = []
         self._closed = False
+        self.posted_bytes = 0   # message bytes posted for sending (what an algorithm puts on the wire)
         self.spin_s = spin_seconds(size) if spin_s is None else spin_s
         self.spill_limit = config.get("JACKLRING_P2P_SPILL_BYTES")
+        self._spill_allowed = True
+        self._paused: list[_Peer] = []   # not read while read-ahead was off; read again when it is on
+
+    def read_ahead(self, allowed: bool) -> None:
+        """Whether bytes that no posted receive waits for may be read into the spill. A rank that
+        sends without receiving needs it (two ranks that both send large messages before
+        receiving); in a collective every byte has a receive coming, and reading ahead would
+        hold and copy a peer's later messages (up to JACKLRING_P2P_SPILL_BYTES of memory). When
+        it is off, poll still reads ahead once nothing has moved for STUCK_READ_AHEAD_S (a peer
+        blocked in a send this rank receives only later)."""
+        if allowed == self._spill_allowed:
+            return
+        self._spill_allowed = allowed
+        if allowed:
+            for state in self._paused:
+                if state.gone is None and not state.mask & select.POLLIN:
+                    self._set_mask(state, state.mask | _READ)
+            self._paused.clear()
 
     def peer_label(self, peer: int) -> str:
         state = self._peers[peer] if 0 <= peer < self.size else None
         return state.label if state is not None else f"rank {peer}"
+
+    def backlog_note(self, peer: int) -> str:
+        state = self._peers[peer] if 0 <= peer < self.size else None
+        if state is None or state.spilled < self.spill_limit:
+            return ""
+        # Both ranks sending more than the cap before receiving: each waits for the other.
+        return (f"; {state.spilled} bytes from {state.label} wait in this rank's spill buffer, which is full "
+                f"(JACKLRING_P2P_SPILL_BYTES={self.spill_limit})")
 
     # ---- buffers ---------------------------------------------------------------------------
 
@@ -132,6 +170,7 @@ class TcpMeshTransport(Transport):
         if raw is None:
             self._make_send(state, slot)
             raw = state.send_raw[slot]
+        self.posted_bytes += nbytes
         _LEN.pack_into(raw, 0, nbytes)
         view = raw[:_LS + nbytes]
         if not state.sends:  # the usual case: the whole message leaves in this one call
@@ -147,6 +186,50 @@ class TcpMeshTransport(Transport):
             view = view[sent:]
         state.sends.append([slot, view, nbytes])
         self._set_mask(state, state.mask | select.POLLOUT)
+
+    def post_send_parts(self, peer: int, slot: int, head: int, data: memoryview, tail: int = 0) -> None:
+        """slot[:head] + data + slot[head:head + tail], sent from where data lies (no copy)."""
+        n = len(data)
+        if n < _GATHER_MIN_BYTES:
+            super().post_send_parts(peer, slot, head, data, tail)
+            return
+        nbytes = head + n + tail
+        if nbytes > self.frame_bytes:
+            raise ValueError(f"message of {nbytes} bytes does not fit a {self.frame_bytes}-byte slot")
+        state = self._peers[peer]
+        raw = state.send_raw[slot]
+        if raw is None:
+            self._make_send(state, slot)
+            raw = state.send_raw[slot]
+        self.posted_bytes += nbytes
+        _LEN.pack_into(raw, 0, nbytes)
+        parts = [raw[:_LS + head], data]
+        if tail:
+            parts.append(raw[_LS + head:_LS + head + tail])
+        if not state.sends:
+            try:
+                sent = state.sock.sendmsg(parts)
+            except (BlockingIOError, InterruptedError):
+                sent = 0
+            except OSError as exc:
+                raise PeerError(f"sending to {state.label} failed: {exc.strerror or exc}") from None
+            parts = _unsent(parts, sent)
+            if not parts:
+                self._done.append(_new(Completion, (SEND, peer, slot, nbytes)))
+                return
+        state.sends.append([slot, parts, nbytes])
+        self._set_mask(state, state.mask | select.POLLOUT)
+
+    def post_recv_into(self, peer: int, slot: int, head: int, view: memoryview) -> bool:
+        """A receive whose data (after head bytes) goes straight into view, saving the copy out of
+        the slot, when the message is exactly head + len(view) bytes; any other message fills
+        the slot as post_recv does (its checks then fail it). Returns whether view is used."""
+        if len(view) < _GATHER_MIN_BYTES or head + len(view) > self.frame_bytes:
+            self.post_recv(peer, slot)
+            return False
+        self._peers[peer].divert[slot] = (head, view)
+        self.post_recv(peer, slot)
+        return True
 
     def post_recv(self, peer: int, slot: int) -> None:
         state = self._peers[peer]
@@ -175,6 +258,7 @@ class TcpMeshTransport(Transport):
         poll, by_fd = self._poller.poll, self._by_fd
         now = time.monotonic()
         spin_until = now + self.spin_s
+        stuck_at = now + STUCK_READ_AHEAD_S
         while True:
             remaining = deadline - now
             # Busy-poll briefly before sleeping (see spin_seconds): a sleeping receiver must be
@@ -182,6 +266,15 @@ class TcpMeshTransport(Transport):
             # trip. Past the deadline, one last look without waiting (the process may have been
             # stopped while the data arrived).
             wait_ms = 0 if now < spin_until or remaining <= 0 else (remaining if remaining < 1.0 else 1.0) * 1000.0
+            if self._paused and wait_ms:
+                # Peers left unread (read_ahead off) and nothing moving: one of them may be blocked
+                # sending to us while we wait for something it must do first (a send this rank
+                # has not received yet). Read ahead after a while rather than deadlock.
+                if now >= stuck_at:
+                    self.read_ahead(True)
+                    wait_ms = 0
+                else:
+                    wait_ms = min(wait_ms, (stuck_at - now) * 1000.0)
             for fd, mask in poll(wait_ms):
                 state = by_fd[fd]
                 if state.sends:
@@ -209,13 +302,15 @@ class TcpMeshTransport(Transport):
         sends = state.sends
         while sends:
             item = sends[0]
+            pending = item[1]
+            gather = type(pending) is list
             try:
-                sent = state.sock.send(item[1])
+                sent = state.sock.sendmsg(pending) if gather else state.sock.send(pending)
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:
                 raise PeerError(f"sending to {state.label} failed: {exc.strerror or exc}") from None
-            item[1] = item[1][sent:]
+            item[1] = _unsent(pending, sent) if gather else pending[sent:]
             if len(item[1]):
                 return
             sends.popleft()
@@ -231,8 +326,8 @@ class TcpMeshTransport(Transport):
         drained = False
         try:
             while True:
-                if state.body_len >= 0:   # a large body goes straight into its slot
-                    view = state.recv_views[state.recvs[0]][state.body_got:state.body_len]
+                if state.body_len >= 0:   # a large body goes straight into its slot (or view)
+                    view = self._dest(state, state.recvs[0], state.body_got, state.body_len)
                     if state.spill:
                         n = self._take_spill(state, view)
                     else:
@@ -253,6 +348,10 @@ class TcpMeshTransport(Transport):
                     continue
                 if drained:
                     return
+                if not state.recvs and self._done:
+                    # Hand the completions back first: the caller is about to post the next
+                    # receive, and reading ahead now would copy (or spill) a large body twice.
+                    return
                 if state.in_start:  # keep the unparsed tail at the front
                     tail = state.in_end - state.in_start
                     state.inbuf[:tail] = state.inview[state.in_start:state.in_end]
@@ -260,9 +359,12 @@ class TcpMeshTransport(Transport):
                 space = _INBUF_BYTES - state.in_end
                 if not space or state.spill:
                     # Full and nobody waiting on this peer yet: keep reading into the spill, up to
-                    # its limit, so a peer blocked sending to us can finish and read our messages.
-                    if state.spilled >= self.spill_limit:
+                    # its limit, so a peer blocked sending to us can finish and read our messages
+                    # (while the caller allows it: see read_ahead).
+                    if state.spilled >= self.spill_limit or not (self._spill_allowed or state.recvs):
                         self._set_mask(state, state.mask & ~_READ)
+                        if not self._spill_allowed and state not in self._paused:
+                            self._paused.append(state)
                         return
                     chunk = bytearray(min(_SPILL_CHUNK, self.spill_limit - state.spilled))
                     n = recv_into(chunk)
@@ -325,9 +427,15 @@ class TcpMeshTransport(Transport):
             raise PeerError(f"{state.label} sent a {length}-byte message, larger than the "
                             f"{self.frame_bytes}-byte slot (different jacklring versions?)")
         body = start + _LS
+        slot = state.recvs[0]
         if have - _LS >= length:
-            slot = state.recvs.popleft()
-            state.recv_views[slot][:length] = state.inview[body:body + length]
+            state.recvs.popleft()
+            if state.divert[slot] is None:
+                state.recv_views[slot][:length] = state.inview[body:body + length]
+            else:
+                self._take_divert(state, slot, length)
+                self._place(state, slot, state.inview[body:body + length])
+                state.body_into = None
             end = body + length
             if end == state.in_end:
                 state.in_start = state.in_end = 0
@@ -338,12 +446,42 @@ class TcpMeshTransport(Transport):
         if length <= _INBUF_BYTES - _LS:
             return False  # a small message still arriving: read more into the buffer
         got = state.in_end - body
-        state.recv_views[state.recvs[0]][:got] = state.inview[body:state.in_end]
+        if state.divert[slot] is not None:
+            self._take_divert(state, slot, length)
+        self._place(state, slot, state.inview[body:state.in_end])
         state.in_start = state.in_end = 0
         state.body_len, state.body_got = length, got
         return True
 
+    @staticmethod
+    def _take_divert(state: _Peer, slot: int, length: int) -> None:
+        """The message for this slot has begun: use its diverted view if the length fits it."""
+        head, into = state.divert[slot]
+        state.divert[slot] = None
+        state.body_into, state.body_head = (into, head) if length == head + len(into) else (None, 0)
+
+    @staticmethod
+    def _dest(state: _Peer, slot: int, start: int, end: int) -> memoryview:
+        """Where the message's bytes [start, end) go: the slot, or past the head the diverted view
+        (one of the two: the returned view may be shorter)."""
+        into = state.body_into
+        if into is None:
+            return state.recv_views[slot][start:end]
+        head = state.body_head
+        if start < head:
+            return state.recv_views[slot][start:min(end, head)]
+        return into[start - head:end - head]
+
+    def _place(self, state: _Peer, slot: int, data: memoryview) -> None:
+        """Copy the first len(data) bytes of a message to where they belong."""
+        pos, n = 0, len(data)
+        while pos < n:
+            dest = self._dest(state, slot, pos, n)
+            dest[:] = data[pos:pos + len(dest)]
+            pos += len(dest)
+
     def _finish_recv(self, state: _Peer, nbytes: int) -> None:
+        state.body_into = None
         self._done.append(_new(Completion, (RECV, state.rank, state.recvs.popleft(), nbytes)))
 
     def _connection_ended(self, state: _Peer, why: str) -> None:
@@ -397,6 +535,16 @@ class TcpMeshTransport(Transport):
         self._pool.clear()
 
 
+def _unsent(parts: list[memoryview], sent: int) -> list[memoryview]:
+    """What is left of a gathered send after `sent` bytes went out."""
+    while parts and sent >= len(parts[0]):
+        sent -= len(parts[0])
+        parts = parts[1:]
+    if parts and sent:
+        parts = [parts[0][sent:], *parts[1:]]
+    return parts
+
+
 WATCH_S = 0.1
 
 
@@ -423,7 +571,11 @@ def connect_mesh(rank: int, size: int, peers: list[int], host: str, exchange: Ex
     Every connection proves `job`'s key for job context `token` (tcp.connect / Listener).
     watch (a split): called every WATCH_S while waiting; raises when the parent group saw a death."""
     higher = {p for p in peers if p > rank}
-    listener = tcp.Listener(host, 0, local=False)
+    # JACKLRING_LOCAL_TRANSPORT=unix: loopback peers connect through the listener's abstract Unix
+    # socket, skipping the TCP/IP stack. Not by default: a peer that fails and exits breaks a
+    # Unix socket at once, so its neighbours may report the broken pipe instead of the
+    # mismatch that made it fail (TCP still takes their messages).
+    listener = tcp.Listener(host, 0, local=config.get("JACKLRING_LOCAL_TRANSPORT") == "unix")
     listener.serve(job, token, rank,
                    lambda h: None if h.purpose == PURPOSE_MESH and h.sender in higher and h.channel == 0
                    else f"not a mesh connection from a higher rank ({sorted(higher)})", f"rank {rank} (TCP mesh)")

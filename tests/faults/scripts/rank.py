@@ -1,5 +1,8 @@
 """One rank of a fault test: form the FAULT_BACKEND group, then run the body in FAULT_BODY.
 
+FAULT_BEFORE_INIT, when set, runs first (with r from MLX_RANK / RANK, say and os): a test patches
+the library there to act at a chosen point of init.
+
 The body sees r, n, np, os, sys, time, say(), the collectives all_sum / all_max / all_gather /
 barrier / send / recv (numpy in, numpy out, whatever the backend) and ERRORS, the exception
 types a communication failure may raise. say("TAG", ...) prints "TAG <rank> <monotonic> ...".
@@ -24,6 +27,7 @@ def one_line(exc):
 
 
 say("START")
+exec(compile(os.environ.get("FAULT_BEFORE_INIT", ""), "<fault before init>", "exec"))
 from adapter.errors import DistributedError  # noqa: E402  (init's failures are all of this type)
 
 if BACKEND == "torch":

@@ -18,8 +18,18 @@ def ring_context(addresses):
     return json.dumps(addresses).encode()
 
 
+def ring_context_v2(addresses, incarnation):
+    """Today's ring context: the addresses and how many rings the process formed (1 for the first)."""
+    return json.dumps([addresses, incarnation]).encode()
+
+
 def jaccl_context(coordinator, devices):
     return json.dumps([coordinator, devices]).encode()
+
+
+def jaccl_context_v2(coordinator, devices, incarnation):
+    """Today's JACCL context: with how many groups the process formed (1 for the first)."""
+    return json.dumps([coordinator, devices, incarnation]).encode()
 
 
 def old_ring_token(addresses):

@@ -6,7 +6,7 @@ import struct
 import sys
 import time
 
-from common import connect, new_handshake, old_hello, old_ring_token, ring_context
+from common import connect, new_handshake, old_hello, old_ring_token, ring_context, ring_context_v2
 
 address, addresses, sender, receiver = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 PURPOSE_P2P, OP_SEND = 2, 6
@@ -24,12 +24,16 @@ s.sendall(header(int(sys.argv[5])) + payload)
 print("OUTCOME old-protocol sent", flush=True)
 old = s  # kept open: the old code reads the forged message from it
 
-# new protocol, with the key public facts give
-s = connect(address)
-outcome = new_handshake(s, PURPOSE_P2P, sender, receiver, 0, ring_context(addresses))
-print("OUTCOME new-protocol", outcome, flush=True)
-try:
-    s.sendall(header(int(sys.argv[5])) + payload)
-except OSError:
-    pass
+# new protocol, with the key public facts give: the address list alone (an earlier version's
+# context), then today's context of the first two rings a process forms
+held = []
+for context in (ring_context(addresses), ring_context_v2(addresses, 1), ring_context_v2(addresses, 2)):
+    s = connect(address)
+    outcome = new_handshake(s, PURPOSE_P2P, sender, receiver, 0, context)
+    print("OUTCOME new-protocol", outcome, flush=True)
+    try:
+        s.sendall(header(int(sys.argv[5])) + payload)
+    except OSError:
+        pass
+    held.append(s)
 time.sleep(3)

@@ -1,0 +1,84 @@
+"""kill -9 of a rank during init(), once it has made a connection of the formation: with a
+120 s connect deadline every other rank raises within seconds (the target is 1 s), naming the
+victim. The victim kills itself right after a chosen connection's handshake succeeded, and the
+rank that would connect to it next (SLOW) holds its connections back for a second, so that it
+finds the victim gone (connection refused, which alone looks like a rank not started yet): the
+point is the same on every run whatever the machine's load."""
+from __future__ import annotations
+
+import pytest
+from cluster import finish_all, reports, start, stop_all
+
+LIMIT_S = 5.0  # the target is 1 s; the rest is slack for a loaded 2-core machine
+RING, SIDE_CHANNEL, MESH = 1, 0x4A43, 0x4A4D  # the handshake purposes (ring, JACCL side channel, TCP mesh)
+
+BEFORE_INIT = """
+import signal
+from adapter.backends.transport import tcp
+
+real_connect = tcp.connect_with_hello  # tcp.connect goes through it too
+
+if r == SLOW:
+    def connect(addr, hello, *args, **kwargs):
+        if hello.purpose == PURPOSE:
+            time.sleep(1.0)
+        return real_connect(addr, hello, *args, **kwargs)
+    tcp.connect_with_hello = connect
+
+if r == VICTIM:
+
+    def connect(addr, hello, *args, **kwargs):
+        done = real_connect(addr, hello, *args, **kwargs)
+        if hello.purpose == PURPOSE:  # connected (the peer acknowledged): die now
+            say("KILLED", hello.receiver)
+            os.kill(os.getpid(), signal.SIGKILL)
+        return done
+    tcp.connect_with_hello = connect
+"""
+
+
+def run_init_death(tmp_path, backend: str, victim: int, purpose: int, slow: int,
+                   n: int = 4) -> dict[int, tuple[float, str]]:
+    """{survivor: (seconds from the kill to its init error, the error)}."""
+    prelude = (BEFORE_INIT.replace("VICTIM", str(victim)).replace("PURPOSE", str(purpose))
+               .replace("SLOW", str(slow)))
+    procs = start(backend, n, "say('FORMED')", tmp_path,
+                  env={"JACKLRING_CONNECT_TIMEOUT": "120", "FAULT_BEFORE_INIT": prelude})
+    try:
+        killed_at = float(procs[victim].wait_line("KILLED", 30)[1])
+        errors = {}
+        for p in procs:
+            if p.rank != victim:
+                fields = p.wait_line("INITERR", 15)
+                errors[p.rank] = (float(fields[1]) - killed_at, " ".join(fields[2:]))
+        codes = finish_all(procs, 10)
+    finally:
+        stop_all(procs)
+    print({r: f"{t:.2f} s: {m}" for r, (t, m) in errors.items()})
+    assert [c for i, c in enumerate(codes) if i != victim] == [4] * (n - 1), reports(procs)
+    slow = {r: round(t, 2) for r, (t, _) in errors.items() if not t < LIMIT_S}
+    assert not slow, f"raised only after {slow} s\n{reports(procs)}"
+    for r, (_, text) in errors.items():
+        assert f"rank {victim} died" in text or f"rank {victim} (" in text, (r, text)
+    assert "Traceback" not in "".join(p.stderr for p in procs), reports(procs)
+    return errors
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("victim", [2, 0])
+def test_ring_death_after_the_first_ring_connection(tmp_path, victim):
+    errors = run_init_death(tmp_path, "ring", victim, RING, slow=(victim - 1) % 4)
+    for r, (_, text) in errors.items():
+        assert "while the group formed" in text, (r, text)
+
+
+@pytest.mark.timeout(60)
+def test_jaccl_death_after_joining_the_side_channel(tmp_path):
+    run_init_death(tmp_path, "jaccl", 2, SIDE_CHANNEL, slow=3)
+
+
+@pytest.mark.timeout(60)
+def test_jaccl_death_after_the_first_mesh_connection(tmp_path):
+    errors = run_init_death(tmp_path, "jaccl", 2, MESH, slow=3)  # rank 3 connects to 0, 1, 2
+    for r, (_, text) in errors.items():
+        assert "while the group formed" in text, (r, text)
