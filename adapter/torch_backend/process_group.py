@@ -21,10 +21,11 @@ import torch.distributed as dist
 
 from ..backends.base import Backend
 from ..errors import CollectiveTimeout, DistributedError
-from . import ops
+from . import cpp_handles, ops
 from .work import AnySource, Completer, Executor, Inbox, JacklringWork, PeerExecutors, PostedRecv, torch_flavoured, wrap_error
 
 log = logging.getLogger("jacklring.torch")
+cpp_handles.install()  # DDP join's forward-pass Work outlives its Python object (cpp_handles.py)
 
 BACKEND_NAME = "jacklring"
 _STOP_TIMEOUT_S = 5.0

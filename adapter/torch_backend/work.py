@@ -542,4 +542,7 @@ def wrap_error(rank: int, group: str, what: str, exc: BaseException,
     except TypeError:
         wrapped = torch_flavoured(DistributedError)(message)
     wrapped.__cause__ = exc
+    for attr in ("culprit", "peer"):  # the rank blamed (ring backend) and the link that failed
+        if hasattr(exc, attr):
+            setattr(wrapped, attr, getattr(exc, attr))
     return wrapped

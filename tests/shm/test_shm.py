@@ -124,6 +124,7 @@ def test_kill_9_mid_collective_survivors_raise_within_a_second_and_nothing_is_le
         elapsed = float(raised.split()[1]) - killed_at
         assert elapsed < 1.0, f"rank {r.rank} took {elapsed:.3f} s: {raised}"
         assert "PeerError" in raised
+        assert f"rank {victim} " in raised, f"rank {r.rank} does not name the killed rank {victim}: {raised}"
     # Nothing named after us in /dev/shm, before or after (the segment never had a name).
     assert shm_names() == before == set()
 

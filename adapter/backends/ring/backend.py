@@ -47,7 +47,7 @@ from ..protocol import OP_CODES, REDUCE_CODES, Request, mismatch_message
 from ..transport import auth, integrity, tcp
 from ..transport.names import check_resolvable
 from ..transport.stream_engine import Engine, Stream
-from . import shared, shm_algorithms
+from . import origin, shared, shm_algorithms
 from .algorithms import Channel, chain_broadcast, reduce_scatter_all_gather
 from .algorithms import all_gather as ring_all_gather
 from .formation import FormationAbandoned, Watch
@@ -310,6 +310,8 @@ class RingBackend(Backend):
             if hello.sender == prv and hello.channel == listener < k:
                 return None
             return f"ring connection {listener} is for rank {prv}"
+        if hello.purpose == origin.PURPOSE_NOTICE and listener == 0:
+            return None if origin.admits(hello.sender, self._rank, self._size) else f"no rank {hello.sender} here"
         if hello.purpose == PURPOSE_P2P and listener == 0:
             if 0 <= hello.sender < self._size and hello.sender != self._rank and hello.channel == 0:
                 return None
@@ -906,11 +908,18 @@ class RingBackend(Backend):
                 if self._abandon_on_failure:  # a split's closing barrier: pass the verdict on first
                     self._abandon_split(exc.culprit if isinstance(exc, FormationAbandoned)
                                         else getattr(exc, "peer", -1), getattr(exc, "missing", False))
-                self.failure.mark(f"{type(exc).__name__}: {exc}")
+                # Name the rank that failed first, not the neighbour that passed the failure on,
+                # and tell the other neighbour before the links close (origin.py).
+                named = exc if self._shm is not None or self._abandon_on_failure else origin.blame(self, exc)
+                self.failure.mark(f"{type(named).__name__}: {named}")
+                if self._shm is None and not self._abandon_on_failure and isinstance(named, Exception):
+                    origin.notify(self, named)
                 for link in self.right + self.left:
                     link.reset()
                     link.close()
-                raise
+                if named is exc:
+                    raise
+                raise named from None
 
     def _run(self) -> None:
         self.engine.run(self._deadline, self._what)  # type: ignore[union-attr]

@@ -40,7 +40,7 @@ def attach(backend: "RingBackend", gather: Callable[[bytes], list[bytes]]) -> Sh
     group.yield_s = config.get("JACKLRING_SHM_YIELD_US") * 1e-6
     group.stall_report_s = config.get("JACKLRING_STALL_REPORT")
     for link in backend.right + backend.left:
-        group.watch(link.fd, link.label)
+        group.watch(link.fd, link.label, link.peer)
     return group
 
 
@@ -51,6 +51,6 @@ def run(group: SharedGroup, deadline: float, what: object, body: Callable, *args
     group.what = what
     try:
         body(group, *args)
-    except BaseException:
-        group.mark_broken()
+    except BaseException as exc:
+        group.mark_broken(getattr(exc, "culprit", -1))  # whom the peers should blame
         raise

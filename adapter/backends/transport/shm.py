@@ -46,7 +46,10 @@ MASK64 = (1 << 64) - 1
 BEYOND = MASK64                 # a step no rank reaches
 MAX_RANKS = 64                  # one bit per rank in the sleepers mask
 CONTROL = 128                   # bytes per control block (a cache line on Apple silicon)
-COUNTER, BROKEN, HEADER = 0, 8, 16  # step counter, "left after an error" flag, two headers (by parity)
+COUNTER, BROKEN, HEADER = 0, 8, 16  # step counter, "left after an error" word, two headers (by parity)
+# The "left after an error" word: 0 while the rank is in the group, else BROKEN_BASE + the rank it
+# blamed (-1: its own error), so a peer that sees it can name the rank that died first.
+BROKEN_BASE = 2
 HEADER_BYTES = 24
 RECORD_BYTES = 512              # fixed-size records exchanged while forming the group
 PAGE = 4096
@@ -225,7 +228,7 @@ class SharedGroup:
             fd = os.pidfd_open(self.pids[q])
             self._pidfds[fd] = q
             self._poll.register(fd, select.POLLIN)
-        self._watched: dict[int, str] = {}
+        self._watched: dict[int, tuple[str, int]] = {}
         self.spin_s = 0.0
         self.yield_s = 0.0
         self.stall_report_s: float | None = None
@@ -234,9 +237,9 @@ class SharedGroup:
 
     # ---- set-up by the owner --------------------------------------------------------------
 
-    def watch(self, fd: int, label: str) -> None:
-        """Also wake up and fail when this socket's peer hangs up (a ring link)."""
-        self._watched[fd] = label
+    def watch(self, fd: int, label: str, peer: int = -1) -> None:
+        """Also wake up and fail when this socket's peer (rank `peer`) hangs up (a ring link)."""
+        self._watched[fd] = (label, peer)
         self._poll.register(fd, select.POLLRDHUP)
 
     def stacked(self, parity: int, dtype: np.dtype) -> np.ndarray:
@@ -307,12 +310,26 @@ class SharedGroup:
         v = self.words.load(self._counter_addr[q], ACQUIRE)
         if v >= step:
             return v
-        # A separate flag, not the counter: a peer that published this step and then found a
+        # A separate word, not the counter: a peer that published this step and then found a
         # mismatch must still let this rank read its header (and raise the same MismatchError).
-        if self.words.load(self._broken_addr[q], ACQUIRE):
-            raise PeerError(f"rank {self.rank}: {self.what}: rank {q} (pid {self.pids[q]}) left the "
-                            f"group after an error (shared memory)")
+        broken = self.words.load(self._broken_addr[q], ACQUIRE)
+        if broken:
+            raise self._peer_error(*self._left(q, broken))
         return None
+
+    def _left(self, q: int, broken: int) -> tuple[str, int]:
+        """What to say about peer q, which left after an error, and whom to blame: the rank q
+        blamed when it named one (a relayed death), else q itself."""
+        culprit = broken - BROKEN_BASE
+        if 0 <= culprit != q and culprit != self.rank:
+            return (f"rank {culprit} died or failed (reported by rank {q} (pid {self.pids[q]}), which left "
+                    f"the group after that) (shared memory)"), culprit
+        return f"rank {q} (pid {self.pids[q]}) left the group after an error (shared memory)", q
+
+    def _peer_error(self, text: str, culprit: int) -> PeerError:
+        exc = PeerError(f"rank {self.rank}: {self.what}: {text}")
+        exc.culprit = culprit  # the ring passes it on (mark_broken) so every survivor names the same rank
+        return exc
 
     def _wait(self, q: int, step: int) -> None:
         plain, index = self.words.plain, self._counter_word[q]
@@ -354,15 +371,15 @@ class SharedGroup:
                     gone = self._event(fd)
                     # A peer that exited after finishing its part is no error: re-check first.
                     if gone is not None and self._value(q, step) is None:
-                        raise PeerError(f"rank {self.rank}: {self.what}: {gone}")
+                        raise self._peer_error(*gone)
                 for other in self.peers:  # any rank that gave up dooms this collective too
                     if other != q and words.load(self._broken_addr[other], ACQUIRE):
                         self._value(other, BEYOND)
         finally:
             words.fetch_and(self._mask_addr, ~bit & MASK64)
 
-    def _event(self, fd: int) -> str | None:
-        """Handle one poll event: None for a doorbell, else what happened to which peer."""
+    def _event(self, fd: int) -> tuple[str, int] | None:
+        """Handle one poll event: None for a doorbell, else what happened and the rank to blame."""
         bell = self._bell
         if bell is not None and fd == bell.fileno():
             try:
@@ -372,16 +389,23 @@ class SharedGroup:
                 pass
             return None
         q = self._pidfds.get(fd)
+        label, peer = self._watched.get(fd, (f"fd {fd}", -1)) if q is None else ("", q)
+        # A peer that raised marked its word before it closed its ring links (or exited): name
+        # the rank it blamed rather than the peer that passed the failure on.
+        broken = self.words.load(self._broken_addr[peer], ACQUIRE) if peer >= 0 else 0
+        if broken:
+            return self._left(peer, broken)
         if q is not None:
-            return f"rank {q} (pid {self.pids[q]}) exited while this rank waited for it (shared memory)"
-        return f"{self._watched.get(fd, f'fd {fd}')} closed its ring connection (the peer died or raised)"
+            return f"rank {q} (pid {self.pids[q]}) exited while this rank waited for it (shared memory)", q
+        return f"{label} closed its ring connection (the peer died or raised)", peer
 
-    def mark_broken(self) -> None:
-        """Tell every peer (waiting or not) that this rank left the group after an error."""
+    def mark_broken(self, culprit: int = -1) -> None:
+        """Tell every peer (waiting or not) that this rank left the group after an error, and
+        which rank it blames (-1: its own error)."""
         if self._bell is None:
             return
         try:
-            self.words.store(self._broken_addr[self.rank], 1, SEQ_CST)
+            self.words.store(self._broken_addr[self.rank], BROKEN_BASE + max(culprit, -1), SEQ_CST)
         except Exception:
             return
         self._ring(MASK64)

@@ -6,12 +6,14 @@ argv extra: MODE
   monitored  adapter.torch_backend.monitored_barrier: passes when all arrive; names the missing
              rank (the first, or all with wait_all_ranks) on rank 0; the others time out.
   batch      batch_isend_irecv in a ring and in both directions; every future done.
-  join       DDP join() with uneven inputs (2+ ranks): parameters equal gloo's.
+  join       DDP join() with uneven inputs (2+ ranks), dividing by the initial world size and by
+             the ranks still training: parameters equal gloo's.
 Prints "<MODE> OK".
 """
 from __future__ import annotations
 
 import datetime
+import gc
 import sys
 import time
 
@@ -108,25 +110,34 @@ def batch() -> None:
 def join() -> None:
     gloo = dist.new_group(backend="gloo")
 
-    def train(group) -> list[torch.Tensor]:
+    def train(group, divide_by_initial_world_size: bool) -> list[torch.Tensor]:
         torch.manual_seed(0)
         model = DDP(nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2)), process_group=group,
                     bucket_cap_mb=0.001)
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         g = torch.Generator().manual_seed(rank)
-        with model.join():
+        with model.join(divide_by_initial_world_size=divide_by_initial_world_size):
             for _ in range(3 + 2 * rank):  # uneven: every rank has a different number of batches
                 opt.zero_grad()
-                nn.functional.mse_loss(model(torch.randn(4, 8, generator=g)), torch.randn(4, 2, generator=g)).backward()
+                loss = nn.functional.mse_loss(model(torch.randn(4, 8, generator=g)), torch.randn(4, 2, generator=g))
+                # The forward pass handed its join all-reduce to the reducer (C++), which waits
+                # for it in backward when dividing by the ranks still training: give that
+                # all-reduce time to complete and Python time to drop its Work first.
+                time.sleep(0.05)
+                gc.collect()
+                loss.backward()
                 opt.step()
         return [p.detach().clone() for p in model.parameters()]
 
-    ours, theirs = train(dist.group.WORLD), train(gloo)
-    for a, b in zip(ours, theirs):  # 3-rank sums round differently in a ring and in gloo
-        assert torch.allclose(a, b, rtol=0, atol=1e-6), f"rank {rank}: max |jacklring - gloo| = {(a - b).abs().max().item()}"
-    gathered = [torch.empty_like(ours[0]) for _ in range(world)]
-    dist.all_gather(gathered, ours[0])
-    assert all(torch.equal(g, ours[0]) for g in gathered), "ranks disagree after join"
+    for divide_by_initial in (True, False):
+        ours, theirs = train(dist.group.WORLD, divide_by_initial), train(gloo, divide_by_initial)
+        for a, b in zip(ours, theirs):  # 3-rank sums round differently in a ring and in gloo
+            assert torch.allclose(a, b, rtol=0, atol=1e-6), \
+                f"rank {rank} divide_by_initial_world_size={divide_by_initial}: max |jacklring - gloo| = " \
+                f"{(a - b).abs().max().item()}"
+        gathered = [torch.empty_like(ours[0]) for _ in range(world)]
+        dist.all_gather(gathered, ours[0])
+        assert all(torch.equal(g, ours[0]) for g in gathered), "ranks disagree after join"
 
 
 {"anysource": anysource, "monitored": monitored, "batch": batch, "join": join}[MODE]()

@@ -4,6 +4,8 @@ futures of our Works from C++).
 
 argv extra: EVENT CASE [BACKEND]
   EVENT  kill | stall   what happens to the last rank at step 3 (it prints "VICTIM <time>")
+         kill_late       kill, and rank 1 (a survivor when there are 3+ ranks) starts step 3
+                         half a second late, so it learns of the death from another survivor
   CASE   ddp | ddp_hook | fsdp2 | zero
 The group's deadline is 3 s. Survivors print "RAISED <wall time> <type>: <first line>" and
 exit 0; the harness kills a stalled victim at the end.
@@ -58,7 +60,9 @@ model, opt = setup()
 for step in range(STEPS):
     if rank == victim and step == 3:
         print(f"VICTIM {time.time():.3f}", flush=True)
-        os.kill(os.getpid(), signal.SIGKILL if EVENT == "kill" else signal.SIGSTOP)
+        os.kill(os.getpid(), signal.SIGSTOP if EVENT == "stall" else signal.SIGKILL)
+    if EVENT == "kill_late" and rank == 1 and step == 3:
+        time.sleep(0.5)
     x, y = torch.randn(16, 32), torch.randn(16, 8)
     try:
         opt.zero_grad()
