@@ -31,3 +31,25 @@ def test_lightning_fabric_recipe():
     found = results(proc.stdout)
     assert [(r["rank"], r["size"], r["backend"], r["replicas_equal"], r["adapter_size"], r["averaged"])
             for r in found] == [(0, 2, "jacklring", True, 2, 0.5), (1, 2, "jacklring", True, 2, 0.5)]
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.skipif(importlib.util.find_spec("lightning") is None, reason="lightning is not installed")
+def test_lightning_trainer_recipe():
+    """The Trainer starts both processes and the jacklring group and fits 3 steps: both ranks end
+    with the parameters of the same 3 steps in one process on the union of their batches."""
+    proc = run([sys.executable, os.path.join(SCRIPTS, "trainer_train.py")], clean_env(), timeout=170)
+    assert proc.returncode == 0, describe([proc])
+    found = results(proc.stdout)
+    assert [(r["rank"], r["size"], r["backend"], r["steps"]) for r in found] == \
+        [(0, 2, "jacklring", 3), (1, 2, "jacklring", 3)], describe([proc])
+    assert found[0]["params"] == found[1]["params"]
+    assert found[0]["params"] == pytest.approx(found[0]["single_process"], rel=1e-5, abs=1e-6)
+    assert found[0]["params"] != pytest.approx(fresh_parameters(), abs=1e-3)  # it trained
+
+
+def fresh_parameters() -> list[float]:
+    import torch
+
+    torch.manual_seed(1)
+    return torch.cat([p.detach().flatten() for p in torch.nn.Linear(3, 1).parameters()]).tolist()
