@@ -374,9 +374,18 @@ class JacklringProcessGroup(dist.ProcessGroup):
                     for q in range(1, self._size)}
         missing: list[int] = []
         reasons: list[str] = []
+        passed: list[int] = []
         for q, work in arrivals.items():
+            if wait_all_ranks:  # as gloo: each rank gets the whole timeout, so all late ones are named
+                deadline = time.monotonic() + seconds
+            elif time.monotonic() >= deadline:  # gloo's wording when rank 0 itself has no time left
+                done = ", ".join(str(p) for p in passed) or "none"
+                raise torch_flavoured(CollectiveTimeout)(
+                    f"rank 0: jacklring monitored_barrier (group {self._group_id or 'default'!r}): Rank 0 timed out "
+                    f"in monitoredBarrier after {ms} (no time left to wait for rank {q}; ranks that arrived: {done})")
             try:
                 work.wait(max(deadline - time.monotonic(), 1e-3))
+                passed.append(q)
             except Exception as exc:
                 missing.append(q)
                 reasons.append(f"rank {q}: {str(exc).splitlines()[0]}")
