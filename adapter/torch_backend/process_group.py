@@ -364,11 +364,14 @@ class JacklringProcessGroup(dist.ProcessGroup):
         ms = f"{seconds * 1000:.0f} ms"
         token = torch.zeros(1, dtype=torch.uint8)
         if self._rank != 0:
+            # gloo's wording for a rank that arrived but was not released: rank 0 names the culprit.
+            failure = (f"Rank {self._rank} successfully reached monitoredBarrier, but received errors while waiting "
+                       f"for send/recv from rank 0. Please check rank 0 logs for faulty rank")
             self._monitored_step(self.send([token], 0, MONITORED_BARRIER_TAG), deadline,
-                                 f"Rank {self._rank} could not report to rank 0 in monitoredBarrier")
+                                 f"{failure} (it could not report to rank 0)")
             self._monitored_step(self.recv([torch.zeros(1, dtype=torch.uint8)], 0, MONITORED_BARRIER_TAG),
-                                 deadline, f"Rank {self._rank} timed out in monitoredBarrier after {ms} "
-                                 f"(rank 0 did not release it: another rank is missing or rank 0 is stuck)")
+                                 deadline, f"{failure} (not released within {ms}: another rank is missing or "
+                                 f"rank 0 is stuck)")
             return
         arrivals = {q: self.recv([torch.zeros(1, dtype=torch.uint8)], q, MONITORED_BARRIER_TAG)
                     for q in range(1, self._size)}
