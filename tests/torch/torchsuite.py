@@ -87,6 +87,11 @@ def define_suite() -> type:
     distributed_test.BACKEND = backend  # read when a test runs: init_process_group, branches in tests
     if backend == "jacklring":
         _route_monitored_barrier()
+        # Loaded once here, not in every forked rank: binding patomic through cffi costs about a
+        # second per process on a loaded 2-core machine, paid by each process's first same-host group.
+        from adapter.backends.transport import atomic_words
+
+        atomic_words.available()
     DistributedTest, TestDistBackend = distributed_test.DistributedTest, distributed_test.TestDistBackend
 
     class TorchSuite(TestDistBackend, DistributedTest._DistTestBase):
