@@ -1,5 +1,6 @@
-"""The Lightning Trainer recipe of docs/launching.md: the Trainer starts 2 processes and the
-jacklring group and trains a tiny model for a few steps. Each rank prints its parameters and
+"""The Lightning Trainer recipe of docs/launching.md: run with `python` (the Trainer starts the
+second process) or under `launcher -n 2`, the Trainer forms the jacklring group and trains a tiny
+model for a few steps. Each rank prints its parameters and
 those of the same training done in one process (full batches, plain SGD), the analytic result
 that DDP's gradient averaging must reproduce."""
 import json
@@ -65,7 +66,7 @@ if __name__ == "__main__":
     trainer.fit(module, torch.utils.data.DataLoader(data(), batch_size=PER_RANK, shuffle=False))
     sys.stdout.write("RESULT " + json.dumps({
         "rank": trainer.global_rank, "size": trainer.world_size, "backend": torch.distributed.get_backend(),
-        "steps": trainer.global_step,
+        "steps": trainer.global_step, "formed": torch.distributed.distributed_c10d._get_default_group().rendezvous,
         "params": torch.cat([p.detach().flatten() for p in module.parameters()]).tolist(),
         "single_process": single_process()}) + "\n")  # one write: ranks share the pipe
     sys.stdout.flush()
