@@ -160,19 +160,25 @@ def _last_line(trace: str) -> str:
 
 
 def run_backend(backend: str, names: list[str], world_size: int, timeout: float, start: str = "fork",
-                gates: str = "gloo", test_timeout: int = 120) -> dict:
+                gates: str = "gloo", test_timeout: int = 120, log_file: str | None = None) -> dict:
     """Runs `names` of torch's DistributedTest on `backend` in a child process: {"passed": [names],
     "failed": {name: error}, "skipped": {name: reason}, "log": the child's last output}. A test
-    that hangs fails after `test_timeout` seconds (torch's harness kills its ranks)."""
+    that hangs fails after `test_timeout` seconds (torch's harness kills its ranks, logging their
+stacks). log_file: the child's whole output is appended there."""
     with tempfile.TemporaryDirectory() as temp:
         env = dict(os.environ, BACKEND=backend, WORLD_SIZE=str(world_size), TEMP_DIR=temp,
                    PYTHONPATH=ROOT, OMP_NUM_THREADS="1", TORCHSUITE_START=start, TORCHSUITE_GATES=gates,
-                   DISTRIBUTED_TESTS_DEFAULT_TIMEOUT=str(test_timeout))
+                   DISTRIBUTED_TESTS_DEFAULT_TIMEOUT=str(test_timeout),
+                   # tests that destroy and re-form the default group do so on file:// only (as in torch's CI)
+                   INIT_METHOD=f"file://{os.path.join(temp, 'reinit')}")
         try:
             done = subprocess.run([sys.executable, __file__, "--child", backend, *names], env=env, cwd=ROOT,
                                   capture_output=True, text=True, timeout=timeout)
         except subprocess.TimeoutExpired:
             return {"passed": [], "failed": {"(the run)": f"timed out after {timeout:g} s"}, "skipped": {}, "log": ""}
+    if log_file:
+        with open(log_file, "a") as f:
+            f.write(done.stderr)
     match = re.search(r"^RESULT (.*)$", done.stdout, re.M)
     if not match:
         return {"passed": [], "failed": {"(the run)": f"crashed: exit {done.returncode}"}, "skipped": {},
@@ -195,6 +201,7 @@ def main() -> int:
                         help="define jacklring's class as for gloo (default) or with torch's own skips")
     parser.add_argument("--test-timeout", type=int, default=120, help="seconds before torch's harness kills a test")
     parser.add_argument("--json", help="write every run's results to this file")
+    parser.add_argument("--log", help="append the whole output of every run (torch's logs, stacks of hung ranks) here")
     parser.add_argument("--check", action="store_true",
                         help="exit 1 unless the run agrees with torchsuite_expected.txt / torchsuite_excluded.txt")
     parser.add_argument("names", nargs="*")
@@ -216,7 +223,7 @@ def main() -> int:
         for backend in backends:
             start = time.monotonic()
             result = run_backend(backend, names, args.world_size, args.timeout, args.start, args.gates,
-                                 args.test_timeout)
+                                 args.test_timeout, args.log)
             runs.append(dict(result, backend=backend, run=run + 1, wall_s=round(time.monotonic() - start, 1)))
             for key in ("passed", "failed", "skipped"):
                 table[backend].setdefault(key, []).append(len(result[key]))
