@@ -1,6 +1,7 @@
 """Run torch's own DistributedTest (shipped in the wheel:
 torch.testing._internal.distributed.distributed_test) against jacklring and gloo and print the
-counts side by side. Opt-in: it spawns one process group per test and takes minutes.
+counts side by side. tests/torch/test_torchsuite.py runs it in the normal suite against the
+checked-in lists (torchsuite_expected.txt, torchsuite_excluded.txt).
 
     python tests/torch/torchsuite.py                     # the default subset, world size 2
     python tests/torch/torchsuite.py --world-size 3 --runs 5
