@@ -365,19 +365,31 @@ class JacklringProcessGroup(dist.ProcessGroup):
         ms = f"{seconds * 1000:.0f} ms"
         token = torch.zeros(1, dtype=torch.uint8)
         if self._rank != 0:
+            # gloo's wording for a rank that arrived but was not released: rank 0 names the culprit.
+            failure = (f"Rank {self._rank} successfully reached monitoredBarrier, but received errors while waiting "
+                       f"for send/recv from rank 0. Please check rank 0 logs for faulty rank")
             self._monitored_step(self.send([token], 0, MONITORED_BARRIER_TAG), deadline,
-                                 f"Rank {self._rank} could not report to rank 0 in monitoredBarrier")
+                                 f"{failure} (it could not report to rank 0)")
             self._monitored_step(self.recv([torch.zeros(1, dtype=torch.uint8)], 0, MONITORED_BARRIER_TAG),
-                                 deadline, f"Rank {self._rank} timed out in monitoredBarrier after {ms} "
-                                 f"(rank 0 did not release it: another rank is missing or rank 0 is stuck)")
+                                 deadline, f"{failure} (not released within {ms}: another rank is missing or "
+                                 f"rank 0 is stuck)")
             return
         arrivals = {q: self.recv([torch.zeros(1, dtype=torch.uint8)], q, MONITORED_BARRIER_TAG)
                     for q in range(1, self._size)}
         missing: list[int] = []
         reasons: list[str] = []
+        passed: list[int] = []
         for q, work in arrivals.items():
+            if wait_all_ranks:  # as gloo: each rank gets the whole timeout, so all late ones are named
+                deadline = time.monotonic() + seconds
+            elif time.monotonic() >= deadline:  # gloo's wording when rank 0 itself has no time left
+                done = ", ".join(str(p) for p in passed) or "none"
+                raise torch_flavoured(CollectiveTimeout)(
+                    f"rank 0: jacklring monitored_barrier (group {self._group_id or 'default'!r}): Rank 0 timed out "
+                    f"in monitoredBarrier after {ms} (no time left to wait for rank {q}; ranks that arrived: {done})")
             try:
                 work.wait(max(deadline - time.monotonic(), 1e-3))
+                passed.append(q)
             except Exception as exc:
                 missing.append(q)
                 reasons.append(f"rank {q}: {str(exc).splitlines()[0]}")

@@ -121,5 +121,5 @@ def test_gloo_features_on_three_ranks(mode):
     if mode == "monitored":
         assert "Rank 2 failed to pass monitoredBarrier in 1000 ms" in results[0].stdout, results[0].report()
         assert "Ranks 1, 2 failed to pass monitoredBarrier" in results[0].stdout, results[0].report()
-        assert "Rank 1 timed out in monitoredBarrier" in results[1].stdout, results[1].report()
+        assert "Rank 1 successfully reached monitoredBarrier, but received errors" in results[1].stdout, results[1].report()
 
