@@ -72,9 +72,25 @@ def reduce_rows(dst: np.ndarray, rows: np.ndarray, op: ReduceOp) -> None:
         reduce_many(dst, list(rows), op)
     elif dt.kind in "fc":
         with np.errstate(over="ignore", invalid="ignore"):  # inf and nan are the IEEE answers
-            _UFUNCS[op].reduce(rows, axis=0, out=dst)
+            _reduce_in_rank_order(_UFUNCS[op], rows, dst)
     else:
-        _UFUNCS[op].reduce(rows, axis=0, out=dst)
+        _reduce_in_rank_order(_UFUNCS[op], rows, dst)
+
+
+# From this many elements up, one binary ufunc call per row beats ufunc.reduce over axis 0 of
+# a (ranks, count) array (numpy walks that axis with a strided inner loop); below it the extra
+# Python calls cost more than they save.
+_CHAIN_ELEMENTS = 4096
+
+
+def _reduce_in_rank_order(ufunc: np.ufunc, rows: np.ndarray, dst: np.ndarray) -> None:
+    """dst = ((rows[0] op rows[1]) op rows[2]) ...: the order ufunc.reduce(axis=0) uses too."""
+    if len(rows) == 2 or dst.size >= _CHAIN_ELEMENTS:
+        ufunc(rows[0], rows[1], out=dst)
+        for row in rows[2:]:
+            ufunc(dst, row, out=dst)
+    else:
+        ufunc.reduce(rows, axis=0, out=dst)
 
 
 def reduce_scatter(g: SharedGroup, header: bytes, src: np.ndarray, dst: np.ndarray, op: ReduceOp) -> None:
