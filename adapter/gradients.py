@@ -4,7 +4,8 @@ Thousands of small all_sums each pay the network latency; one all_sum of their
 concatenation pays it once. The leaves are packed, per (library, device, dtype), into flat
 buffers of about `all_reduce_size` bytes; each buffer is summed over the group with one
 collective, in place, and the results are handed back as views into it (no unpacking copy)
-unless the caller asked for the averages in place (a Module's .grad) or in another dtype.
+unless the caller asked for the averages in another dtype. A Module's large gradients are
+re-pointed at their part of the buffer (the same tensor objects, no copy back).
 
 The 1/size scale is applied while packing, as torch DDP's default hook does: the packing
 pass does the division for free, and a float16 sum cannot overflow where the average fits.
@@ -51,7 +52,9 @@ def average_gradients(
     gradients: torch tensors, numpy arrays or cupy arrays in nested dicts, lists and tuples
     (the same structure comes back, with new arrays; the input is not modified), or a
     torch.nn.Module whose parameters' .grad are averaged in place (parameters without a
-    gradient are skipped) and which is returned. Every rank passes the same structure.
+    gradient are skipped) and which is returned: each .grad stays the same tensor object, and
+    large contiguous ones come back sharing memory with the packed buffer instead of being
+    copied into. Every rank passes the same structure.
     all_reduce_size: bytes per message; leaves are packed, per dtype and device, until a
     buffer reaches this size. A leaf at least this large travels alone. <= 0 sends one
     message per leaf.
@@ -418,13 +421,39 @@ def _stage_torch(members: list, bucket: _Bucket, scale: float, in_place: bool, d
         if not flat_already:
             parts = [part if d == 1 else part.view_as(x) for part, x, d in zip(parts, members, dims)]
         if in_place:
-            torch._foreach_copy_(members, parts)  # casts back to each leaf's dtype as it copies
+            _adopt(members, parts)
             return list(members)
         if convert:
             return [part if part.dtype == x.dtype else part.to(x.dtype) for part, x in zip(parts, members)]
         return list(parts)
 
     return _Staged(wire, finish)
+
+
+# A gradient this large is pointed at its part of the bucket rather than copied into: one
+# Tensor.set_ call costs about as much as copying a few thousand elements.
+ADOPT_ELEMENTS = 1 << 12
+
+
+def _adopt(members: list, parts: list) -> None:
+    """Give each gradient its averaged values. A large contiguous one is re-pointed at its part
+    of the summed bucket with Tensor.set_ (the same object, so references to p.grad stay valid,
+    and no copy back: as DDP's gradient_as_bucket_view); the bucket's host buffer then stays
+    busy in the pool until the gradient lets go of it. The others are copied into, in one call
+    that also casts back to each gradient's dtype: small ones, non-contiguous layouts (kept as
+    the user made them), another dtype than the bucket's, and gradients in an autograd graph."""
+    import torch
+
+    copy_to, copy_from = [], []
+    for x, part in zip(members, parts):
+        if (x.numel() >= ADOPT_ELEMENTS and x.dtype == part.dtype and not x.requires_grad
+                and x.is_contiguous() and x.layout == torch.strided):
+            x.set_(part)
+        else:
+            copy_to.append(x)
+            copy_from.append(part)
+    if copy_to:
+        torch._foreach_copy_(copy_to, copy_from)
 
 
 def _stage_array(members: list, bucket: _Bucket, scale: float, in_place: bool, direct: bool,

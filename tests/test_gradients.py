@@ -246,6 +246,47 @@ def module_grads_in_place(ctx):
 
 
 @check
+def module_grads_keep_their_memory_across_steps(ctx):
+    """Large gradients come back sharing the packed buffer: a later backward that accumulates
+    into them, a second model averaged meanwhile and a list result held from before must all
+    keep their own values; a channels_last gradient keeps its layout."""
+    import torch
+
+    import adapter
+
+    r, n = ctx["rank"], ctx["size"]
+
+    def build(seed: int) -> torch.nn.Module:
+        torch.manual_seed(seed)
+        return torch.nn.Sequential(torch.nn.Conv2d(8, 16, 3), torch.nn.Flatten(), torch.nn.Linear(16 * 6 * 6, 32))
+
+    def step(model: torch.nn.Module, seed: int) -> None:
+        x = torch.from_numpy(values(r, (2, 8, 8, 8), np.float32, seed))
+        model(x).square().sum().backward()
+
+    def mean_of(model: torch.nn.Module) -> torch.Tensor:
+        local = torch.cat([p.grad.reshape(-1) for p in model.parameters()]).to(torch.float64)
+        return adapter.all_gather(local.reshape(1, -1)).mean(0)
+
+    first, second = build(0), build(1)
+    first[0].weight.grad = torch.zeros_like(first[0].weight, memory_format=torch.channels_last)
+    held = average_gradients([torch.from_numpy(values(r, (5000,), np.float32, 9))])
+    for round_ in range(3):
+        step(first, round_)  # accumulates into the gradients averaged the round before
+        step(second, round_ + 10)
+        want_first, want_second = mean_of(first), mean_of(second)
+        ids = [id(p.grad) for p in first.parameters()]
+        average_gradients(first)
+        average_gradients(second)
+        assert [id(p.grad) for p in first.parameters()] == ids, "a .grad was replaced"
+        for model, want, name in ((first, want_first, "first"), (second, want_second, "second")):
+            got = torch.cat([p.grad.reshape(-1) for p in model.parameters()]).to(torch.float64)
+            np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-6, err_msg=f"{name}, round {round_}")
+        assert first[0].weight.grad.is_contiguous(memory_format=torch.channels_last), "layout changed"
+    assert_close(held[0], expected(n, (5000,), np.float32, 9), "float32", "list result held meanwhile")
+
+
+@check
 def communication_type_casts_for_the_wire(ctx):
     import torch
 
