@@ -16,7 +16,7 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 from adapter.bench import free_ports  # noqa: F401  (re-exported for the tests)
 
@@ -115,7 +115,9 @@ def spawn(n: int, script: str, args: list[str] | None = None, env: dict | None =
             for r in (range(n) if ranks is None else ranks)]
 
 
-def collect(procs: list[subprocess.Popen], timeout: float = 60) -> list[Rank]:
+def collect(procs: list[subprocess.Popen], timeout: float = 60, make: Callable = Rank) -> list:
+    """Every process's make(index, exit code, stdout, stderr), in order. When one outlives the
+    timeout every process is killed, so a hang fails fast and names the rank that hung."""
     results = []
     for i, p in enumerate(procs):
         try:
@@ -125,9 +127,9 @@ def collect(procs: list[subprocess.Popen], timeout: float = 60) -> list[Rank]:
                 q.kill()
             out, err = p.communicate()
             err += f"\n[test harness] rank process {i} killed after {timeout} s"
-            results.append(Rank(i, -9, out, err))
+            results.append(make(i, -9, out, err))
             continue
-        results.append(Rank(i, p.returncode, out, err))
+        results.append(make(i, p.returncode, out, err))
     return results
 
 

@@ -6,6 +6,8 @@ import os
 import subprocess
 import sys
 
+import ranks
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 RANK_SCRIPT = os.path.join(HERE, "engine_rank.py")
@@ -39,17 +41,8 @@ def spawn_ranks(n: int, mode: str, env_for_rank, timeout: float = 60) -> list[su
     """n processes of engine_rank.py MODE, each with env_for_rank(r); waits for all."""
     procs = [subprocess.Popen([sys.executable, RANK_SCRIPT, mode], env=env_for_rank(r), cwd=ROOT,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(n)]
-    done = []
-    for p in procs:
-        try:
-            out, err = p.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            out, err = p.communicate()
-            err += f"\n[test] killed after {timeout} s"
-        done.append(subprocess.CompletedProcess(p.args, p.returncode, out, err))
-    return done
+    return ranks.collect(procs, timeout,
+                         make=lambda i, code, out, err: subprocess.CompletedProcess(procs[i].args, code, out, err))
 
 
 def describe(procs) -> str:

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
+import ranks
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 WORKERS = os.path.join(HERE, "workers")
@@ -50,19 +52,7 @@ def spawn(n: int, worker: str, *args: str, env: dict[str, str] | None = None) ->
 
 
 def collect(procs: list[subprocess.Popen], timeout: float) -> list[Result]:
-    results = []
-    for rank, p in enumerate(procs):
-        try:
-            out, err = p.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            out, err = p.communicate()
-            err += f"\n[harness] rank {rank} killed after {timeout} s"
-            results.append(Result(rank, -9, out, err))
-            continue
-        results.append(Result(rank, p.returncode, out, err))
-    return results
+    return ranks.collect(procs, timeout, make=Result)
 
 
 def run(n: int, worker: str, *args: str, timeout: float = 60, env: dict[str, str] | None = None) -> list[Result]:
