@@ -192,7 +192,10 @@ def _create_slurm(env: Mapping[str, str], timeout: float | None) -> Backend:
     except Exception as exc:
         raise DistributedError(f"rank {rank}: Slurm rendezvous at {where}: {exc}") from None
     _stores.append(store)
-    return _store_ring(store, rank, size, timeout, f"the Slurm store at {host}:{port}")
+    # Keys of this step only: a step whose port collides with another step's store (on one node,
+    # or JACKLRING_SLURM_PORT set alike) must never count that step's ranks as its own.
+    step = f"slurm/{env.get('SLURM_JOB_ID', '-')}.{env['SLURM_STEP_ID']}/"
+    return _store_ring(store, rank, size, timeout, f"the Slurm store at {host}:{port}", STORE_PREFIX + step)
 
 
 def expand_hostlist(text: str) -> list[str]:
@@ -222,14 +225,15 @@ def _expand_one(item: str) -> list[str]:
 
 # ---- shared ----------------------------------------------------------------------------------
 
-def _store_ring(store, rank: int, size: int, timeout: float | None, where: str) -> Backend:
+def _store_ring(store, rank: int, size: int, timeout: float | None, where: str,
+                prefix: str = STORE_PREFIX) -> Backend:
     import torch.distributed as dist
 
     from .torch_backend.rendezvous import store_ring
 
     try:
         # Keys of our own: torch's groups on the same store never see ours, nor we theirs.
-        return store_ring(dist.PrefixStore(STORE_PREFIX, store), rank, size, config.op_timeout(timeout))
+        return store_ring(dist.PrefixStore(prefix, store), rank, size, config.op_timeout(timeout))
     except DistributedError as exc:
         raise type(exc)(f"{exc} (through {where})") from None
 

@@ -211,7 +211,11 @@ def store_ring(store, rank: int, size: int, timeout_s: float) -> Backend:
         try:
             store.wait(keys, datetime.timedelta(seconds=wait_s))
         except Exception as exc:
-            missing = [q for q in range(size) if not store.check([keys[q]])]
+            try:
+                missing = [q for q in range(size) if not store.check([keys[q]])]
+            except Exception:  # the store itself is gone (its server's process ended)
+                raise DistributedError(f"rank {rank}: jacklring rendezvous: the store closed while this rank "
+                                       f"waited for every rank's address ({exc})") from None
             raise DistributedError(f"rank {rank}: jacklring rendezvous: ranks {missing} did not publish "
                                    f"their address within {wait_s:g} s ({exc})") from None
         addresses = [[store.get(k).decode()] for k in keys]

@@ -8,6 +8,7 @@ import sys
 import time
 
 import pytest
+import ranks
 from engine_harness import RANK_SCRIPT, VENV_BIN, clean_env, describe, results, run, spawn_ranks
 
 from adapter import engines
@@ -127,6 +128,40 @@ def test_slurm_ports_differ_between_jobs_and_steps(monkeypatch):
     assert engines.slurm_rendezvous(reserved) == ("n1", 12000)
     monkeypatch.setenv("JACKLRING_SLURM_PORT", "31000")
     assert engines.slurm_rendezvous(reserved) == ("n1", 31000)
+
+
+@pytest.mark.timeout(90)
+def test_slurm_steps_sharing_a_store_port_never_mix_their_ranks():
+    """Two 2-task steps on one node with the same store port (a collision of derived ports, or
+    JACKLRING_SLURM_PORT set alike). Job A's task 0 serves the store; job B's task 1 joins it
+    before A's task 1 does. Before the keys were per step, B's task 1 took the second seat of
+    A's group (a 2-rank "job" of A's task 0 and B's task 1, with the right size and sum) and
+    A's task 1 waited for a group that never formed. Now A forms alone and B fails, naming
+    the rendezvous."""
+    port = str(free_ports(1)[0])
+
+    def task(job: str, procid: int) -> subprocess.Popen:
+        env = clean_env(SLURM_PROCID=str(procid), SLURM_NTASKS="2", SLURM_STEP_NUM_TASKS="2",
+                        SLURM_JOB_ID=job, SLURM_STEP_ID="0", SLURM_STEP_NODELIST="localhost",
+                        SLURM_LOCALID=str(procid), JACKLRING_SLURM_PORT=port,
+                        JACKLRING_CONNECT_TIMEOUT="20", OMP_NUM_THREADS="1")
+        return subprocess.Popen([sys.executable, RANK_SCRIPT, "numpy"], env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+
+    a0 = task("101", 0)
+    time.sleep(2.0)  # A's store is up
+    b1, b0 = task("202", 1), task("202", 0)
+    time.sleep(4.0)  # B's task 1 has joined A's store; B's task 0 found the port taken
+    a1 = task("101", 1)
+    done = ranks.collect([a0, a1, b0, b1], timeout=60)
+    report = describe(done)
+    assert done[0].returncode == 0 and done[1].returncode == 0, report
+    assert [(r["rank"], r["size"], r["sum"]) for r in results(done[0].stdout + done[1].stdout)] == \
+        [(0, 2, 1.0), (1, 2, 1.0)], report
+    assert done[2].returncode != 0 and done[3].returncode != 0, report
+    assert f"Slurm rendezvous at localhost:{port}" in done[2].stderr, report
+    # B's task 1 waited in A's store, for its own keys only, until A ended and took the store along
+    assert "rank 1: jacklring rendezvous" in done[3].stderr and "Slurm store" in done[3].stderr, report
 
 
 def test_mpi_world_agreeing_with_torch_variables_defers_to_mpi():
