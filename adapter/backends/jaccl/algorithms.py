@@ -33,6 +33,11 @@ MESH_LARGE_BYTES = 64 << 10
 # below it one more step costs more than the root's extra copies.
 BROADCAST_SCATTER_BYTES = 256 << 10
 RING_LARGE_BYTES = 64 << 10
+# Over the TCP mesh every peer's flow leaves through the same network interface. A mesh
+# reduction at this size and above, with more than two ranks, waits at each step for the
+# slowest of n-1 flows sharing it; the ring order (one flow each way) over the same links keeps
+# the interface busy instead. RDMA meshes have a cable per pair and keep the mesh order.
+SHARED_LINK_RING_BYTES = 1 << 20
 _EMPTY = memoryview(b"")
 
 
@@ -95,17 +100,21 @@ class Algorithms:
 
 
 class MeshAlgorithms(Algorithms):
-    def __init__(self, link: FrameExchange, size: int) -> None:
+    def __init__(self, link: FrameExchange, size: int, shared_link: bool = False) -> None:
+        """shared_link: every peer is reached through one network interface (the TCP mesh)."""
         super().__init__(link, size)
         self._peer_list = [p for p in range(size) if p != self.rank]
         self._plans: dict[tuple, _SmallPlan] = {}
+        self._ring = RingAlgorithms(link, size) if shared_link and size > 2 else None
 
     def _peers(self) -> list[int]:
         return self._peer_list
 
     def all_reduce(self, src: np.ndarray, dst: np.ndarray, op: ReduceOp) -> None:
         nbytes = src.nbytes
-        if nbytes <= self.link.payload and (self.size <= 2 or nbytes < MESH_LARGE_BYTES):
+        if self._ring is not None and nbytes >= SHARED_LINK_RING_BYTES:
+            self._ring.all_reduce(src, dst, op)
+        elif nbytes <= self.link.payload and (self.size <= 2 or nbytes < MESH_LARGE_BYTES):
             self._all_reduce_small(src, dst, op)
         elif nbytes >= MESH_LARGE_BYTES and src.size >= self.size:
             self._all_reduce_blocks(_request("all_reduce", src, op), src, dst, op)

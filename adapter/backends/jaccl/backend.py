@@ -157,8 +157,9 @@ class JacclBackend(Backend):
         self._checks = checks
         self._busy = threading.Lock()
         self._link = FrameExchange(transport, timeout, checks.verify, checks.stall_report_s, self.failure)
-        algorithms = MeshAlgorithms if mode == MESH else RingAlgorithms
-        self._algorithms: MeshAlgorithms | RingAlgorithms = algorithms(self._link, transport.size)
+        self._algorithms: MeshAlgorithms | RingAlgorithms = (
+            MeshAlgorithms(self._link, transport.size, shared_link=transport_kind == "tcp") if mode == MESH
+            else RingAlgorithms(self._link, transport.size))
 
     def set_timeout(self, seconds: float) -> None:
         self._timeout = config.check_seconds(float(seconds), "timeout")
