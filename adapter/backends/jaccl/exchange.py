@@ -131,7 +131,14 @@ class FrameExchange:
             run(*args)
         except PeerError as exc:
             self.failure.mark(f"{type(exc).__name__}: {exc}")
-            raise PeerError(f"rank {self.rank}: {request.label(self.op_seq)}: {exc}") from None
+            notify = getattr(self.t, "notify_failure", None)  # the TCP mesh's in-band notice
+            if notify is not None:
+                notify(exc)
+            wrapped = PeerError(f"rank {self.rank}: {request.label(self.op_seq)}: {exc}")
+            for name in ("culprit", "peer"):
+                if hasattr(exc, name):
+                    setattr(wrapped, name, getattr(exc, name))
+            raise wrapped from None
         except BaseException as exc:
             self.failure.mark(f"{type(exc).__name__}: {exc}")
             raise

@@ -29,6 +29,9 @@ from .slots import RECV, SEND, BufferPool, Completion, Transport
 from .tcp import available_cpus, spin_seconds  # noqa: F401  (shared with the ring)
 
 PURPOSE_MESH = 0x4A4D  # "JM"
+# A length with this bit set is no message but a failing rank's last word: the rest is the
+# rank it blames (see notify_failure).
+_NOTICE = 1 << 63
 FRAME_BYTES = 1 << 20
 SLOTS = 2
 _LEN = struct.Struct("<Q")
@@ -179,7 +182,7 @@ class TcpMeshTransport(Transport):
             except (BlockingIOError, InterruptedError):
                 sent = 0
             except OSError as exc:
-                raise PeerError(f"sending to {state.label} failed: {exc.strerror or exc}") from None
+                raise _peer_error(state, f"sending to {state.label} failed: {exc.strerror or exc}") from None
             if sent == len(view):
                 self._done.append(_new(Completion, (SEND, peer, slot, nbytes)))
                 return
@@ -212,7 +215,7 @@ class TcpMeshTransport(Transport):
             except (BlockingIOError, InterruptedError):
                 sent = 0
             except OSError as exc:
-                raise PeerError(f"sending to {state.label} failed: {exc.strerror or exc}") from None
+                raise _peer_error(state, f"sending to {state.label} failed: {exc.strerror or exc}") from None
             parts = _unsent(parts, sent)
             if not parts:
                 self._done.append(_new(Completion, (SEND, peer, slot, nbytes)))
@@ -244,7 +247,7 @@ class TcpMeshTransport(Transport):
                 pass
         if state.recvs:
             if state.gone is not None:
-                raise PeerError(state.gone)
+                raise _peer_error(state, state.gone)
             if not state.mask & select.POLLIN:
                 self._set_mask(state, state.mask | _READ)
 
@@ -309,7 +312,7 @@ class TcpMeshTransport(Transport):
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:
-                raise PeerError(f"sending to {state.label} failed: {exc.strerror or exc}") from None
+                raise _peer_error(state, f"sending to {state.label} failed: {exc.strerror or exc}") from None
             item[1] = _unsent(pending, sent) if gather else pending[sent:]
             if len(item[1]):
                 return
@@ -335,7 +338,7 @@ class TcpMeshTransport(Transport):
                             return
                         n = recv_into(view)
                         if n == 0:
-                            raise PeerError(self._closed_text(state))
+                            raise _peer_error(state, self._closed_text(state))
                         drained = n < len(view)
                     state.body_got += n
                     if state.body_got == state.body_len:
@@ -423,6 +426,13 @@ class TcpMeshTransport(Transport):
         if have < _LS:
             return False
         (length,) = _LEN.unpack_from(state.inbuf, start)
+        if length & _NOTICE:
+            culprit = length & ~_NOTICE
+            exc = PeerError(f"rank {culprit} died or failed (reported by {state.label}, which closed its "
+                            f"connection to this rank after that)")
+            exc.culprit, exc.peer = culprit, state.rank
+            state.gone = str(exc)
+            raise exc
         if length > self.frame_bytes:
             raise PeerError(f"{state.label} sent a {length}-byte message, larger than the "
                             f"{self.frame_bytes}-byte slot (different jacklring versions?)")
@@ -490,7 +500,7 @@ class TcpMeshTransport(Transport):
         state.gone = why
         self._set_mask(state, state.mask & ~_READ)
         if state.recvs:
-            raise PeerError(why)
+            raise _peer_error(state, why)
 
     @staticmethod
     def _closed_text(state: _Peer) -> str:
@@ -523,6 +533,24 @@ class TcpMeshTransport(Transport):
                 ended.append(state.rank)
         return sorted(ended)
 
+    def notify_failure(self, exc: BaseException) -> None:
+        """Before this rank gives up because a peer's connection failed, tell every other live
+        peer whom it blames, so that a peer waiting on this rank names the rank that died rather
+        than this one. In band: an 8-byte notice where a message length would come, sent only on
+        connections with no message half-sent (the peer then expects a length there), without
+        blocking. Best effort: a connection in mid-message just closes as before."""
+        culprit = getattr(exc, "culprit", None)
+        if culprit is None or not 0 <= culprit < self.size:
+            return
+        notice = _LEN.pack(_NOTICE | culprit)
+        for state in self._by_fd.values():
+            if state.rank in (culprit, getattr(exc, "peer", None)) or state.gone is not None or state.sends:
+                continue
+            try:
+                state.sock.send(notice, socket.MSG_DONTWAIT)
+            except OSError:
+                pass  # its buffer is full or it is gone: it sees the connection close instead
+
     def close(self) -> None:
         if self._closed:
             return
@@ -533,6 +561,13 @@ class TcpMeshTransport(Transport):
             except OSError:
                 pass
         self._pool.clear()
+
+
+def _peer_error(state: _Peer, why: str) -> PeerError:
+    """A failure of this peer's connection, naming the peer (culprit: the rank to blame)."""
+    exc = PeerError(why)
+    exc.culprit = exc.peer = state.rank
+    return exc
 
 
 def _unsent(parts: list[memoryview], sent: int) -> list[memoryview]:
