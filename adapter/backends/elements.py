@@ -71,15 +71,13 @@ except ImportError:  # numpy 1.x: np.errstate every time
 _quiet_states: dict = {}  # the caller's state -> its quiet version (the key keeps it alive)
 
 
-def _quiet_state() -> object:
-    state = _ERRSTATE.get()
-    quiet = _quiet_states.get(state)
-    if quiet is None:
-        with _quiet():
-            quiet = _ERRSTATE.get()
-        if len(_quiet_states) >= 16:
-            _quiet_states.clear()
-        _quiet_states[state] = quiet
+def _quiet_state(state: object) -> object:
+    """The quiet version of the error state `state` (the current one)."""
+    with _quiet():
+        quiet = _ERRSTATE.get()
+    if len(_quiet_states) >= 16:
+        _quiet_states.clear()
+    _quiet_states[state] = quiet
     return quiet
 
 
@@ -89,7 +87,8 @@ def quiet_call(fn: Callable[..., object], *args: object) -> None:
         with _quiet():
             fn(*args)
         return
-    token = _ERRSTATE.set(_quiet_state())
+    state = _ERRSTATE.get()
+    token = _ERRSTATE.set(_quiet_states.get(state) or _quiet_state(state))
     try:
         fn(*args)
     finally:
@@ -102,7 +101,8 @@ def quiet_ufunc(ufunc: np.ufunc, a: np.ndarray, b: np.ndarray, out: np.ndarray) 
         with _quiet():
             ufunc(a, b, out=out)
         return
-    token = _ERRSTATE.set(_quiet_state())
+    state = _ERRSTATE.get()
+    token = _ERRSTATE.set(_quiet_states.get(state) or _quiet_state(state))
     try:
         ufunc(a, b, out=out)
     finally:
