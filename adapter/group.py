@@ -115,7 +115,8 @@ def init(strict: bool = False, backend: str = "any", timeout: float | None = Non
 def default_group(group: Group | None) -> Group:
     """The group an operation runs on: the one given, else init()'s."""
     if group is None:
-        return init()
+        first = _first  # what init() returns once a group exists, without its lock
+        return first if first is not None else init()
     if not isinstance(group, Group):
         raise DistributedError(f"group must be an adapter.Group, not {type(group).__name__}")
     return group

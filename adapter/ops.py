@@ -12,7 +12,7 @@ import numpy as np
 from . import gpu
 from .arrays import as_numpy, flat, numpy_dtype, result_like
 from .backends.base import ReduceOp
-from .backends.elements import check_reducible, dtype_code
+from .backends.elements import DTYPE_CODES, check_reducible, dtype_code
 from .group import Group, default_group
 
 
@@ -21,10 +21,31 @@ def _on_device(g: Group, x: Any) -> bool:
     return getattr(g.backend, "takes_device_buffers", False) and gpu.is_cuda_array(x)
 
 
+# The (dtype, op) pairs every check of the general path accepts for a native numpy array.
+_REDUCIBLE: set[tuple[np.dtype, ReduceOp]] = set()
+for _dt in DTYPE_CODES:
+    for _op in ReduceOp:
+        try:
+            check_reducible(_dt, _op)
+        except TypeError:
+            continue
+        _REDUCIBLE.add((_dt, _op))
+
+
 def _all_reduce(x: Any, op: ReduceOp, group: Group | None) -> Any:
     g = default_group(group)
-    if g.size() == 1:
+    backend = g.backend
+    if backend.size() == 1:
         return x
+    if type(x) is np.ndarray and x.flags.c_contiguous and (x.dtype, op) in _REDUCIBLE:
+        # The common case, checked in one look-up: a C-contiguous numpy array of a native
+        # supported dtype (a big-endian one is not in the set) with an op defined for it.
+        out = np.empty(x.shape, x.dtype)
+        if x.ndim == 1:
+            backend.all_reduce(x, out, op)
+        else:
+            backend.all_reduce(x.reshape(-1), out.reshape(-1), op)
+        return out
     if _on_device(g, x):
         check_reducible(gpu.numpy_dtype_of(x), op)
         out = gpu.empty_like(x, tuple(x.shape))

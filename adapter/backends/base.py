@@ -24,6 +24,10 @@ class ReduceOp(enum.Enum):
     BOR = "bor"
     BXOR = "bxor"
 
+    # Members are singletons compared by identity: hash them in C (Enum's own __hash__ is Python,
+    # and a small collective looks an op up in a few dicts).
+    __hash__ = object.__hash__
+
 
 class GroupFailure:
     """Why a group can no longer be used: the first reason recorded wins, and every later

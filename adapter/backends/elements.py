@@ -5,6 +5,8 @@ many ranks loses no more precision than one rounding per hop.
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import ml_dtypes
 import numpy as np
 
@@ -58,6 +60,53 @@ _BOOL_UFUNCS = {
     ReduceOp.BOR: np.logical_or,
     ReduceOp.BXOR: np.logical_xor,
 }
+
+# np.errstate builds a new error state on every entry, which costs more than a small reduction.
+# numpy 2 keeps that state in a context variable: quiet_call and quiet_ufunc set the quiet version of the
+# caller's state (derived once per state through np.errstate itself) for one call and resets it.
+try:
+    from numpy._core.umath import _extobj_contextvar as _ERRSTATE
+except ImportError:  # numpy 1.x: np.errstate every time
+    _ERRSTATE = None
+_quiet_states: dict = {}  # the caller's state -> its quiet version (the key keeps it alive)
+
+
+def _quiet_state(state: object) -> object:
+    """The quiet version of the error state `state` (the current one)."""
+    with _quiet():
+        quiet = _ERRSTATE.get()
+    if len(_quiet_states) >= 16:
+        _quiet_states.clear()
+    _quiet_states[state] = quiet
+    return quiet
+
+
+def quiet_call(fn: Callable[..., object], *args: object) -> None:
+    """fn(*args) with float overflow and invalid results unreported, as under _quiet()."""
+    if _ERRSTATE is None:
+        with _quiet():
+            fn(*args)
+        return
+    state = _ERRSTATE.get()
+    token = _ERRSTATE.set(_quiet_states.get(state) or _quiet_state(state))
+    try:
+        fn(*args)
+    finally:
+        _ERRSTATE.reset(token)
+
+
+def quiet_ufunc(ufunc: np.ufunc, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
+    """ufunc(a, b, out=out) as quiet_call would run it (the common case, without *args)."""
+    if _ERRSTATE is None:
+        with _quiet():
+            ufunc(a, b, out=out)
+        return
+    state = _ERRSTATE.get()
+    token = _ERRSTATE.set(_quiet_states.get(state) or _quiet_state(state))
+    try:
+        ufunc(a, b, out=out)
+    finally:
+        _ERRSTATE.reset(token)
 
 
 def dtype_code(dtype: np.dtype) -> int:

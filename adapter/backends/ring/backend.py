@@ -480,6 +480,10 @@ class RingBackend(Backend):
         if self._size == 1:
             return _copy(src, dst)
         header = self._header(OP_ALL_REDUCE, src, REDUCE_CODES[op])
+        if self._shm is not None and src.nbytes <= self._shm_one_step and not self._abandon_on_failure:
+            # The small-message hot path: what _shared does, one call shorter.
+            self._collective(header, shared.run, self, shm_algorithms.small_all_reduce, header, src, dst, op)
+            return
         if self._shared(header, shm_algorithms.all_reduce, src, dst, op, self._shm_small):
             return
         n = self._size
@@ -894,16 +898,17 @@ class RingBackend(Backend):
         code = DTYPE_CODES.get(arr.dtype) or dtype_code(arr.dtype)
         return HEADER.pack(HEADER_MAGIC, op, code, self._seq, arr.nbytes, extra)
 
-    def _collective(self, header: bytes, body) -> None:
-        """Run one collective: serialised, sequence-numbered, and fatal to the group on error
-        (the links are closed so the neighbours fail fast instead of waiting for the deadline)."""
+    def _collective(self, header: bytes, body, *args) -> None:
+        """Run one collective, body(*args): serialised, sequence-numbered, and fatal to the group
+        on error (the links are closed so the neighbours fail fast instead of waiting for the
+        deadline)."""
         with self._lock:
             self.failure.check()
             self._seq += 1
             self._deadline = time.monotonic() + self.timeout
             self._what = _Described(header)
             try:
-                body()
+                body(*args)
             except BaseException as exc:
                 if self._abandon_on_failure:  # a split's closing barrier: pass the verdict on first
                     self._abandon_split(exc.culprit if isinstance(exc, FormationAbandoned)
@@ -1072,6 +1077,7 @@ class RingBackend(Backend):
 
     def _attach_shared_memory(self) -> None:
         self._shm_small = config.get("JACKLRING_SHM_SMALL_BYTES")
+        self._shm_one_step = -1  # the largest all_reduce that takes the one-step path (set below)
 
         def gather(record: bytes) -> list[bytes]:
             header = HEADER.pack(HEADER_MAGIC, OP_SHM, dtype_code(np.uint8), self._seq, len(record), 0)
@@ -1080,6 +1086,8 @@ class RingBackend(Backend):
                 bytes(p) for p in self._small_gather(header, memoryview(record))))
             return parts
         self._shm = shared.attach(self, gather)
+        if self._shm is not None:
+            self._shm_one_step = min(self._shm_small, self._shm.chunk_bytes)
 
     def _shared(self, header: bytes, body, *args) -> bool:
         """Run a collective over shared memory when this group has it (else return False).
@@ -1087,7 +1095,7 @@ class RingBackend(Backend):
         over the ring links."""
         if self._shm is None or self._abandon_on_failure:
             return False
-        self._collective(header, lambda: shared.run(self._shm, self._deadline, self._what, body, header, *args))
+        self._collective(header, shared.run, self, body, header, *args)
         return True
 
     # ---- point to point -------------------------------------------------------------------

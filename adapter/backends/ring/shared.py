@@ -44,11 +44,13 @@ def attach(backend: "RingBackend", gather: Callable[[bytes], list[bytes]]) -> Sh
     return group
 
 
-def run(group: SharedGroup, deadline: float, what: object, body: Callable, *args) -> None:
-    """Run one collective over shared memory; on any error tell the peers at once, so those
+def run(backend: "RingBackend", body: Callable, *args) -> None:
+    """Run one collective over the backend's shared memory, body(group, *args), under the
+    backend's current deadline and description; on any error tell the peers at once, so those
     waiting for this rank fail now instead of at the deadline."""
-    group.deadline = deadline
-    group.what = what
+    group = backend._shm
+    group.deadline = backend._deadline
+    group.what = backend._what
     try:
         body(group, *args)
     except BaseException as exc:

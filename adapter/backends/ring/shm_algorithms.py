@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..base import ReduceOp
-from ..elements import BFLOAT16, reduce_many, split_evenly
+from ..elements import BFLOAT16, quiet_call, quiet_ufunc, reduce_many, split_evenly
 from ..transport.shm import SharedGroup
 
 
@@ -26,10 +26,7 @@ def all_reduce(g: SharedGroup, header: bytes, src: np.ndarray, dst: np.ndarray, 
     n, r, dt, count = g.size, g.rank, src.dtype, src.size
     cap = g.chunk_bytes // src.itemsize
     if src.nbytes <= small_bytes and count <= cap:
-        # One step: everyone reduces the whole (small) message itself, in rank order.
-        g.typed(r, g.step & 1, dt)[:count] = src
-        p = g.exchange(header)
-        reduce_rows(dst, g.stacked(p, dt)[:, :count], op)
+        small_all_reduce(g, header, src, dst, op)
         return
     w = cap // n  # elements per slot
     chunks = [(lo, split_evenly(min(lo + w * n, count) - lo, n)) for lo in range(0, count, w * n)]
@@ -55,6 +52,60 @@ def all_reduce(g: SharedGroup, header: bytes, src: np.ndarray, dst: np.ndarray, 
                 a, b = bounds[q]
                 dst[lo + a:lo + b] = g.typed(q, p, dt)[q * w:q * w + b - a]
         pending = (chunks[k][0], chunks[k][1], p) if k < len(chunks) else None
+
+
+def small_all_reduce(g: SharedGroup, header: bytes, src: np.ndarray, dst: np.ndarray, op: ReduceOp) -> None:
+    """One step: everyone reduces the whole (small, at most one chunk) message itself, in rank
+    order. The views and the reduction are worked out once per (dtype, op, count): at a few
+    bytes, their set-up costs more than the copy and the reduction do."""
+    plan = g.plans.get((src.dtype, op, src.size))
+    if plan is None:
+        plan = _small_plan(g, src.dtype, op, src.size)
+    mine, reduce = plan[g.step & 1]
+    mine[...] = src
+    g.exchange(header)
+    reduce(dst)
+
+
+_PLANS = 64  # distinct (dtype, op, count) kept per group; a workload with more starts over
+
+
+def _small_plan(g: SharedGroup, dt: np.dtype, op: ReduceOp, count: int) -> tuple:
+    """Per parity: this rank's buffer (count elements), and a function reducing every rank's
+    buffer into a dst of count elements (what reduce_rows does, decided in advance)."""
+    if len(g.plans) >= _PLANS:
+        g.plans.clear()
+    plan = tuple((g.typed(g.rank, p, dt)[:count], _row_reduction(g.stacked(p, dt)[:, :count], op))
+                 for p in (0, 1))
+    g.plans[(dt, op, count)] = plan
+    return plan
+
+
+def _row_reduction(rows: np.ndarray, op: ReduceOp):
+    """reduce_rows(dst, rows, op) with its choices made now, for these rows."""
+    dt = rows.dtype
+    if dt == np.bool_ or dt in _WIDEN:
+        return lambda dst: reduce_rows(dst, rows, op)
+    ufunc = _UFUNCS[op]
+    if len(rows) == 2 or rows.shape[1] >= _CHAIN_ELEMENTS:
+        first, second, rest = rows[0], rows[1], list(rows[2:])
+        if not rest:
+            if dt.kind in "fc":
+                return lambda dst: quiet_ufunc(ufunc, first, second, dst)
+            return lambda dst: ufunc(first, second, out=dst)
+        if dt.kind in "fc":
+            return lambda dst: quiet_call(_chain, ufunc, first, second, rest, dst)
+        return lambda dst: _chain(ufunc, first, second, rest, dst)
+    reduce = ufunc.reduce
+    if dt.kind in "fc":
+        return lambda dst: quiet_call(reduce, rows, 0, None, dst)
+    return lambda dst: reduce(rows, axis=0, out=dst)
+
+
+def _chain(ufunc: np.ufunc, first: np.ndarray, second: np.ndarray, rest: list, dst: np.ndarray) -> None:
+    ufunc(first, second, out=dst)
+    for row in rest:
+        ufunc(dst, row, out=dst)
 
 
 _UFUNCS = {ReduceOp.SUM: np.add, ReduceOp.PROD: np.multiply, ReduceOp.MAX: np.maximum,

@@ -215,6 +215,8 @@ class SharedGroup:
                          for p in range(2)] for q in range(n)]
         self._typed: dict = {}
         self._stacked: dict = {}
+        # Per-message-shape decisions of the algorithms (ring/shm_algorithms.py), views included.
+        self.plans: dict = {}
         self.step = 0
         self.peers = [q for q in range(n) if q != r]
         self._bell_names = [f"\0jacklring-shm-{nonce}-{q}".encode() for q in range(n)]
@@ -422,6 +424,7 @@ class SharedGroup:
             words.release()
         self._typed = {}
         self._stacked = {}
+        self.plans = {}
         self.buffers = []
         ctrl = getattr(self, "_ctrl", None)
         if ctrl is not None:
