@@ -64,30 +64,21 @@ class Stream:
         self.received_crc: int | None = None
         self.received_size = 0
 
+    def __new__(cls, sock: socket.socket, peer: int, label: str,
+                verify: "bool | Integrity | None" = False) -> "Stream":
+        # A checked stream is a CheckedStream, so the unchecked post_send stays as short as it was.
+        return object.__new__(CheckedStream if verify and cls is Stream else cls)
+
     def post_send(self, view: memoryview) -> None:
         """Queue view for sending; it must not change until sent."""
         if len(view):
             self.sendq.append(view)
-            if self.tails is not None:
-                self.tails.append(None)
-                self.unsealed += 1
 
     def post_forward(self, view: memoryview, source: "Stream") -> None:
         """Queue view, the message that has just arrived whole and verified on `source` (call it
-        from that receive's callback): with CRCs on both links the checksum it came with goes
-        on with it instead of being computed again, so a byte that changes in this rank's memory
-        after the check is caught by the next rank. A MAC is sealed afresh (its key is this link's)."""
-        if not len(view):
-            return
-        self.sendq.append(view)
-        tails = self.tails
-        if tails is not None:
-            value = source.received_crc
-            if value is not None and source.received_size == len(view) and self.verify.mode == "crc":
-                tails.append(CRC.pack(value))
-            else:
-                tails.append(None)
-                self.unsealed += 1
+        from that receive's callback). Unchecked, the same as post_send."""
+        if len(view):
+            self.sendq.append(view)
 
     def post_recv(self, view: memoryview, on_done: Callback | None = None,
                   on_truncated: Truncated | None = None) -> None:
@@ -129,6 +120,34 @@ class Stream:
         except OSError:
             pass
         self.sock.close()
+
+
+class CheckedStream(Stream):
+    """A Stream with JACKLRING_VERIFY on: each queued message has an entry in tails."""
+
+    __slots__ = ()
+
+    def post_send(self, view: memoryview) -> None:
+        """Queue view for sending; it must not change until sent. Sealed later (see _push_checked)."""
+        if len(view):
+            self.sendq.append(view)
+            self.tails.append(None)
+            self.unsealed += 1
+
+    def post_forward(self, view: memoryview, source: Stream) -> None:
+        """Queue view, the message that has just arrived whole and verified on `source` (call it
+        from that receive's callback): with CRCs on both links the checksum it came with goes
+        on with it instead of being computed again, so a byte that changes in this rank's memory
+        after the check is caught by the next rank. A MAC is sealed afresh (its key is this link's)."""
+        if not len(view):
+            return
+        self.sendq.append(view)
+        value = source.received_crc
+        if value is not None and source.received_size == len(view) and self.verify.mode == "crc":
+            self.tails.append(CRC.pack(value))
+        else:
+            self.tails.append(None)
+            self.unsealed += 1
 
 
 class Engine:
