@@ -101,7 +101,7 @@ def test_checked_messages_survive_pieces_of_any_size(mode):
     thread = threading.Thread(target=send)
     thread.start()
     time.sleep(0.2)  # the sender fills the socket and waits: it seals the rest meanwhile
-    assert len(sender.tails) == len(sender.sendq)
+    assert sender.unsealed == 0 and len(sender.tails) == len(sender.sendq)
     Engine([receiver], 0).run(time.monotonic() + 10, "test")
     thread.join(10)
     assert not errors and done == list(range(len(sizes))), errors
@@ -133,3 +133,85 @@ def test_peer_hanging_up_before_the_trailer_is_a_peer_error():
     with pytest.raises(PeerError, match=r"rank 0: test: rank 3 \(test\) closed the connection \(4 bytes of the current "
                                         r"message's checksum still expected"):
         Engine([receiver], 0).run(time.monotonic() + 5, "test")
+
+
+# ---- relays: a message received whole and checked, sent on (ring all-gather, chain broadcast) ----
+
+def _relay_chain(mode):
+    """rank 0 -> rank 1 -> rank 2 over real socket pairs, each connection with its own keys:
+    (rank 0's out, rank 1's in and out, rank 2's in). The caller makes rank 1 forward from its
+    receive callbacks, as the ring does."""
+    from adapter.backends.transport import auth, integrity
+    job = auth.auth_from_secret(b"k" * 32)
+    a, b = socket.socketpair()
+    c, d = socket.socketpair()
+    return (Stream(a, 1, "rank 1 (test)", integrity.for_link(mode, job, 1, 0, 1, "ring 0->1 #0", SESSION)),
+            Stream(b, 0, "rank 0 (test)", integrity.for_link(mode, job, 1, 1, 0, "ring 0->1 #0", SESSION)),
+            Stream(c, 2, "rank 2 (test)", integrity.for_link(mode, job, 1, 1, 2, "ring 1->2 #0", SESSION)),
+            Stream(d, 1, "rank 1 (127.0.0.1:5001)", integrity.for_link(mode, job, 1, 2, 1, "ring 1->2 #0", SESSION)))
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("mode", ["crc", "mac"])
+def test_relayed_messages_check_on_every_hop(mode):
+    first_out, middle_in, middle_out, last_in = _relay_chain(mode)
+    payloads = [bytes((i + j) % 251 for j in range(n)) for i, n in enumerate([1, 4096, 300_000, 7])]
+    relayed = [bytearray(len(p)) for p in payloads]
+    outs = [bytearray(len(p)) for p in payloads]
+    for p, r, o in zip(payloads, relayed, outs):
+        view = memoryview(r)
+        first_out.post_send(memoryview(p))
+        middle_in.post_recv(view, lambda view=view: middle_out.post_forward(view, middle_in))
+        last_in.post_recv(memoryview(o))
+    Engine([first_out, middle_in, middle_out, last_in], 0).run(time.monotonic() + 10, "test")
+    assert [bytes(o) for o in outs] == payloads
+
+
+@pytest.mark.timeout(30)
+def test_a_relay_sends_the_crc_it_received():
+    """The forwarded trailer is the CRC-32C of the bytes as they arrived, not recomputed: a byte
+    that changes in the relay's memory after its check (after the reduction, say) is caught by
+    the next rank, named with the relay as the sender."""
+    first_out, middle_in, middle_out, last_in = _relay_chain("crc")
+    payload = bytes(range(256)) * 1000
+    relayed = bytearray(len(payload))
+    view = memoryview(relayed)
+
+    def corrupt_then_forward() -> None:
+        view[12345] ^= 0x10
+        middle_out.post_forward(view, middle_in)
+    first_out.post_send(memoryview(payload))
+    middle_in.post_recv(view, corrupt_then_forward)
+    last_in.post_recv(memoryview(bytearray(len(payload))))
+    with pytest.raises(IntegrityError, match=r"rank 0: test: checksum mismatch on a 256000-byte message from "
+                                             r"rank 1 \(127.0.0.1:5001\): crc32c 0x[0-9a-f]{8}, sender's 0x[0-9a-f]{8}"):
+        Engine([first_out, middle_in, middle_out, last_in], 0).run(time.monotonic() + 10, "test")
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("mode", ["crc", "mac"])
+def test_a_byte_flipped_on_the_second_hop_of_a_relayed_message_is_caught(mode):
+    """rank 1 relays a checked message; between rank 1 and rank 2 one byte flips on the wire
+    (a tap reads rank 1's bytes and writes them on, changed): rank 2 names rank 1."""
+    from adapter.backends.transport import auth, integrity
+    job = auth.auth_from_secret(b"k" * 32)
+    a, b = socket.socketpair()
+    c, tap_in = socket.socketpair()
+    tap_out, d = socket.socketpair()
+    first_out = Stream(a, 1, "rank 1 (test)", integrity.for_link(mode, job, 1, 0, 1, "ring 0->1 #0", SESSION))
+    middle_in = Stream(b, 0, "rank 0 (test)", integrity.for_link(mode, job, 1, 1, 0, "ring 0->1 #0", SESSION))
+    middle_out = Stream(c, 2, "rank 2 (test)", integrity.for_link(mode, job, 1, 1, 2, "ring 1->2 #0", SESSION))
+    last_in = Stream(d, 1, "rank 1 (127.0.0.1:5001)", integrity.for_link(mode, job, 1, 2, 1, "ring 1->2 #0", SESSION))
+    payload = b"q" * 70_000
+    view = memoryview(bytearray(len(payload)))
+    first_out.post_send(memoryview(payload))
+    middle_in.post_recv(view, lambda: middle_out.post_forward(view, middle_in))
+    Engine([first_out, middle_in, middle_out], 0).run(time.monotonic() + 10, "test")
+    wire = b""
+    while len(wire) < len(payload) + middle_out.verify.size:
+        wire += tap_in.recv(1 << 20)
+    tap_out.sendall(wire[:500] + b"r" + wire[501:])
+    last_in.post_recv(memoryview(bytearray(len(payload))))
+    with pytest.raises(IntegrityError, match=r"rank 2: test: checksum mismatch on a 70000-byte message from "
+                                             r"rank 1 \(127.0.0.1:5001\)"):
+        Engine([last_in], 2).run(time.monotonic() + 10, "test")

@@ -84,11 +84,11 @@ def _gather_steps(ch: Channel, n: int, out: Sequence[np.ndarray], seg_elems: int
         forward = step < n - 2
         for lo, hi in segments(len(out[q]), seg_elems):
             view = byte_view(out[q][lo:hi])
-            ch.inp.post_recv(view, _forward(ch.out, view) if forward else None)
+            ch.inp.post_recv(view, _forward(ch, view) if forward else None)
 
 
-def _forward(link: Stream, view: memoryview) -> Callable[[], None]:
-    return lambda: link.post_send(view)
+def _forward(ch: Channel, view: memoryview) -> Callable[[], None]:
+    return lambda: ch.out.post_forward(view, ch.inp)
 
 
 def chain_broadcast(ch: Channel, n: int, root_pos: int, buf: np.ndarray, seg_elems: int) -> None:
@@ -101,4 +101,4 @@ def chain_broadcast(ch: Channel, n: int, root_pos: int, buf: np.ndarray, seg_ele
         return
     for lo, hi in segments(len(buf), seg_elems):
         view = byte_view(buf[lo:hi])
-        ch.inp.post_recv(view, None if p == last else _forward(ch.out, view))
+        ch.inp.post_recv(view, None if p == last else _forward(ch, view))

@@ -988,7 +988,7 @@ class RingBackend(Backend):
             def done(view=view, q=q, forward=step < n - 2) -> None:
                 self._check_header(header, view, q)
                 if forward:
-                    out.post_send(view)
+                    out.post_forward(view, inp)
 
             def truncated(got: int, view=view, q=q) -> None:
                 if got >= HEADER.size:

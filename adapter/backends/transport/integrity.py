@@ -27,6 +27,8 @@ except ImportError:  # the package is a declared dependency; keep working withou
     from zlib import crc32 as _crc32c
     CRC_NAME = "crc32"
 
+# crc_update(data, value): the C function itself, for the hot paths (no Python frame per call).
+crc_update = _crc32c
 CRC = struct.Struct("<I")
 MAC_BYTES = 16
 _COUNTER = struct.Struct("<Q")
@@ -90,12 +92,16 @@ class Integrity:
         """None when the trailer matches the message fed to `running` (from checker()); else
         what was wrong, for the error message."""
         if self.mode == "crc":
-            (expected,) = CRC.unpack(trailer)
-            actual = running.value
-            return None if actual == expected else f"{CRC_NAME} {actual:#010x}, sender's {expected:#010x}"
+            return self.verdict_crc(running.value, trailer)
         if hmac.compare_digest(running.digest(), bytes(trailer)):
             return None
         return f"its MAC does not match (message {self._received - 1}: changed, dropped, replayed or forged)"
+
+    @staticmethod
+    def verdict_crc(actual: int, trailer) -> str | None:
+        """verdict() for a CRC-32C already computed (a plain int): None when it matches."""
+        (expected,) = CRC.unpack(trailer)
+        return None if actual == expected else f"{CRC_NAME} {actual:#010x}, sender's {expected:#010x}"
 
     def check(self, data, trailer) -> str | None:
         """None when the trailer matches data (a whole message at once); else what was wrong."""

@@ -16,7 +16,9 @@ from collections import deque
 from typing import Callable, Iterable
 
 from ...errors import CollectiveTimeout, IntegrityError, PeerError
-from .integrity import Integrity
+from .integrity import CRC, Integrity, crc_update
+
+crc_unpack = CRC.unpack
 
 log = logging.getLogger("jacklring.engine")
 
@@ -31,7 +33,7 @@ class Stream:
     """One TCP connection to a peer, with queues of pending sends and receives."""
 
     __slots__ = ("sock", "fd", "peer", "label", "sendq", "recvq", "recv_got", "bytes_in", "bytes_out", "verify",
-                 "tails", "running", "trailer")
+                 "tails", "unsealed", "running", "trailer", "received_crc", "received_size")
 
     def __init__(self, sock: socket.socket, peer: int, label: str, verify: "bool | Integrity | None" = False) -> None:
         sock.setblocking(False)
@@ -48,15 +50,33 @@ class Stream:
         # A trailer is computed when its message reaches the head of the send queue, or earlier
         # while the engine would otherwise sleep (not when it is posted: a whole chunk's
         # checksums up front would delay its first byte), and goes out in the same call as the
-        # message's last bytes; the receiver feeds each piece to its check as it lands, and
-        # reads the trailer in the same call as the message's last bytes.
+        # message's last bytes; a relayed message (post_forward) keeps the CRC it arrived with.
+        # The receiver feeds each piece to its check as it lands, reads the trailer in the same
+        # call as the message's last bytes, and runs the message's callback only once it checks.
         self.verify = Integrity("crc") if verify is True else (verify or None)
-        self.tails: deque[memoryview] = deque()    # trailers of sendq[0], sendq[1], ... so far
+        # With a check, one entry per queued message: its trailer, or None until it is sealed.
+        self.tails: deque[bytes | None] | None = deque() if self.verify else None
+        self.unsealed = 0                          # how many of them are None
         self.running = None                        # the head incoming message's running check
         self.trailer = memoryview(bytearray(self.verify.size)) if self.verify else None
+        # CRC-32C and length of the last message received whole and verified (crc mode): a relay
+        # passes the value on with the same bytes (post_forward).
+        self.received_crc: int | None = None
+        self.received_size = 0
+
+    def __new__(cls, sock: socket.socket, peer: int, label: str,
+                verify: "bool | Integrity | None" = False) -> "Stream":
+        # A checked stream is a CheckedStream, so the unchecked post_send stays as short as it was.
+        return object.__new__(CheckedStream if verify and cls is Stream else cls)
 
     def post_send(self, view: memoryview) -> None:
         """Queue view for sending; it must not change until sent."""
+        if len(view):
+            self.sendq.append(view)
+
+    def post_forward(self, view: memoryview, source: "Stream") -> None:
+        """Queue view, the message that has just arrived whole and verified on `source` (call it
+        from that receive's callback). Unchecked, the same as post_send."""
         if len(view):
             self.sendq.append(view)
 
@@ -80,7 +100,7 @@ class Stream:
             missing = sum(len(entry[0]) + trailer for entry in self.recvq) - self.recv_got
             parts.append(f"{missing} bytes still to receive from {self.label}")
         if self.sendq:
-            tail = len(self.tails[0]) if self.tails else trailer
+            tail = len(self.tails[0]) if self.tails and self.tails[0] is not None else trailer
             parts.append(f"{sum(len(v) + trailer for v in self.sendq) - trailer + tail} bytes still to send to {self.label}")
         return "; ".join(parts)
 
@@ -88,8 +108,11 @@ class Stream:
         self.sendq.clear()
         self.recvq.clear()
         self.recv_got = 0
-        self.tails.clear()
+        if self.tails is not None:
+            self.tails.clear()
+        self.unsealed = 0
         self.running = None
+        self.received_crc = None
 
     def close(self) -> None:
         try:
@@ -97,6 +120,34 @@ class Stream:
         except OSError:
             pass
         self.sock.close()
+
+
+class CheckedStream(Stream):
+    """A Stream with JACKLRING_VERIFY on: each queued message has an entry in tails."""
+
+    __slots__ = ()
+
+    def post_send(self, view: memoryview) -> None:
+        """Queue view for sending; it must not change until sent. Sealed later (see _push_checked)."""
+        if len(view):
+            self.sendq.append(view)
+            self.tails.append(None)
+            self.unsealed += 1
+
+    def post_forward(self, view: memoryview, source: Stream) -> None:
+        """Queue view, the message that has just arrived whole and verified on `source` (call it
+        from that receive's callback): with CRCs on both links the checksum it came with goes
+        on with it instead of being computed again, so a byte that changes in this rank's memory
+        after the check is caught by the next rank. A MAC is sealed afresh (its key is this link's)."""
+        if not len(view):
+            return
+        self.sendq.append(view)
+        value = source.received_crc
+        if value is not None and source.received_size == len(view) and self.verify.mode == "crc":
+            self.tails.append(CRC.pack(value))
+        else:
+            self.tails.append(None)
+            self.unsealed += 1
 
 
 class Engine:
@@ -270,9 +321,10 @@ class Engine:
         progressed = False
         while queue:
             view = queue[0]
-            if not tails:
-                tails.append(memoryview(link.verify.seal(view)))
             tail = tails[0]
+            if tail is None:
+                tail = tails[0] = link.verify.seal(view)
+                link.unsealed -= 1
             try:
                 sent = sock.sendmsg((view, tail))
             except BlockingIOError:
@@ -299,15 +351,21 @@ class Engine:
         """Seal one queued message that is not at the head yet: work moved into time the engine
         would spend waiting for a socket. False when there is none."""
         for link in links:
-            if link.verify is not None and len(link.tails) < len(link.sendq):
-                link.tails.append(memoryview(link.verify.seal(link.sendq[len(link.tails)])))
-                return True
+            if link.unsealed:
+                # the first unsealed message (a MAC's counter wants them in order)
+                tails = link.tails
+                for i, tail in enumerate(tails):
+                    if tail is None:
+                        tails[i] = link.verify.seal(link.sendq[i])
+                        link.unsealed -= 1
+                        return True
         return False
 
     def _pull_checked(self, link: Stream, what: str) -> bool:
         recvmsg_into = link.sock.recvmsg_into
         queue = link.recvq
         verify = link.verify
+        crc_mode = verify.mode == "crc"
         trailer = link.trailer
         tsize = len(trailer)
         progressed = False
@@ -333,11 +391,16 @@ class Engine:
             progressed = True
             link.bytes_in += n
             if len(data):
-                # Checked as it lands, while the bytes are still in cache.
-                running = link.running
-                if running is None:
-                    running = link.running = verify.checker()
-                running.update(data[:n] if n < len(data) else data)
+                # Checked as it lands, while the bytes are still in cache. crc mode keeps the
+                # running value as a plain int (no object per message).
+                piece = data[:n] if n < len(data) else data
+                if crc_mode:
+                    link.running = crc_update(piece, link.running or 0)
+                else:
+                    running = link.running
+                    if running is None:
+                        running = link.running = verify.checker()
+                    running.update(piece)
             got += n
             if got < size + tsize:
                 link.recv_got = got
@@ -345,10 +408,18 @@ class Engine:
             link.recv_got = 0
             running, link.running = link.running, None
             queue.popleft()
-            problem = verify.verdict(running, trailer)
-            if problem is not None:
-                raise IntegrityError(f"rank {self.rank}: {what}: checksum mismatch on a {size}-byte message from "
-                                     f"{link.label}: {problem}")
+            if crc_mode:
+                if running != crc_unpack(trailer)[0]:
+                    self._corrupt(link, what, size, verify.verdict_crc(running, trailer))
+                link.received_crc, link.received_size = running, size
+            else:
+                problem = verify.verdict(running, trailer)
+                if problem is not None:
+                    self._corrupt(link, what, size, problem)
             if on_done is not None:
                 on_done()
         return progressed
+
+    def _corrupt(self, link: Stream, what: str, size: int, problem: str | None) -> None:
+        raise IntegrityError(f"rank {self.rank}: {what}: checksum mismatch on a {size}-byte message from "
+                             f"{link.label}: {problem}")
