@@ -139,7 +139,7 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
             "log once which peer an operation waits for after this many seconds; 0 turns it off"),
     Setting("JACKLRING_VERIFY", verify_mode, False,
             "1/crc: a CRC-32C after every message, checked on receipt (accidents, not attackers); "
-            "mac: a keyed BLAKE2b tag with the job secret (attackers too)"),
+            "mac: a keyed BLAKE3 tag with the job secret (attackers too)"),
     # authentication (docs/security.md)
     Setting("JACKLRING_SECRET", text, None,
             "the job secret (hex or any passphrase of 16+ bytes), the same on every rank; the launcher sets it"),

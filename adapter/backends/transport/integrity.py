@@ -1,9 +1,11 @@
 """Message trailers for JACKLRING_VERIFY: a checksum against accidents, or a MAC against attackers.
 
-crc  CRC-32C (the Castagnoli polynomial, computed by the CPU's crc32 instruction through the
-     `crc32c` package; zlib's CRC-32 where that package is missing). A relay that rewrites data
-     can recompute it: it finds corruption, not tampering.
-mac  keyed BLAKE2b (16-byte tags) with a key derived from the job key and both handshake
+crc  CRC-32C (the Castagnoli polynomial), through `crc32c-rs` (carry-less-multiply kernels
+     chosen for the CPU at run time: about 2.6x the crc32 instruction alone), else the `crc32c`
+     package (the crc32 instruction), else zlib's CRC-32. The first two give the same values, so
+     ranks with either agree. A relay that rewrites data can recompute it: it finds
+     corruption, not tampering.
+mac  keyed BLAKE3 (16-byte tags; SIMD, about 7x keyed BLAKE2b) with a key derived from the job key and both handshake
      nonces for one direction of one connection, over a message counter and the bytes: a
      changed, dropped, replayed or reordered message fails the check, and so does one
      recorded from any other connection. Needs the job secret to mean anything (without one the
@@ -14,18 +16,27 @@ check() for each message received, in stream order.
 """
 from __future__ import annotations
 
-import hashlib
 import hmac
 import struct
 
+from ...errors import ConfigError
 from .auth import NONCE_BYTES, Auth
 
 try:
-    from crc32c import crc32c as _crc32c
+    from crc32c_rs import crc32c as _crc32c
     CRC_NAME = "crc32c"
-except ImportError:  # the package is a declared dependency; keep working without it
-    from zlib import crc32 as _crc32c
-    CRC_NAME = "crc32"
+except ImportError:  # a declared dependency from Python 3.11; the crc32c package computes the same
+    try:
+        from crc32c import crc32c as _crc32c
+        CRC_NAME = "crc32c"
+    except ImportError:  # a declared dependency too; keep working without either
+        from zlib import crc32 as _crc32c
+        CRC_NAME = "crc32"
+
+try:
+    from blake3 import blake3 as _blake3
+except ImportError:  # a declared dependency; only mac mode needs it
+    _blake3 = None
 
 # crc_update(data, value): the C function itself, for the hot paths (no Python frame per call).
 crc_update = _crc32c
@@ -54,6 +65,19 @@ class _RunningCrc:
         return CRC.pack(self.value)
 
 
+class _RunningMac:
+    """A message's BLAKE3 tag fed piece by piece, as the bytes land."""
+
+    __slots__ = ("update", "_hasher")
+
+    def __init__(self, hasher) -> None:
+        self._hasher = hasher
+        self.update = hasher.update
+
+    def digest(self) -> bytes:
+        return self._hasher.digest(MAC_BYTES)
+
+
 class Integrity:
     """Seals outgoing and checks incoming messages of one connection."""
 
@@ -68,10 +92,10 @@ class Integrity:
     def seal(self, data) -> bytes:
         if self.mode == "crc":
             return CRC.pack(_crc32c(data))
-        tag = hashlib.blake2b(_COUNTER.pack(self._sent), digest_size=MAC_BYTES, key=self._send_key)
+        tag = _blake3(_COUNTER.pack(self._sent), key=self._send_key)
         tag.update(data)
         self._sent += 1
-        return tag.digest()
+        return tag.digest(MAC_BYTES)
 
     def skip(self) -> None:
         """A received message that was discarded unread still counts: a MAC's counter stays in
@@ -79,16 +103,16 @@ class Integrity:
         if self.mode != "crc":
             self._received += 1
 
-    def checker(self) -> "_RunningCrc | hashlib.blake2b":
+    def checker(self) -> "_RunningCrc | _RunningMac":
         """The running check of the next incoming message: update() it with each piece as it
         lands (while the data is still in cache), then verdict() it against the trailer."""
         if self.mode == "crc":
             return _RunningCrc()
-        tag = hashlib.blake2b(_COUNTER.pack(self._received), digest_size=MAC_BYTES, key=self._recv_key)
+        tag = _RunningMac(_blake3(_COUNTER.pack(self._received), key=self._recv_key))
         self._received += 1
         return tag
 
-    def verdict(self, running: "_RunningCrc | hashlib.blake2b", trailer) -> str | None:
+    def verdict(self, running: "_RunningCrc | _RunningMac", trailer) -> str | None:
         """None when the trailer matches the message fed to `running` (from checker()); else
         what was wrong, for the error message."""
         if self.mode == "crc":
@@ -124,6 +148,8 @@ def for_link(mode: "str | bool", job: Auth | None, context: int, me: int, peer: 
         return Integrity("crc")
     if job is None:
         raise ValueError("JACKLRING_VERIFY=mac needs the job key")
+    if _blake3 is None:
+        raise ConfigError("JACKLRING_VERIFY=mac needs the blake3 package (pip install blake3)")
     if len(session) < 2 * NONCE_BYTES:
         raise ValueError("JACKLRING_VERIFY=mac needs both handshake nonces of the connection")
 
