@@ -64,6 +64,13 @@ def test_destroy_and_init_again_over_file_tcp_twice_and_env():
     harness.assert_all_ok(harness.run(3, "lifecycle.py", timeout=80), marker="lifecycle ALL OK")
 
 
+@pytest.mark.timeout(60)
+def test_exit_collects_cyclic_garbage_before_interpreter_finalization():
+    results = harness.run(1, "exit_gc.py", timeout=50)
+    harness.assert_all_ok(results, marker="exit_gc ALL OK")
+    assert "cycle freed while finalizing: False" in results[0].stdout, results[0].report()
+
+
 @pytest.mark.timeout(120)
 def test_training_parameters_equal_gloo_ddp_hooks_zero_fsdp2():
     results = harness.run(2, "training.py", timeout=110)
