@@ -145,3 +145,11 @@ def test_forced_rdma_without_a_device_fails_clearly(tmp_path):
                         expect_ok=False)
     for r in reports:
         assert "BackendUnavailable" in r["stderr"] and "cannot use RDMA" in r["stderr"], r["stderr"][-2000:]
+
+
+@pytest.mark.timeout(90)
+def test_a_second_thread_gets_a_clear_error_and_the_group_goes_on(tmp_path):
+    """The deterministic form of the contract's JACCL thread limitation (there, whether the two
+    threads' calls overlap is up to the scheduler)."""
+    reports = run_ranks(tmp_path, mesh_matrix(2), "second_thread", timeout=60)
+    assert all(r["second_thread"] == "ok" for r in reports)

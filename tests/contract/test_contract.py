@@ -41,7 +41,10 @@ def _cases() -> list:
                 marks = [pytest.mark.skip(reason=missing)] if missing else []
                 bug = KNOWN_BUGS.get((variant.expected_backend, name))
                 if bug:
-                    marks.append(pytest.mark.xfail(strict=True, raises=AssertionError, reason=bug))
+                    # Not strict for JACCL's thread limitation: the check passes whenever the two
+                    # threads' calls happen not to overlap (tests/test_jaccl_mesh.py forces it).
+                    strict = bug is not _JACCL_NO_LOCK
+                    marks.append(pytest.mark.xfail(strict=strict, raises=AssertionError, reason=bug))
                 cases.append(pytest.param(variant, size, name, id=f"{variant.id}-{size}-{name}", marks=marks))
     return cases
 

@@ -9,6 +9,7 @@ import hashlib
 import json
 import os
 import sys
+import threading
 import time
 
 import ml_dtypes
@@ -17,7 +18,7 @@ import numpy as np
 from adapter.backends.base import ReduceOp
 from adapter.backends.elements import reduce_many
 from adapter.backends.jaccl import backend as jaccl
-from adapter.errors import MismatchError, PeerError
+from adapter.errors import DistributedError, MismatchError, PeerError
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 SMALL, LARGE, MULTI_FRAME = 7, 20_000, 300_000  # elements: one-step, blocks, frames > 1 MiB
@@ -304,7 +305,39 @@ def run_api(b, report: dict) -> None:
     report["api"] = group.backend_name
 
 
-SCENARIOS = {"api": run_api, "ops": run_ops, "large": run_large, "large_mesh_order": run_large_mesh_order, "broadcast": run_broadcast,
+def run_second_thread(b, report: dict) -> None:
+    """JACCL takes one operation at a time per group: while one thread waits in a recv, another
+    thread's collective gets a DistributedError at once (no frame sent), and the group stays
+    usable. Rank 1 sends late, so rank 0's recv is certainly waiting when its main thread calls."""
+    if b.rank() == 0:
+        got = {}
+
+        def receive() -> None:
+            buf = np.empty(4, np.float32)
+            b.recv(buf, 1)
+            got["value"] = buf.copy()
+
+        thread = threading.Thread(target=receive, daemon=True)
+        thread.start()
+        time.sleep(0.3)
+        try:
+            b.all_reduce(np.ones(4, np.float32), np.empty(4, np.float32), ReduceOp.SUM)
+        except DistributedError as exc:
+            assert "another thread runs an operation" in str(exc) and "split" in str(exc), str(exc)
+        else:
+            raise AssertionError("a second thread's all_reduce was accepted while a recv ran")
+        thread.join(20)
+        assert not thread.is_alive() and np.all(got["value"] == 7), got
+    elif b.rank() == 1:
+        time.sleep(1.0)
+        b.send(np.full(4, 7, np.float32), 0)
+    x = np.ones(4, np.float32)
+    b.all_reduce(x, x, ReduceOp.SUM)
+    assert np.all(x == b.size()), x
+    report["second_thread"] = "ok"
+
+
+SCENARIOS = {"second_thread": run_second_thread, "api": run_api, "ops": run_ops, "large": run_large, "large_mesh_order": run_large_mesh_order, "broadcast": run_broadcast,
              "p2p_chain": run_p2p_chain, "p2p": run_p2p, "split": run_split, "mismatch": run_mismatch,
              "recv_mismatch": run_recv_mismatch, "dead_peer": run_dead_peer}
 
