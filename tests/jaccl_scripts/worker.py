@@ -337,9 +337,10 @@ def run_second_thread(b, report: dict) -> None:
     report["second_thread"] = "ok"
 
 
-SCENARIOS = {"second_thread": run_second_thread, "api": run_api, "ops": run_ops, "large": run_large, "large_mesh_order": run_large_mesh_order, "broadcast": run_broadcast,
-             "p2p_chain": run_p2p_chain, "p2p": run_p2p, "split": run_split, "mismatch": run_mismatch,
-             "recv_mismatch": run_recv_mismatch, "dead_peer": run_dead_peer}
+SCENARIOS = {"second_thread": run_second_thread, "api": run_api, "ops": run_ops, "large": run_large,
+             "large_mesh_order": run_large_mesh_order, "broadcast": run_broadcast, "p2p_chain": run_p2p_chain,
+             "p2p": run_p2p, "split": run_split, "mismatch": run_mismatch, "recv_mismatch": run_recv_mismatch,
+             "dead_peer": run_dead_peer}
 
 
 def main() -> None:
