@@ -18,6 +18,21 @@ ATTACKS = HERE / "attacks"
 OUTSIDER_UID = 65534
 SYSTEM_PYTHON = "/usr/bin/python3"
 
+# A 2-rank job for the injection tests: rank 1 sends once FAULT_DIR/go exists (after the
+# outsider tried its injection), rank 0 receives and prints what it got.
+INJECTION_TARGET = """
+say("FORMED")
+if r == 1:
+    go = os.path.join(os.environ["FAULT_DIR"], "go")
+    until = time.monotonic() + 30
+    while not os.path.exists(go) and time.monotonic() < until:
+        time.sleep(0.02)
+    send(np.arange(10.0), 0)
+else:
+    x = recv((10,), np.float64, 1)
+    say("GOT", *x.tolist())
+"""
+
 
 def outsider_available() -> str | None:
     if os.geteuid() != 0:

@@ -10,7 +10,7 @@ import time
 import numpy as np
 import pytest
 from faults.cluster import finish_all, rank_envs, reports, start, stop_all
-from security_helpers import outsider_fixture, wait_ready  # noqa: F401  (the `outsider` fixture)
+from security_helpers import INJECTION_TARGET, outsider_fixture, wait_ready  # noqa: F401  (the `outsider` fixture)
 
 from adapter.backends.elements import dtype_code
 from adapter.backends.jaccl import config as jaccl_config
@@ -46,19 +46,7 @@ def test_squatted_unix_names_and_a_tampering_relay_never_give_a_wrong_sum(tmp_pa
 def test_injection_with_tokens_from_public_information_is_rejected(tmp_path, outsider):
     envs = rank_envs("ring", 2, tmp_path)
     addresses = ring_addresses(tmp_path)
-    body = """
-say("FORMED")
-if r == 1:
-    go = os.path.join(os.environ["FAULT_DIR"], "go")
-    until = time.monotonic() + 30
-    while not os.path.exists(go) and time.monotonic() < until:
-        time.sleep(0.02)
-    send(np.arange(10.0), 0)
-else:
-    x = recv((10,), np.float64, 1)
-    say("GOT", *x.tolist())
-"""
-    procs = start("ring", 2, body, tmp_path, envs=envs, env={**SECRET, "FAULT_DIR": str(tmp_path)})
+    procs = start("ring", 2, INJECTION_TARGET, tmp_path, envs=envs, env={**SECRET, "FAULT_DIR": str(tmp_path)})
     try:
         for p in procs:
             p.wait_line("FORMED", 30)

@@ -16,22 +16,9 @@ import netns
 import numpy as np
 import pytest
 from faults.cluster import finish_all, rank_envs, reports, start, stop_all
-from security_helpers import outsider_fixture  # noqa: F401  (the `outsider` fixture)
+from security_helpers import INJECTION_TARGET, outsider_fixture  # noqa: F401  (the `outsider` fixture)
 
 from adapter.backends.elements import dtype_code
-
-BODY = """
-say("FORMED")
-if r == 1:
-    go = os.path.join(os.environ["FAULT_DIR"], "go")
-    until = time.monotonic() + 30
-    while not os.path.exists(go) and time.monotonic() < until:
-        time.sleep(0.02)
-    send(np.arange(10.0), 0)
-else:
-    x = recv((10,), np.float64, 1)
-    say("GOT", *x.tolist())
-"""
 
 
 @pytest.fixture(name="veth")
@@ -53,7 +40,7 @@ def _attack(tmp_path, veth, outsider, env):
     job_host = veth.addresses[0]
     envs = rank_envs("ring", 2, tmp_path, hosts=[job_host, job_host])
     addresses = json.loads((tmp_path / "ring-hosts.json").read_text())
-    procs = start("ring", 2, BODY, tmp_path, envs=envs, env={**env, "FAULT_DIR": str(tmp_path)},
+    procs = start("ring", 2, INJECTION_TARGET, tmp_path, envs=envs, env={**env, "FAULT_DIR": str(tmp_path)},
                   wrap=veth.exec_prefix(0))
     try:
         for p in procs:
