@@ -104,14 +104,23 @@ class Rank:
     stderr: str
 
 
+# A process started under this prefix is, for shared memory, on another host: the same kernel,
+# but in a pid namespace of its own, where this host's pids mean nothing.
+ANOTHER_HOST = ["unshare", "--pid", "--fork", "--kill-child"]
+
+
 def spawn(n: int, script: str, args: list[str] | None = None, env: dict | None = None,
-          connections: int = 1, hostfile: str | None = None, ranks: list[int] | None = None) -> list[subprocess.Popen]:
+          connections: int = 1, hostfile: str | None = None, ranks: list[int] | None = None,
+          wraps: dict[int, list[str]] | None = None) -> list[subprocess.Popen]:
+    """Start ranks (all n, or those listed) of a local ring; wraps[r] prefixes rank r's command."""
     hostfile = hostfile or ring_hostfile(n, connections)
     base = dict(os.environ, MLX_HOSTFILE=hostfile, PYTHONPATH=ROOT, PYTHONUNBUFFERED="1")
     base.update(env or {})
     path = script if os.path.isabs(script) else os.path.join(HERE, script)
-    return [subprocess.Popen([sys.executable, path] + (args or []), env=dict(base, MLX_RANK=str(r)),
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wraps = wraps or {}
+    return [subprocess.Popen(wraps.get(r, []) + [sys.executable, path] + (args or []),
+                             env=dict(base, MLX_RANK=str(r)), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True)
             for r in (range(n) if ranks is None else ranks)]
 
 

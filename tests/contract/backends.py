@@ -77,6 +77,12 @@ def _gpus_missing(n: int) -> str | None:
     return None
 
 
+def _another_host_missing(n: int) -> str | None:
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        return "needs root and unshare to put a rank in a pid namespace of its own (another host, for shared memory)"
+    return None
+
+
 def _ring_links_only(folder: Path, n: int) -> list[str]:
     """JACCL ring mode from a hostfile whose device matrix links only ring neighbours, so every
     other pair is reached by the TCP transport alone."""
@@ -120,6 +126,12 @@ VARIANTS = [
     Variant("ring-mixed-transport", "ring", (2,), checks=(
         "send_recv_any_pair_in_both_orders_and_sizes", "send_recv_edge_inputs", "split_every_way"),
         rank_wrapper='if [ "$MLX_RANK" = 0 ]; then export JACKLRING_LOCAL_TRANSPORT=tcp; fi; exec "$@"'),
+    # A group spanning hosts: ranks 1 and 3 each in a pid namespace of their own (another host, as
+    # far as shared memory can tell), ranks 0 and 2 sharing memory. Every collective runs in
+    # stages: the host's shared memory, then the ring of each host's first rank (ring/hierarchy.py).
+    Variant("ring-across-hosts", "ring", (3, 4), missing=_another_host_missing, torch_size=3,
+            env={"CONTRACT_SHARED_HOST": "0,2"},
+            rank_wrapper='case "$MLX_RANK" in 1|3) exec unshare --pid --fork --kill-child "$@";; esac; exec "$@"'),
     # Checksums on every message (JACKLRING_VERIFY=1), one-pass and pipelined paths. The ranks
     # share a host, so without the Unix sockets forced the collectives would run over shared
     # memory, where nothing is checked.

@@ -101,6 +101,15 @@ def init_returns_the_launched_backend(c: Context) -> None:
     c.expect(launched_as is None or int(launched_as) == c.rank, f"rank {c.rank}, launched as rank {launched_as}")
     x = adapter.all_sum(np.ones(10))  # the spec's example
     c.same(x, np.full(10, float(c.n)), "all_sum(ones(10))")
+    shared = os.environ.get("CONTRACT_SHARED_HOST")  # a variant's ranks that share a host
+    if shared:
+        staged = getattr(c.group.backend, "_hier", None)
+        here = [int(q) for q in shared.split(",") if int(q) < c.n]
+        c.expect(staged is not None, "the group spans hosts but does not run in stages")
+        if staged is not None:
+            want = here if c.rank in here else [c.rank]
+            c.expect(staged.members == want and (staged.local is not None) == (c.rank in here),
+                     f"rank {c.rank} shares a host with {staged.members}, expected {want}")
 
 
 # --- every op x every dtype ---------------------------------------------------------------------

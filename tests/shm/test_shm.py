@@ -10,7 +10,7 @@ import sys
 import time
 
 import pytest
-from ranks import ROOT, assert_all_ok, collect, ring_hostfile, run, spawn
+from ranks import ANOTHER_HOST, assert_all_ok, collect, ring_hostfile, run, spawn
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="shared memory is implemented for Linux")
 
@@ -92,18 +92,35 @@ def _read_line(proc: subprocess.Popen, deadline: float) -> str:
     return ""
 
 
+def another_host_unavailable() -> str | None:
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        return "needs root and unshare to put a rank in another pid namespace (another host, for shared memory)"
+    return None
+
+
+# (the rank killed, the ranks on another host): the whole group on shared memory, then a group
+# spanning two hosts where ranks 0 and 1 share memory (run in stages: hierarchy.py) and the
+# rank killed is the first rank of the shared host, the other one, or the rank on its own.
+KILLS = [(0, ()), (2, ()), (0, (2,)), (1, (2,)), (2, (2,))]
+
+
 @pytest.mark.timeout(90)
-@pytest.mark.parametrize("victim", [0, 2])
-def test_kill_9_mid_collective_survivors_raise_within_a_second_and_nothing_is_left(victim):
+@pytest.mark.parametrize("victim,elsewhere", KILLS, ids=[f"kill{v}-elsewhere{''.join(map(str, e)) or '-none'}"
+                                                         for v, e in KILLS])
+def test_kill_9_mid_collective_survivors_raise_within_a_second_and_nothing_is_left(victim, elsewhere):
+    if elsewhere and another_host_unavailable():
+        pytest.skip(another_host_unavailable())
     before = shm_names()
-    procs = spawn(3, "shm/scripts/kill_loop.py", [str(1 << 20)], env=SHM)
+    procs = spawn(3, "shm/scripts/kill_loop.py", [str(1 << 20)], env=SHM,
+                  wraps={r: ANOTHER_HOST for r in elsewhere})
     try:
         deadline = time.monotonic() + 60
         pids = []
-        for p in procs:
+        for rank, p in enumerate(procs):
             line = _read_line(p, deadline)
             assert line.startswith("READY"), line + (p.stderr.read() if p.poll() is not None else "")
-            pids.append(int(line.split()[1]))
+            # A rank on another host prints its pid there; killing its unshare kills it too.
+            pids.append(p.pid if rank in elsewhere else int(line.split()[1]))
         # The segment is real shared memory that rank 0 created (a memfd, not a file in /dev/shm).
         with open(f"/proc/{pids[1]}/maps") as f:
             assert "memfd:jacklring-shm" in f.read()
@@ -127,30 +144,6 @@ def test_kill_9_mid_collective_survivors_raise_within_a_second_and_nothing_is_le
         assert f"rank {victim} " in raised, f"rank {r.rank} does not name the killed rank {victim}: {raised}"
     # Nothing named after us in /dev/shm, before or after (the segment never had a name).
     assert shm_names() == before == set()
-
-
-@pytest.mark.timeout(90)
-@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None,
-                    reason="needs root and unshare to put a rank in another pid namespace")
-def test_mixed_group_with_a_rank_that_is_not_on_this_host_falls_back_to_sockets():
-    # Rank 2 in its own pid namespace: the same kernel, but its pids mean nothing here, so for
-    # shared memory it is "another host". The whole group then uses sockets (ranks 0 and 1 do
-    # not share memory with each other either: a group shares memory only as a whole).
-    hostfile = ring_hostfile(3)
-    env = dict(os.environ, MLX_HOSTFILE=hostfile, PYTHONPATH=ROOT, JACKLRING_LOCAL_TRANSPORT="auto")
-    script = os.path.join(ROOT, "tests", "shm", "scripts", "mixed.py")
-    procs = []
-    for rank in range(3):
-        prefix = ["unshare", "--pid", "--fork"] if rank == 2 else []
-        procs.append(subprocess.Popen(prefix + [sys.executable, script], env=dict(env, MLX_RANK=str(rank)),
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    results = collect(procs, timeout=80)
-    assert_all_ok(results)
-    assert all("SHM=0" in r.stdout for r in results), [r.stdout for r in results]
-    # Control: the same three ranks all in this namespace do share memory.
-    results = run(3, "shm/scripts/mixed.py", timeout=80, env={"JACKLRING_LOCAL_TRANSPORT": "auto"})
-    assert_all_ok(results)
-    assert all("SHM=1" in r.stdout for r in results), [r.stdout for r in results]
 
 
 @pytest.mark.timeout(60)

@@ -47,7 +47,7 @@ from ..protocol import OP_CODES, REDUCE_CODES, Request, mismatch_message
 from ..transport import auth, integrity, tcp
 from ..transport.names import check_resolvable
 from ..transport.stream_engine import Engine, Stream
-from . import origin, shared, shm_algorithms
+from . import hierarchy, origin, shared, shm_algorithms
 from .algorithms import Channel, chain_broadcast, reduce_scatter_all_gather
 from .algorithms import all_gather as ring_all_gather
 from .formation import FormationAbandoned, Watch
@@ -78,6 +78,9 @@ def header_request(raw: bytes) -> Request | None:
     magic, op, dt, _seq, nbytes, extra = HEADER.unpack(raw)
     if magic != HEADER_MAGIC:
         return None
+    stage_of, detail, own = hierarchy.untag(extra)
+    if stage_of:  # a stage, on the leaders' ring, of a collective of a group spanning hosts
+        op, extra = stage_of, (own if stage_of in _REDUCING else detail)
     if op in _REDUCING:
         return Request(op, reduce=extra, dtype=dt, nbytes=nbytes)
     return Request(op, dtype=dt, nbytes=nbytes, extra=extra if op == OP_BROADCAST else 0)
@@ -277,6 +280,8 @@ class RingBackend(Backend):
         self.left: list[Stream] = []
         self.engine: Engine | None = None
         self._shm = None  # a transport.shm.SharedGroup when the whole group is on this host
+        self._hier: hierarchy.Hierarchy | None = None  # when it spans hosts, some with several ranks
+        self._stage = 0  # on a leaders' ring: the tag of the group's collective (hierarchy.py)
         if os.environ.get("MLX_RING_VERBOSE", "").strip().lower() in ("1", "true", "yes", "on"):
             logging.basicConfig()
             log.setLevel(logging.INFO)
@@ -486,6 +491,8 @@ class RingBackend(Backend):
             return
         if self._shared(header, shm_algorithms.all_reduce, src, dst, op, self._shm_small):
             return
+        if self._staged(header, hierarchy.all_reduce, src, dst, op, self._shm_small):
+            return
         n = self._size
         if self._one_pass(src.nbytes):
             self._collective(header, lambda: self._small_all_reduce(header, src, dst, op))
@@ -498,6 +505,8 @@ class RingBackend(Backend):
             return _copy(src, dst)
         header = self._header(OP_REDUCE_SCATTER, src, REDUCE_CODES[op])
         if self._shared(header, shm_algorithms.reduce_scatter, src, dst, op):
+            return
+        if self._staged(header, hierarchy.reduce_scatter, src, dst, op, self._shm_small):
             return
         n = self._size
         if self._one_pass(src.nbytes):
@@ -519,6 +528,8 @@ class RingBackend(Backend):
         header = self._header(OP_ALL_GATHER, src, 0)
         if self._shared(header, shm_algorithms.all_gather, src, dst):
             return
+        if self._staged(header, hierarchy.all_gather, src, dst):
+            return
         if src.nbytes <= self._small_limit:
             def run() -> None:
                 parts = self._small_gather(header, byte_view(src))
@@ -536,6 +547,8 @@ class RingBackend(Backend):
         header = self._header(OP_BROADCAST, buf, root)
         if self._shared(header, shm_algorithms.broadcast, buf, root):
             return
+        if self._staged(header, hierarchy.broadcast, buf, root):
+            return
         self._collective(header, lambda: self._broadcast(header, buf, root))
 
     def barrier(self) -> None:
@@ -543,6 +556,8 @@ class RingBackend(Backend):
             return
         header = HEADER.pack(HEADER_MAGIC, OP_BARRIER, 0, self._seq, 0, 0)
         if self._shared(header, shm_algorithms.barrier):
+            return
+        if self._staged(header, hierarchy.barrier):
             return
         self._collective(header, lambda: self._small_gather(header, memoryview(b"")))
 
@@ -879,6 +894,9 @@ class RingBackend(Backend):
         if self._shm is not None:
             self._shm.close()
             self._shm = None
+        if self._hier is not None:
+            self._hier.close()
+            self._hier = None
         for link in self.right + self.left:
             link.close()
         self.right, self.left = [], []
@@ -896,7 +914,7 @@ class RingBackend(Backend):
 
     def _header(self, op: int, arr: np.ndarray, extra: int) -> bytes:
         code = DTYPE_CODES.get(arr.dtype) or dtype_code(arr.dtype)
-        return HEADER.pack(HEADER_MAGIC, op, code, self._seq, arr.nbytes, extra)
+        return HEADER.pack(HEADER_MAGIC, op, code, self._seq, arr.nbytes, extra + self._stage)
 
     def _collective(self, header: bytes, body, *args) -> None:
         """Run one collective, body(*args): serialised, sequence-numbered, and fatal to the group
@@ -915,16 +933,26 @@ class RingBackend(Backend):
                                         else getattr(exc, "peer", -1), getattr(exc, "missing", False))
                 # Name the rank that failed first, not the neighbour that passed the failure on,
                 # and tell the other neighbour before the links close (origin.py).
-                named = exc if self._shm is not None or self._abandon_on_failure else origin.blame(self, exc)
+                by_ring = self._shm is None and self._hier is None and not self._abandon_on_failure
+                named = origin.blame(self, exc) if by_ring else exc
                 self.failure.mark(f"{type(named).__name__}: {named}")
-                if self._shm is None and not self._abandon_on_failure and isinstance(named, Exception):
+                if by_ring and isinstance(named, Exception):
                     origin.notify(self, named)
-                for link in self.right + self.left:
-                    link.reset()
-                    link.close()
+                self._close_links()
                 if named is exc:
                     raise
                 raise named from None
+
+    def _close_links(self) -> None:
+        for link in self.right + self.left:
+            link.reset()
+            link.close()
+
+    def break_links(self, why: str) -> None:
+        """Close the ring links (the neighbours waiting on them fail at once) and fail every
+        later collective; the listeners stay, so a notice already sent can still be taken."""
+        self.failure.mark(why)
+        self._close_links()
 
     def _run(self) -> None:
         self.engine.run(self._deadline, self._what)  # type: ignore[union-attr]
@@ -967,7 +995,8 @@ class RingBackend(Backend):
             if request is None:
                 raise MismatchError(f"rank {self._rank}: rank {sender} sent {describe_header(theirs)} "
                                     f"during {describe_header(mine)}")
-            step = "" if reporter == self._seq else f" (its operation #{reporter}; this rank's #{self._seq})"
+            # Headers carry the count of collectives before theirs (packed before _collective counts it).
+            step = "" if reporter + 1 == self._seq else f" (its operation #{reporter + 1}; this rank's #{self._seq})"
             raise MismatchError(mismatch_message(self._rank, sender, header_request(mine), request, step))
 
     def _small_gather(self, header: bytes, data: memoryview) -> list[memoryview]:
@@ -1085,9 +1114,19 @@ class RingBackend(Backend):
             self._collective(header, lambda: parts.extend(
                 bytes(p) for p in self._small_gather(header, memoryview(record))))
             return parts
-        self._shm = shared.attach(self, gather)
-        if self._shm is not None:
+        placement = shared.attach(self, gather)
+        if not placement.shared:
+            return
+        if len(placement.hosts) == 1:
+            self._shm = placement.group
             self._shm_one_step = min(self._shm_small, self._shm.chunk_bytes)
+            return
+        try:
+            self._hier = hierarchy.form(self, placement)
+        except BaseException:
+            if placement.group is not None:
+                placement.group.close()
+            raise
 
     def _shared(self, header: bytes, body, *args) -> bool:
         """Run a collective over shared memory when this group has it (else return False).
@@ -1096,6 +1135,14 @@ class RingBackend(Backend):
         if self._shm is None or self._abandon_on_failure:
             return False
         self._collective(header, shared.run, self, body, header, *args)
+        return True
+
+    def _staged(self, header: bytes, body, *args) -> bool:
+        """Run a collective in stages (hierarchy.py) when this group spans hosts and shares
+        memory on some (else return False); like _shared, never a split's closing barrier."""
+        if self._hier is None or self._abandon_on_failure:
+            return False
+        self._collective(header, hierarchy.run, self, body, header, *args)
         return True
 
     # ---- point to point -------------------------------------------------------------------

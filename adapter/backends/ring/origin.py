@@ -31,6 +31,9 @@ RECHECK_S = 0.05     # meanwhile, how often to look whether it still listens (a 
                      # listener can outlive its ring connections by a few milliseconds)
 SEND_S = 0.3         # how long a failing rank spends delivering its notices, at most
 PROBE_S = 0.2        # how long a connection attempt may take to say whether a peer still listens
+# A notice's culprit of OUTER - q or below: rank q of the group whose hosts a leaders' ring links
+# (hierarchy.py), a rank that is not in this ring.
+OUTER = -2
 
 
 def admits(sender: int, receiver: int, size: int) -> bool:
@@ -46,6 +49,13 @@ def blame(ring: "RingBackend", exc: BaseException) -> BaseException:
     if peer is None or peer == ring.rank():
         return exc
     notice = _notice_from(ring, peer)
+    if notice is not None and notice <= OUTER:
+        outer = OUTER - notice
+        relayed = PeerError(f"rank {ring.rank()}: {ring._what}: rank {outer} of the group that this ring links "
+                            f"the hosts of died or failed (reported by rank {peer}, which closed its connection "
+                            f"to this rank after that)")
+        relayed.culprit, relayed.peer, relayed.outer_culprit = peer, peer, outer
+        return relayed
     if notice is None or notice == peer:
         exc.culprit = peer  # it died, or could not say why it left
         return exc
@@ -63,6 +73,17 @@ def notify(ring: "RingBackend", exc: BaseException) -> None:
     """Tell the live neighbours whom this rank blames, before its links close."""
     culprit = getattr(exc, "culprit", -1)
     skip = {culprit, getattr(exc, "peer", None), ring.rank()}  # the dead, and who told us
+    outer = getattr(exc, "outer_culprit", None)
+    _send_notices(ring, culprit if outer is None else OUTER - outer, skip)
+
+
+def notify_outer(ring: "RingBackend", culprit: int) -> None:
+    """On a leaders' ring (hierarchy.py): tell the live neighbours that this rank gives up because
+    of rank `culprit` of the whole group (-1: an error of its own)."""
+    _send_notices(ring, -1 if culprit < 0 else OUTER - culprit, {ring.rank()})
+
+
+def _send_notices(ring: "RingBackend", culprit: int, skip: set) -> None:
     deadline = time.monotonic() + SEND_S
     for q in sorted({link.peer for link in ring.right + ring.left} - skip):
         if not _listening(ring._addresses[q][0]):

@@ -1,7 +1,8 @@
-"""Shared memory between the ranks of a group that all run on one host (Linux).
+"""Shared memory between the ranks of a group that run on one host (Linux).
 
-One segment per group: a memfd created by rank 0 and opened by the others through
-/proc/<pid>/fd/<n> (only processes allowed to inspect rank 0, i.e. the same user, can), so the
+One segment per host with several ranks of the group (the whole group, or some of its ranks when
+the group spans hosts): a memfd created by the host's first rank and opened by the others through
+/proc/<pid>/fd/<n> (only processes allowed to inspect that rank, i.e. the same user, can), so the
 segment never has a name in /dev/shm and the kernel frees it when the last rank exits, kill -9
 included. Layout: a control block per rank (step counter, the headers of its current
 collective), then per rank two data buffers of `chunk_bytes` (even and odd steps).
@@ -32,6 +33,7 @@ import select
 import socket
 import sys
 import time
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
@@ -44,7 +46,7 @@ log = logging.getLogger("jacklring.shm")
 
 MASK64 = (1 << 64) - 1
 BEYOND = MASK64                 # a step no rank reaches
-MAX_RANKS = 64                  # one bit per rank in the sleepers mask
+MAX_RANKS = 64                  # ranks per host: one bit per rank in the sleepers mask
 CONTROL = 128                   # bytes per control block (a cache line on Apple silicon)
 COUNTER, BROKEN, HEADER = 0, 8, 16  # step counter, "left after an error" word, two headers (by parity)
 # The "left after an error" word: 0 while the rank is in the group, else BROKEN_BASE + the rank it
@@ -84,12 +86,10 @@ def host_identity() -> dict:
     }
 
 
-def unusable_here(size: int) -> str | None:
+def unusable_here() -> str | None:
     """Why this process cannot take part in a shared-memory group, or None."""
     if sys.platform != "linux":
         return "shared memory is implemented for Linux only"
-    if size > MAX_RANKS:
-        return f"more than {MAX_RANKS} ranks"
     if not hasattr(os, "pidfd_open") or not hasattr(os, "memfd_create"):
         return "this Python has no os.pidfd_open / os.memfd_create"
     why = atomic_words.available()
@@ -113,43 +113,60 @@ def _unpack(raw: bytes) -> dict:
     return json.loads(bytes(raw).rstrip(b"\0"))
 
 
+@dataclass
+class Placement:
+    """Where a group's ranks are, as shared memory sees it, and this rank's segment."""
+    hosts: list[list[int]]          # the ranks of each host in rank order, hosts by their first rank
+    group: "SharedGroup | None"     # the segment of this rank's host, when it shares memory
+    shared: bool                    # whether every host with several ranks shares memory (same everywhere)
+
+
 def form(rank: int, size: int, gather: Callable[[bytes], list[bytes]], chunk_bytes: int,
-         wanted: bool) -> "SharedGroup | None":
-    """Collectively decide whether this group shares memory and, if so, attach every rank.
+         wanted: bool) -> Placement:
+    """Collectively decide whether the ranks that are on one host share memory and, if so,
+    attach them: one segment per host with several ranks, created by its first rank.
 
     gather(record) exchanges RECORD_BYTES-byte records among all ranks (every rank calls form with
-    the same arguments). Returns None on every rank when any rank cannot or does not want to."""
+    the same arguments). The decision is the same on every rank: all hosts share memory or none
+    does (shared=False, no group anywhere) when any rank cannot or does not want to."""
     why = None if wanted else "not wanted"
-    why = why or unusable_here(size)
+    why = why or unusable_here()
     ident = host_identity()
     records = [_unpack(r) for r in gather(_pack({"ok": why is None, "id": ident, "why": why}))]
+    hosts = _by_host([r["id"] for r in records])
+    nothing = Placement(hosts, None, False)
     if not all(r["ok"] for r in records):
         reasons = {f"rank {q}: {r['why']}" for q, r in enumerate(records) if not r["ok"]}
         log.info("rank %d: no shared memory (%s)", rank, "; ".join(sorted(reasons)))
-        return None
-    if any(r["id"] != ident for r in records):
-        log.info("rank %d: no shared memory: the ranks are not all on this host", rank)
-        return None
-    total = SharedGroup.segment_bytes(size, chunk_bytes)
+        return nothing
+    if all(len(members) == 1 for members in hosts):
+        log.info("rank %d: no shared memory: no two ranks are on one host", rank)
+        return nothing
+    if max(len(members) for members in hosts) > MAX_RANKS:
+        log.info("rank %d: no shared memory: more than %d ranks on one host", rank, MAX_RANKS)
+        return nothing
+    members = next(m for m in hosts if rank in m)
+    local = members.index(rank)
+    total = SharedGroup.segment_bytes(len(members), chunk_bytes)
     fd = -1
     record: dict = {"ok": True, "pid": os.getpid()}
     try:
-        if rank == 0:
+        if local == 0 and len(members) > 1:
             fd = os.memfd_create("jacklring-shm", os.MFD_CLOEXEC)
             os.fchmod(fd, 0o600)
             os.ftruncate(fd, total)
             record.update(path=f"/proc/{os.getpid()}/fd/{fd}", nonce=secrets.token_hex(8))
     except OSError as exc:
-        record = {"ok": False, "why": f"cannot create the segment: {exc.strerror or exc}"}
+        record = {"ok": False, "why": f"rank {rank} cannot create the segment: {exc.strerror or exc}"}
     group = None
     try:
         second = [_unpack(r) for r in gather(_pack(record))]
-        first = second[0]
+        first = second[members[0]]
         mine: dict = {"ok": all(r["ok"] for r in second)}
-        if mine["ok"]:
+        if mine["ok"] and len(members) > 1:
             try:
-                group = SharedGroup(rank, size, chunk_bytes, first["path"] if rank else fd,
-                                    first["nonce"], [r["pid"] for r in second])
+                group = SharedGroup(local, len(members), chunk_bytes, first["path"] if local else fd,
+                                    first["nonce"], [second[q]["pid"] for q in members], members)
             except Exception as exc:  # whatever it is, every rank must still reach the last exchange
                 why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
                 mine = {"ok": False, "why": f"rank {rank} cannot attach: {why}"}
@@ -162,8 +179,15 @@ def form(rank: int, size: int, gather: Callable[[bytes], list[bytes]], chunk_byt
             group.close()
         reasons = {r.get("why", "?") for r in second + third if not r["ok"]}
         log.warning("rank %d: shared memory could not be set up (%s); using sockets", rank, "; ".join(sorted(reasons)))
-        return None
-    return group
+        return nothing
+    return Placement(hosts, group, True)
+
+
+def _by_host(identities: list[dict]) -> list[list[int]]:
+    hosts: dict[str, list[int]] = {}
+    for q, ident in enumerate(identities):
+        hosts.setdefault(json.dumps(ident, sort_keys=True), []).append(q)
+    return list(hosts.values())  # insertion order: by first rank
 
 
 class SharedGroup:
@@ -178,9 +202,13 @@ class SharedGroup:
         return -(-(CONTROL * (size + 1)) // PAGE) * PAGE
 
     def __init__(self, rank: int, size: int, chunk_bytes: int, segment: int | str, nonce: str,
-                 pids: list[int]) -> None:
+                 pids: list[int], names: list[int] | None = None) -> None:
+        """rank and size count the segment's members; names[q] is member q's rank in the whole
+        group (what every message and culprit uses: a host's segment may hold some ranks only)."""
         self.rank, self.size, self.chunk_bytes = rank, size, chunk_bytes
         self.pids = pids
+        self.names = list(range(size)) if names is None else list(names)
+        self._member = {name: q for q, name in enumerate(self.names)}
         total = self.segment_bytes(size, chunk_bytes)
         fd = segment if isinstance(segment, int) else os.open(segment, os.O_RDWR | os.O_CLOEXEC)
         self._pidfds: dict[int, int] = {}
@@ -240,7 +268,9 @@ class SharedGroup:
     # ---- set-up by the owner --------------------------------------------------------------
 
     def watch(self, fd: int, label: str, peer: int = -1) -> None:
-        """Also wake up and fail when this socket's peer (rank `peer`) hangs up (a ring link)."""
+        """Also wake up and fail when this socket's peer (rank `peer` of the whole group) hangs
+        up (a ring link). Only for a segment of the whole group: a rank on another host may
+        finish a collective and leave while this host's ranks are still at it."""
         self._watched[fd] = (label, peer)
         self._poll.register(fd, select.POLLRDHUP)
 
@@ -296,8 +326,9 @@ class SharedGroup:
 
     def _mismatch(self, mine: bytes, theirs: bytes, q: int) -> str:
         from ..ring.backend import describe_header  # one header format for both transports
-        return (f"rank {self.rank}: collective mismatch with rank {q}: this rank called "
-                f"{describe_header(mine)} but rank {q} called {describe_header(theirs)}")
+        me, peer = self.names[self.rank], self.names[q]
+        return (f"rank {me}: collective mismatch with rank {peer}: this rank called "
+                f"{describe_header(mine)} but rank {peer} called {describe_header(theirs)}")
 
     def _ring(self, sleepers: int) -> None:
         bell = self._bell
@@ -320,16 +351,16 @@ class SharedGroup:
         return None
 
     def _left(self, q: int, broken: int) -> tuple[str, int]:
-        """What to say about peer q, which left after an error, and whom to blame: the rank q
-        blamed when it named one (a relayed death), else q itself."""
-        culprit = broken - BROKEN_BASE
-        if 0 <= culprit != q and culprit != self.rank:
-            return (f"rank {culprit} died or failed (reported by rank {q} (pid {self.pids[q]}), which left "
+        """What to say about peer q, which left after an error, and whom to blame (a rank of the
+        whole group): the rank q blamed when it named one (a relayed death), else q itself."""
+        culprit, name = broken - BROKEN_BASE, self.names[q]
+        if 0 <= culprit != name and culprit != self.names[self.rank]:
+            return (f"rank {culprit} died or failed (reported by rank {name} (pid {self.pids[q]}), which left "
                     f"the group after that) (shared memory)"), culprit
-        return f"rank {q} (pid {self.pids[q]}) left the group after an error (shared memory)", q
+        return f"rank {name} (pid {self.pids[q]}) left the group after an error (shared memory)", name
 
     def _peer_error(self, text: str, culprit: int) -> PeerError:
-        exc = PeerError(f"rank {self.rank}: {self.what}: {text}")
+        exc = PeerError(f"rank {self.names[self.rank]}: {self.what}: {text}")
         exc.culprit = culprit  # the ring passes it on (mark_broken) so every survivor names the same rank
         return exc
 
@@ -359,13 +390,14 @@ class SharedGroup:
                 now = time.monotonic()
                 if now >= self.deadline:
                     raise CollectiveTimeout(
-                        f"rank {self.rank}: {self.what} timed out: rank {q} (pid {self.pids[q]}) is alive "
+                        f"rank {self.names[self.rank]}: {self.what} timed out: rank {self.names[q]} "
+                        f"(pid {self.pids[q]}) is alive "
                         f"but has not reached step {step} (it is at {v}) of this collective (shared memory)")
                 wait = self.deadline - now
                 if stall_at is not None:
                     if now >= stall_at:
                         log.warning("rank %d: %s is stalled: waiting for rank %d (pid %d) over shared memory",
-                                    self.rank, self.what, q, self.pids[q])
+                                    self.names[self.rank], self.what, self.names[q], self.pids[q])
                         stall_at = None
                     else:
                         wait = min(wait, stall_at - now)
@@ -391,19 +423,21 @@ class SharedGroup:
                 pass
             return None
         q = self._pidfds.get(fd)
-        label, peer = self._watched.get(fd, (f"fd {fd}", -1)) if q is None else ("", q)
+        label, peer = self._watched.get(fd, (f"fd {fd}", -1)) if q is None else ("", self.names[q])
         # A peer that raised marked its word before it closed its ring links (or exited): name
         # the rank it blamed rather than the peer that passed the failure on.
-        broken = self.words.load(self._broken_addr[peer], ACQUIRE) if peer >= 0 else 0
+        member = self._member.get(peer)
+        broken = self.words.load(self._broken_addr[member], ACQUIRE) if member is not None else 0
         if broken:
-            return self._left(peer, broken)
+            return self._left(member, broken)
         if q is not None:
-            return f"rank {q} (pid {self.pids[q]}) exited while this rank waited for it (shared memory)", q
+            return (f"rank {self.names[q]} (pid {self.pids[q]}) exited while this rank waited for it "
+                    f"(shared memory)"), self.names[q]
         return f"{label} closed its ring connection (the peer died or raised)", peer
 
     def mark_broken(self, culprit: int = -1) -> None:
         """Tell every peer (waiting or not) that this rank left the group after an error, and
-        which rank it blames (-1: its own error)."""
+        which rank of the whole group it blames (-1: its own error)."""
         if self._bell is None:
             return
         try:

@@ -1,4 +1,4 @@
-"""Check which transport the ring chose (EXPECT_SHM=1/0), then run the every-op-and-dtype script
+"""Check which transport the ring chose (EXPECT_SHM=1/staged/0), then run the every-op-and-dtype script
 (all_ops.py: a copy of the ring suite's former script, kept here with real processes per transport)."""
 import os
 import runpy
@@ -10,9 +10,16 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ALL_OPS = os.path.join(HERE, "all_ops.py")  # every op x dtype against numpy references
 
 g = adapter.init(strict=True)
-used = getattr(g.backend, "_shm", None) is not None
-if used != (os.environ["EXPECT_SHM"] == "1"):
+# 1: the whole group shares memory; staged: it spans hosts and runs in stages (hierarchy.py);
+# 0: sockets only.
+staged = getattr(g.backend, "_hier", None)
+used = "1" if getattr(g.backend, "_shm", None) is not None else "staged" if staged is not None else "0"
+if used != os.environ["EXPECT_SHM"]:
     sys.exit(f"rank {g.rank()}: shared memory used: {used}, expected {os.environ['EXPECT_SHM']}")
 sys.argv = [ALL_OPS] + sys.argv[1:]
 runpy.run_path(ALL_OPS, run_name="__main__")
-print(f"rank {g.rank()}: ok on {'shared memory' if used else 'sockets'}")
+where = {"1": "shared memory", "0": "sockets"}.get(used)
+if staged is not None:
+    where = (f"stages, sharing memory with ranks {staged.members}" if staged.local is not None
+             else "stages, alone on its host")
+print(f"rank {g.rank()}: ok on {where}")

@@ -1,0 +1,225 @@
+"""Collectives of a ring group that spans hosts, when some host has several of its ranks.
+
+The ranks of each such host share a segment (transport/shm.py), and the first rank of every host
+(its leader) is also a member of the leaders' ring, one rank per host, formed by a split of the
+group when the group forms. A collective then runs in three stages:
+
+  1. on each host, over shared memory: its ranks combine their inputs (all_reduce: the host's
+     result on every rank of it; all_gather: the host's blocks);
+  2. between hosts, over the leaders' ring (sockets): the leaders combine the hosts' results;
+  3. on each host, over shared memory: the leader hands the result to the host's ranks.
+
+So each host sends its data between hosts once, whatever its number of ranks, and a host's ranks
+exchange theirs in memory. Every rank gets the same bits (the leaders' result, handed on), but a
+reduction runs host by host, not in rank order. reduce_scatter runs as an all_reduce of which
+each rank keeps its slice: the leaders send 2(h-1)/h of the buffer between h hosts, where a
+reduce-scatter would send (h-1)/h. send/recv and split stay on the group's ring sockets.
+
+A leaders' collective carries the group's operation in its header (backend.STAGE_SHIFT): an
+all_reduce on one host and a reduce_scatter of the same size on another raise a mismatch there,
+instead of combining.
+
+Failure: a rank that fails in any stage marks its host's segment broken (the host's ranks fail at
+once, naming the rank it blames) and, if it is a leader, tells its neighbours in the leaders' ring
+whom it blames (by rank of the group, origin.notify) and closes its links there, so every other
+host fails too.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable
+
+import numpy as np
+
+from ...errors import DistributedError, PeerError
+from ..base import ReduceOp
+from ..protocol import OP_CODES
+from ..transport.shm import Placement, SharedGroup
+from . import origin, shm_algorithms
+
+if TYPE_CHECKING:
+    from .backend import RingBackend
+
+OP_ALL_REDUCE, OP_ALL_GATHER, OP_REDUCE_SCATTER, OP_BROADCAST, OP_BARRIER = (
+    OP_CODES[name] for name in ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "barrier"))
+
+# The header's extra field of a leaders' collective: the group's operation from bit 48, its
+# detail (a broadcast's root) from bit 16, the leaders' own extra (a reduce op, a root among
+# the leaders) below.
+STAGE_SHIFT, DETAIL_SHIFT = 48, 16
+_DETAIL_MASK, _OWN_MASK = (1 << 32) - 1, (1 << 16) - 1
+
+
+def stage_tag(op_code: int, detail: int) -> int:
+    return op_code << STAGE_SHIFT | detail << DETAIL_SHIFT
+
+
+def untag(extra: int) -> tuple[int, int, int]:
+    """(the group's operation or 0, its detail, the leaders' own extra) of a header's extra."""
+    if extra < 0:
+        return 0, 0, extra
+    return extra >> STAGE_SHIFT, extra >> DETAIL_SHIFT & _DETAIL_MASK, extra & _OWN_MASK
+
+
+class Hierarchy:
+    """Where this rank is (its host's members, its segment) and the leaders' ring, if a leader."""
+
+    def __init__(self, rank: int, placement: Placement, leaders: "RingBackend | None") -> None:
+        self.rank = rank
+        self.hosts = placement.hosts
+        self.host_of = {q: h for h, members in enumerate(self.hosts) for q in members}
+        self.host = self.host_of[rank]
+        self.members = self.hosts[self.host]
+        self.local: SharedGroup | None = placement.group  # None: the only rank on its host
+        self.leaders = leaders                            # None: not its host's first rank
+        self.leader_ranks = [members[0] for members in self.hosts]
+        self.widest = max(len(members) for members in self.hosts)
+        self._scratch: dict = {}
+
+    def buffer(self, tag: str, dtype: np.dtype, count: int) -> np.ndarray:
+        key = (tag, np.dtype(dtype))
+        buf = self._scratch.get(key)
+        if buf is None or buf.size < count:
+            buf = self._scratch[key] = np.zeros(max(count, 1), dtype)
+        return buf[:count]
+
+    def between_hosts(self, op_code: int, detail: int, call: Callable[["RingBackend"], None]) -> None:
+        """Run call(leaders' ring) as a stage of the group's operation op_code (detail: its root
+        for a broadcast); errors are reworded by ranks of the group."""
+        leaders = self.leaders
+        assert leaders is not None
+        leaders._stage = stage_tag(op_code, detail)
+        try:
+            call(leaders)
+        except DistributedError as exc:
+            raise self._reworded(exc) from None
+        finally:
+            leaders._stage = 0
+
+    def _reworded(self, exc: DistributedError) -> DistributedError:
+        outer = getattr(exc, "outer_culprit", None)
+        culprit = getattr(exc, "culprit", -1)
+        if outer is not None:
+            culprit = outer
+        elif 0 <= culprit < len(self.leader_ranks):
+            culprit = self.leader_ranks[culprit]
+        where = (f"the ring of each host's first rank (whose ranks {', '.join(map(str, range(len(self.leader_ranks))))} "
+                 f"are ranks {', '.join(map(str, self.leader_ranks))} of this group)")
+        if isinstance(exc, PeerError) and culprit >= 0:
+            new = PeerError(f"rank {self.rank}: rank {culprit} died or failed, as seen between hosts in {where}: {exc}")
+        else:
+            new = type(exc)(f"rank {self.rank}: between hosts, in {where}: {exc}")
+        new.culprit = culprit
+        new.from_leaders = True
+        return new
+
+    def fail(self, exc: BaseException) -> None:
+        """This rank's collective failed: tell its host's ranks and the other leaders now."""
+        culprit = getattr(exc, "culprit", -1)
+        if self.local is not None:
+            self.local.mark_broken(culprit)
+        leaders = self.leaders
+        if leaders is None:
+            return
+        if not getattr(exc, "from_leaders", False):  # the leaders' ring told its peers already
+            origin.notify_outer(leaders, culprit)
+        leaders.break_links(f"rank {self.rank}: a collective of its group failed")
+
+    def close(self) -> None:
+        if self.local is not None:
+            self.local.close()
+            self.local = None
+        if self.leaders is not None:
+            self.leaders.close()
+            self.leaders = None
+
+
+def form(backend: "RingBackend", placement: Placement) -> Hierarchy:
+    """Split the group into the leaders' ring (the collective every rank calls once)."""
+    rank = backend.rank()
+    leader = any(members[0] == rank for members in placement.hosts)
+    # The other ranks each get a group of their own (no connections), closed at once.
+    sub = backend.split(0 if leader else 1 + rank, rank)
+    if not leader:
+        sub.close()
+    return Hierarchy(rank, placement, sub if leader else None)
+
+
+def run(backend: "RingBackend", body: Callable, *args) -> None:
+    """Run one collective in stages, body(hierarchy, *args), under the backend's deadline."""
+    h = backend._hier
+    if h.local is not None:
+        h.local.deadline = backend._deadline
+        h.local.what = backend._what
+    if h.leaders is not None:
+        h.leaders.timeout = backend.timeout
+    try:
+        body(h, *args)
+    except BaseException as exc:
+        h.fail(exc)
+        raise
+
+
+def _all_reduce_stages(h: Hierarchy, header: bytes, src: np.ndarray, dst: np.ndarray, op: ReduceOp,
+                       small_bytes: int, op_code: int) -> None:
+    if h.local is not None:
+        shm_algorithms.all_reduce(h.local, header, src, dst, op, small_bytes)
+    else:
+        dst[...] = src
+    if h.leaders is not None:
+        h.between_hosts(op_code, 0, lambda ring: ring.all_reduce(dst, dst, op))
+    if h.local is not None:
+        shm_algorithms.broadcast(h.local, None, dst, 0)
+
+
+def all_reduce(h: Hierarchy, header: bytes, src: np.ndarray, dst: np.ndarray, op: ReduceOp,
+               small_bytes: int) -> None:
+    _all_reduce_stages(h, header, src, dst, op, small_bytes, OP_ALL_REDUCE)
+
+
+def reduce_scatter(h: Hierarchy, header: bytes, src: np.ndarray, dst: np.ndarray, op: ReduceOp,
+                   small_bytes: int) -> None:
+    full = h.buffer("reduce_scatter", src.dtype, src.size)
+    _all_reduce_stages(h, header, src, full, op, small_bytes, OP_REDUCE_SCATTER)
+    m = dst.size
+    dst[...] = full[h.rank * m:(h.rank + 1) * m]
+
+
+def all_gather(h: Hierarchy, header: bytes, src: np.ndarray, dst: np.ndarray) -> None:
+    m, k = src.size, len(h.members)
+    # Every host sends `widest` blocks (the leaders' all_gather needs one size); the padding is
+    # zeros, never another call's data.
+    host_blocks = h.buffer("all_gather host", src.dtype, h.widest * m)
+    host_blocks[k * m:] = 0
+    if h.local is not None:
+        shm_algorithms.all_gather(h.local, header, src, host_blocks[:k * m])
+    else:
+        host_blocks[:m] = src
+    if h.leaders is not None:
+        table = h.buffer("all_gather table", src.dtype, len(h.hosts) * h.widest * m)
+        h.between_hosts(OP_ALL_GATHER, 0, lambda ring: ring.all_gather(host_blocks, table))
+        for host, members in enumerate(h.hosts):
+            for j, q in enumerate(members):
+                at = (host * h.widest + j) * m
+                dst[q * m:(q + 1) * m] = table[at:at + m]
+    if h.local is not None:
+        shm_algorithms.broadcast(h.local, None, dst, 0)
+
+
+def broadcast(h: Hierarchy, header: bytes, buf: np.ndarray, root: int) -> None:
+    root_host = h.host_of[root]
+    on_root_host = h.host == root_host
+    if h.local is not None and on_root_host:
+        shm_algorithms.broadcast(h.local, header, buf, h.members.index(root))
+    if h.leaders is not None:
+        h.between_hosts(OP_BROADCAST, root, lambda ring: ring.broadcast(buf, root_host))
+    if h.local is not None and not on_root_host:
+        shm_algorithms.broadcast(h.local, header, buf, 0)
+
+
+def barrier(h: Hierarchy, header: bytes) -> None:
+    if h.local is not None:
+        shm_algorithms.barrier(h.local, header)
+    if h.leaders is not None:
+        h.between_hosts(OP_BARRIER, 0, lambda ring: ring.barrier())
+    if h.local is not None:
+        h.local.exchange()

@@ -1,0 +1,123 @@
+"""Groups that span hosts with several ranks on some: the ranks of a host share memory, the
+hosts' first ranks talk over sockets, and collectives run in stages (ring/hierarchy.py).
+
+"Another host" is a real one as far as shared memory can tell: a pid namespace of its own
+(unshare: this host's pids mean nothing there), or a network namespace behind a veth link
+(ip netns: its own loopback and abstract sockets). The kill -9 cases are in test_shm.py."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import tempfile
+
+import netns
+import pytest
+from ranks import ANOTHER_HOST, assert_all_ok, collect, run, spawn
+
+pytestmark = [
+    pytest.mark.skipif(sys.platform != "linux", reason="shared memory is implemented for Linux"),
+    pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None,
+                       reason="needs root and unshare to put a rank in another pid namespace (another host)"),
+]
+
+OPS = "shm/scripts/ops_on_shm.py"
+STAGED = {"EXPECT_SHM": "staged", "JACKLRING_LOCAL_TRANSPORT": "auto"}
+
+
+def elsewhere(*ranks: int) -> dict[int, list[str]]:
+    return {r: ANOTHER_HOST for r in ranks}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("n,away", [(3, (2,)), (3, (0,)), (3, (1,)), (4, (1, 3))],
+                         ids=["3-ranks-2-away", "3-ranks-0-away", "3-ranks-1-away", "4-ranks-1-3-away"])
+def test_every_op_and_dtype_when_the_group_spans_hosts(n, away):
+    # Rank 0 away: the shared host's first rank is rank 1. Rank 1 away: the shared host holds
+    # ranks 0 and 2, not neighbours in the ring. A 64 KiB chunk makes 70001 elements take many
+    # chunks on the shared host.
+    results = collect(spawn(n, OPS, ["0,1,5,1023,70001"], env=dict(STAGED, JACKLRING_SHM_CHUNK_BYTES="64K"),
+                            wraps=elsewhere(*away)), timeout=110)
+    assert_all_ok(results)
+    here = [r for r in range(n) if r not in away]
+    for r in results:
+        want = f"sharing memory with ranks {here}" if r.rank in here else "alone on its host"
+        assert want in r.stdout, r.stdout
+
+
+@pytest.mark.timeout(60)
+def test_sockets_only_when_asked_even_when_some_ranks_share_a_host():
+    assert_all_ok(collect(spawn(3, OPS, ["1,70001"], env={"EXPECT_SHM": "0", "JACKLRING_LOCAL_TRANSPORT": "unix"},
+                                wraps=elsewhere(2)), timeout=50))
+
+
+MISMATCH = ("import numpy as np, sys, adapter\n"
+            "g = adapter.init(strict=True)\n"
+            "assert g.backend._hier is not None\n"
+            "x = np.ones(12, np.float32)\n"
+            "try:\n"
+            "    adapter.reduce_scatter(x) if g.rank() == 2 else adapter.all_sum(x)\n"
+            "except adapter.DistributedError as e:\n"
+            "    print(type(e).__name__, e)\n"
+            "    sys.exit(3)\n")
+
+
+@pytest.mark.timeout(60)
+def test_hosts_calling_different_collectives_of_one_size_raise_a_mismatch():
+    # The hosts agree within themselves and the leaders' collectives (two all_reduces of 48
+    # bytes) look alike: the group's operation in the leaders' headers tells them apart.
+    results = collect(spawn(3, "ring_scripts/exec.py", [MISMATCH], env=STAGED, wraps=elsewhere(2)), timeout=50)
+    for r in results:
+        assert r.returncode == 3, r.stdout + r.stderr
+    for r in (results[0], results[2]):  # the two hosts' first ranks see the two requests
+        assert r.stdout.startswith("MismatchError"), r.stdout
+        assert "reduce_scatter(sum" in r.stdout and "all_reduce(sum" in r.stdout, r.stdout
+    assert "rank 0" in results[1].stdout, results[1].stdout  # told by its host's first rank
+
+
+@pytest.mark.timeout(60)
+def test_a_split_of_a_group_spanning_hosts_stages_only_where_it_still_spans_them():
+    body = ("import numpy as np, adapter\n"
+            "g = adapter.init(strict=True)\n"
+            "sub = g.split(g.rank() % 2)\n"  # {0, 2} share a host; {1, 3} are on two hosts
+            "b = sub.backend\n"
+            "kind = 'shm' if b._shm is not None else 'staged' if b._hier is not None else 'sockets'\n"
+            "x = adapter.all_sum(np.full(5, g.rank() + 1.0), group=sub)\n"
+            "y = adapter.all_sum(np.full(5, g.rank() + 1.0))\n"
+            "print(kind, x[0], y[0])\n")
+    results = collect(spawn(4, "ring_scripts/exec.py", [body], env=STAGED, wraps=elsewhere(3)), timeout=50)
+    assert_all_ok(results)
+    kinds = [r.stdout.split() for r in results]
+    assert kinds == [["shm", "4.0", "10.0"], ["sockets", "6.0", "10.0"],
+                     ["shm", "4.0", "10.0"], ["sockets", "6.0", "10.0"]], kinds
+
+
+@pytest.mark.timeout(150)
+def test_two_hosts_of_two_ranks_each_over_a_real_link():
+    # Network namespaces joined by a veth pair: ranks 0 and 1 in one, 2 and 3 in the other, each
+    # host's ranks on its address. Every op and dtype, each host on its own shared memory.
+    why = netns.unavailable()
+    if why:
+        pytest.skip(why)
+    try:
+        with netns.veth_pair("10.211") as pair:
+            addresses = [[f"{pair.addresses[r // 2]}:{41000 + r}"] for r in range(4)]
+            with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+                json.dump(addresses, f)
+            try:
+                wraps = {r: pair.exec_prefix(r // 2) for r in range(4)}
+                results = collect(spawn(4, OPS, ["0,5,70001"], env=STAGED, hostfile=f.name, wraps=wraps), timeout=140)
+            finally:
+                os.unlink(f.name)
+    except RuntimeError as exc:
+        pytest.skip(str(exc))
+    assert_all_ok(results)
+    for r in results:
+        assert f"sharing memory with ranks {[0, 1] if r.rank < 2 else [2, 3]}" in r.stdout, r.stdout
+
+
+@pytest.mark.timeout(60)
+def test_the_whole_group_on_one_host_is_not_staged():
+    # The control: the same four ranks, all here, share one segment (no leaders' ring).
+    assert_all_ok(run(4, OPS, ["5"], timeout=50, env=dict(STAGED, EXPECT_SHM="1")))
