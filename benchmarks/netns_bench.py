@@ -4,10 +4,11 @@ link rate. Needs root (ip netns, tc).
 
     sudo .venv/bin/python benchmarks/netns_bench.py -n 2 --rate 1gbit
     sudo .venv/bin/python benchmarks/netns_bench.py -n 4 --rate 500mbit --backend ring,jaccl --compare gloo
+    sudo .venv/bin/python benchmarks/netns_bench.py -n 4 --ranks-per-host 2 --backend ring,ring-unix
     sudo .venv/bin/python benchmarks/netns_bench.py --cleanup        # leftovers of a killed run
 
 The ranks get the real environment contract, with addresses inside the namespaces only
-(SUBNET.1 ... SUBNET.n): MLX_RANK / MLX_HOSTFILE for the ring, MLX_JACCL_COORDINATOR and
+(SUBNET.1 ... SUBNET.n, or one per namespace of --ranks-per-host ranks): MLX_RANK / MLX_HOSTFILE for the ring, MLX_JACCL_COORDINATOR and
 MLX_IBV_DEVICES (devices that do not exist, so JACCL runs over its TCP mesh) for JACCL,
 MASTER_ADDR for torch's gloo; ring-1dir is a second ring group whose large reductions go one
 way round (JACKLRING_RING_DIRECTIONS=1). Timing, warm-up and the table are adapter.bench's (interleaved
@@ -43,7 +44,7 @@ from adapter import bench
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
-OURS = ("ring", "ring-1dir", "jaccl")
+OURS = ("ring", "ring-unix", "ring-1dir", "jaccl")
 OTHERS = ("gloo", "mpi")
 BASE_PORT = 20000  # every namespace has its own ports: nothing else listens there
 
@@ -106,13 +107,15 @@ def mpi_launch(links: Links, tmp: str) -> tuple[list[str], dict[str, str]]:
 
 
 def run(opts: argparse.Namespace) -> int:
-    links = Links(opts.n, opts.rate, subnet=opts.subnet, queue_bytes=opts.queue)
+    per_host = opts.ranks_per_host
+    links = Links(opts.n // per_host, opts.rate, subnet=opts.subnet, queue_bytes=opts.queue)
     tmp = tempfile.mkdtemp(prefix="jacklring-netns-")
     link_rate = opts.rate / 8
     try:
         links.create()
-        print(f"# {opts.n} ranks in namespaces {links.prefix}-r*, {links.address(0)}..{links.address(opts.n - 1)}, "
-              f"tbf {opts.rate / 1e6:g} Mbit/s each way (burst {netns_links.burst_bytes(opts.rate)} B, queue {links.limit()} B)")
+        print(f"# {opts.n} ranks, {per_host} per namespace, in namespaces {links.prefix}-r*, {links.address(0)}.."
+              f"{links.address(links.ranks - 1)}, tbf {opts.rate / 1e6:g} Mbit/s each way "
+              f"(burst {netns_links.burst_bytes(opts.rate)} B, queue {links.limit()} B)")
         if opts.ceiling_seconds > 0:
             rates = tcp_ceiling(links, tmp, opts.ceiling_seconds)
             print(f"# plain TCP ring, {opts.ceiling_seconds:g} s: received per rank " + ", ".join(
@@ -122,7 +125,7 @@ def run(opts: argparse.Namespace) -> int:
                 "--rounds", str(opts.rounds), "--iters", str(opts.iters), "--budget-bytes", str(opts.budget_bytes),
                 "--stat", opts.stat, "--timeout", str(opts.timeout)]
         args = bench.parse_args(argv)
-        hosts = [links.address(r) for r in range(opts.n)]
+        hosts = [links.address(r // per_host) for r in range(opts.n)]
         env = dict(os.environ, **bench.contract_env(opts.n, hosts, iter(range(BASE_PORT, BASE_PORT + 1000)), tmp, 1,
                                                    args.backends))
         # gloo finds its interface by the host name otherwise, which resolves outside the namespaces.
@@ -132,7 +135,8 @@ def run(opts: argparse.Namespace) -> int:
         if "mpi-tcp" in args.backends:
             launch, mpi_env = mpi_launch(links, tmp)
             env.update(mpi_env)
-        results = bench.measure(args, argv, env, tmp, in_namespace(links), launch)
+        in_host = in_namespace(links)
+        results = bench.measure(args, argv, env, tmp, lambda r: in_host(r // per_host), launch)
         if results is None:
             print("netns_bench: a rank failed (its output is above)", file=sys.stderr)
             return 1
@@ -150,12 +154,16 @@ def run(opts: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("-n", type=int, default=2, help="ranks, one namespace each (default 2)")
+    ap.add_argument("-n", type=int, default=2, help="ranks (default 2)")
+    ap.add_argument("--ranks-per-host", type=int, default=1,
+                    help="ranks per namespace (default 1); a host's ranks share memory, ring-unix is a ring "
+                         "group that does not")
     ap.add_argument("--rate", type=parse_rate, default=1e9, help="link rate each way, e.g. 1gbit (default), 500mbit")
     ap.add_argument("--queue", type=bench.parse_size, default=4 << 20,
                     help="tbf queue on each end of each link, bytes (default 4M; at least 10 ms of the rate)")
     ap.add_argument("--backend", default="ring,jaccl",
-                    help="ours, comma separated: ring, ring-1dir (large reductions one way round), jaccl")
+                    help="ours, comma separated: ring, ring-unix (never shared memory), ring-1dir (large "
+                         "reductions one way round), jaccl")
     ap.add_argument("--compare", default="", help="others, comma separated: gloo, mpi (Open MPI's TCP BTL)")
     ap.add_argument("--sizes", default="64K,1M,16M,64M")
     ap.add_argument("--rounds", type=int, default=5)
@@ -180,6 +188,10 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"{option}: {', '.join(unknown)} not offered here; choose from {', '.join(allowed)}")
     if not 2 <= opts.n <= 250:
         ap.error("-n must be between 2 and 250")
+    if opts.ranks_per_host < 1 or opts.n % opts.ranks_per_host:
+        ap.error(f"--ranks-per-host {opts.ranks_per_host} does not divide -n {opts.n}")
+    if opts.ranks_per_host > 1 and "mpi" in opts.compare.split(","):
+        ap.error("--compare mpi starts one rank per namespace; leave it out with --ranks-per-host")
     if not re.fullmatch(r"(25[0-5]|2[0-4]\d|1?\d?\d)(\.(25[0-5]|2[0-4]\d|1?\d?\d)){2}", opts.subnet):
         ap.error(f"--subnet {opts.subnet!r}: give the first three octets, e.g. 10.211.0")
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
