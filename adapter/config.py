@@ -159,8 +159,8 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
     Setting("JACKLRING_RING_DIRECTIONS", integer(1, 2), 2,
             "run large reductions over both ring directions (2) or one (1)"),
     Setting("JACKLRING_LOCAL_TRANSPORT", choice("auto", "shm", "unix", "tcp"), "auto",
-            "how ranks on one host connect: auto/shm (collectives over shared memory when the whole group "
-            "is on one host, else Unix sockets), unix (abstract Unix sockets on Linux) or tcp; JACCL's TCP mesh uses "
+            "how ranks on one host connect: auto/shm (collectives over shared memory between the ranks of "
+            "a host, in stages when the group spans hosts; Unix sockets for the rest), unix (abstract Unix sockets on Linux) or tcp; JACCL's TCP mesh uses "
             "Unix sockets only with unix"),
     Setting("JACKLRING_SHM_CHUNK_BYTES", byte_size, 2 << 20,
             "shared-memory buffer per rank and step (the segment is 2 x ranks x this)"),
