@@ -160,8 +160,8 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
             "run large reductions over both ring directions (2) or one (1)"),
     Setting("JACKLRING_LOCAL_TRANSPORT", choice("auto", "shm", "unix", "tcp"), "auto",
             "how ranks on one host connect: auto/shm (collectives over shared memory between the ranks of "
-            "a host, in stages when the group spans hosts; Unix sockets for the rest), unix (abstract Unix sockets on Linux) or tcp; JACCL's TCP mesh uses "
-            "Unix sockets only with unix"),
+            "a host, in stages when the group spans hosts; Unix sockets for the rest), unix (abstract Unix "
+            "sockets on Linux) or tcp; JACCL's TCP mesh uses Unix sockets only with unix"),
     Setting("JACKLRING_SHM_CHUNK_BYTES", byte_size, 2 << 20,
             "shared-memory buffer per rank and step (the segment is 2 x ranks x this)"),
     Setting("JACKLRING_SHM_YIELD_US", microseconds, 1000.0,

@@ -8,8 +8,8 @@ link rate. Needs root (ip netns, tc).
     sudo .venv/bin/python benchmarks/netns_bench.py --cleanup        # leftovers of a killed run
 
 The ranks get the real environment contract, with addresses inside the namespaces only
-(SUBNET.1 ... SUBNET.n, or one per namespace of --ranks-per-host ranks): MLX_RANK / MLX_HOSTFILE for the ring, MLX_JACCL_COORDINATOR and
-MLX_IBV_DEVICES (devices that do not exist, so JACCL runs over its TCP mesh) for JACCL,
+(SUBNET.1 ... SUBNET.n, or one per namespace of --ranks-per-host ranks): MLX_RANK / MLX_HOSTFILE
+for the ring, MLX_JACCL_COORDINATOR and MLX_IBV_DEVICES (devices that do not exist, so JACCL runs over its TCP mesh) for JACCL,
 MASTER_ADDR for torch's gloo; ring-1dir is a second ring group whose large reductions go one
 way round (JACKLRING_RING_DIRECTIONS=1). Timing, warm-up and the table are adapter.bench's (interleaved
 rounds). First a plain TCP ring (benchmarks/tcp_ceiling.py) measures what the links carry.
