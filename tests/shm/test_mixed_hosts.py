@@ -108,6 +108,8 @@ def test_two_hosts_of_two_ranks_each_over_a_real_link():
             try:
                 wraps = {r: pair.exec_prefix(r // 2) for r in range(4)}
                 results = collect(spawn(4, OPS, ["0,5,70001"], env=STAGED, hostfile=f.name, wraps=wraps), timeout=140)
+                links = collect(spawn(4, "ring_scripts/exec.py", [LINK_FAMILIES], hostfile=f.name, wraps=wraps,
+                                      env={"JACKLRING_LOCAL_TRANSPORT": "unix"}), timeout=60)
             finally:
                 os.unlink(f.name)
     except RuntimeError as exc:
@@ -115,6 +117,15 @@ def test_two_hosts_of_two_ranks_each_over_a_real_link():
     assert_all_ok(results)
     for r in results:
         assert f"sharing memory with ranks {[0, 1] if r.rank < 2 else [2, 3]}" in r.stdout, r.stdout
+    # Sockets between the ranks of a host are Unix sockets, found by address, not by loopback:
+    # rank r's link to r + 1 (same namespace for 0 -> 1 and 2 -> 3).
+    assert_all_ok(links)
+    assert [r.stdout.split() for r in links] == [["unix"], ["tcp"], ["unix"], ["tcp"]], [r.stdout for r in links]
+
+
+LINK_FAMILIES = ("import socket, adapter\n"
+                 "g = adapter.init(strict=True)\n"
+                 "print(*['unix' if link.sock.family == socket.AF_UNIX else 'tcp' for link in g.backend.right])\n")
 
 
 @pytest.mark.timeout(60)

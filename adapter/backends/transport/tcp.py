@@ -9,6 +9,7 @@ with a process of the same user (SO_PEERCRED, checked on both ends).
 """
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import socket
@@ -117,14 +118,27 @@ def listen(host: str, port: int, backlog: int = 512) -> socket.socket:
 
 
 def local_name(host: str, port: int) -> str | None:
-    """The abstract Unix socket that a listener on a loopback host:port also listens on (Linux),
-    so that ranks on one host skip the TCP/IP stack; None where that does not apply.
-    JACKLRING_LOCAL_TRANSPORT=tcp turns it off."""
+    """The abstract Unix socket that a listener on host:port also listens on (Linux), so that
+    ranks on one host skip the TCP/IP stack; None where that does not apply: another host's
+    address, or JACKLRING_LOCAL_TRANSPORT=tcp. Abstract sockets belong to a network namespace,
+    like the addresses: a name found there is this host's (or a squatter's: connect checks)."""
     if sys.platform != "linux" or config.get("JACKLRING_LOCAL_TRANSPORT") == "tcp":
         return None
-    if not (host.startswith("127.") or host in ("::1", "localhost")):
+    if not (host.startswith("127.") or host in ("::1", "localhost") or own_address(host)):
         return None
     return f"\0jacklring-{format_address((host, port))}"
+
+
+@functools.lru_cache(maxsize=256)
+def own_address(host: str) -> bool:
+    """Whether host is an address of this host (of its network namespace): one a socket can
+    bind to. Not only loopback: a hostfile usually names the hosts' own interfaces."""
+    try:
+        with socket.socket(_family(host), socket.SOCK_DGRAM) as probe:
+            probe.bind((host, 0))
+        return True
+    except (OSError, ValueError):
+        return False
 
 
 _squat_reported: set[str] = set()
@@ -141,8 +155,8 @@ def _report_squat(name: str, uid: int | None, side: str) -> None:
 
 
 class Listener:
-    """A TCP listening socket and, for a loopback address on Linux, an abstract Unix socket of
-    the same name (local_name). Peers may arrive on either; both carry the same handshake.
+    """A TCP listening socket and, on Linux, an abstract Unix socket of the same name
+    (local_name). Peers may arrive on either; both carry the same handshake.
 
     serve() starts the acceptor thread that authenticates arrivals; take() hands over the
     authenticated connections the caller is waiting for."""
@@ -229,8 +243,8 @@ def _new_socket(family: int, operation: str) -> socket.socket:
 def connect(addr: tuple[str, int], hello: Hello, deadline: float, who: str, auth: Auth,
             pause: Callable[[float], None] | None = None) -> socket.socket:
     """Connect to addr, retrying with backoff until deadline (the peer may not be listening yet),
-    and run the handshake. A loopback peer is reached through its Unix socket when one of this
-    user's processes holds it (see Listener). `who` describes the peer for the error message.
+    and run the handshake. A peer at an address of this host is reached through its Unix socket
+    when one of this user's processes holds it (see Listener). `who` describes the peer for the error message.
     A listener that answers but is not a rank of this job fails at once (PeerError).
     pause(seconds) waits between attempts (default: sleep); a forming group passes one that
     watches its other connections meanwhile and raises when the formation is abandoned."""
