@@ -16,7 +16,7 @@ import netns
 import numpy as np
 import pytest
 from faults.cluster import finish_all, rank_envs, reports, start, stop_all
-from security_helpers import INJECTION_TARGET, outsider_fixture  # noqa: F401  (the `outsider` fixture)
+from security_helpers import INJECTION_TARGET, outsider_fixture, wait_ready  # noqa: F401  (the `outsider` fixture)
 
 from adapter.backends.elements import dtype_code
 
@@ -75,3 +75,27 @@ def test_without_a_secret_the_same_outsider_gets_in(tmp_path, veth, outsider):
     procs, _, out, err = _attack(tmp_path, veth, outsider, {"JACKLRING_CONNECT_TIMEOUT": "5"})
     assert "ack status 0" in out, out + err
     assert procs[0].tagged("GOT")[0][2:] == ["666.0"] * 10, reports(procs)
+
+
+@pytest.mark.timeout(60)
+def test_squatted_unix_names_of_a_non_loopback_address_never_give_a_wrong_sum(tmp_path, veth, outsider):
+    """Ranks of one host listening on its veth address meet over Unix sockets named after that
+    address (not only on loopback): an outsider of another uid in the same namespace who holds
+    those names first is detected by its uid and reported; the ranks use TCP and sum right (the
+    collectives forced onto the sockets, where a tampering relay would show)."""
+    job_host = veth.addresses[0]
+    envs = rank_envs("ring", 2, tmp_path, hosts=[job_host, job_host])
+    addresses = [a[0] for a in json.loads((tmp_path / "ring-hosts.json").read_text())]
+    relay = outsider("relay.py", *addresses, wrap=veth.exec_prefix(0))
+    wait_ready(relay)
+    body = "x = all_sum(np.ones(4096, np.float32)); say('SUM', float(x.min()), float(x.max()))"
+    procs = start("ring", 2, body, tmp_path, envs=envs, env={"JACKLRING_LOCAL_TRANSPORT": "unix"},
+                  wrap=veth.exec_prefix(0))
+    try:
+        codes = finish_all(procs, 40)
+    finally:
+        stop_all(procs)
+    assert codes == [0, 0], reports(procs)
+    for p in procs:
+        assert p.tagged("SUM")[0][2:] == ["2.0", "2.0"], reports(procs)
+    assert sum(p.stderr.count("squats it") for p in procs) >= 2, reports(procs)
