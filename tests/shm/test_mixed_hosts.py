@@ -57,23 +57,36 @@ MISMATCH = ("import numpy as np, sys, adapter\n"
             "assert g.backend._hier is not None\n"
             "x = np.ones(12, np.float32)\n"
             "try:\n"
-            "    adapter.reduce_scatter(x) if g.rank() == 2 else adapter.all_sum(x)\n"
+            "    CALL\n"
+            "    adapter.barrier()\n"  # a rank whose own part succeeded learns it here
             "except adapter.DistributedError as e:\n"
             "    print(type(e).__name__, e)\n"
             "    sys.exit(3)\n")
+# (what rank 2, on the other host, calls while ranks 0 and 1 call the first; what the leaders see)
+DIFFERENT = {
+    "reduce_scatter": ("adapter.reduce_scatter(x) if g.rank() == 2 else adapter.all_sum(x)",
+                       ("reduce_scatter(sum", "all_reduce(sum")),
+    # Both roots on the first host: the leaders' broadcasts (from that host) look alike.
+    "broadcast_root": ("adapter.broadcast(x, root=1 if g.rank() == 2 else 0)", ("broadcast", "root 1")),
+}
 
 
 @pytest.mark.timeout(60)
-def test_hosts_calling_different_collectives_of_one_size_raise_a_mismatch():
-    # The hosts agree within themselves and the leaders' collectives (two all_reduces of 48
-    # bytes) look alike: the group's operation in the leaders' headers tells them apart.
-    results = collect(spawn(3, "ring_scripts/exec.py", [MISMATCH], env=STAGED, wraps=elsewhere(2)), timeout=50)
+@pytest.mark.parametrize("case", list(DIFFERENT))
+def test_hosts_calling_different_collectives_of_one_size_raise_a_mismatch(case):
+    # The hosts agree within themselves, and the leaders' collectives alone would look alike: the
+    # group's operation and root in the leaders' headers tell them apart.
+    call, words = DIFFERENT[case]
+    results = collect(spawn(3, "ring_scripts/exec.py", [MISMATCH.replace("CALL", call)], env=STAGED,
+                            wraps=elsewhere(2)), timeout=50)
     for r in results:
         assert r.returncode == 3, r.stdout + r.stderr
     for r in (results[0], results[2]):  # the two hosts' first ranks see the two requests
         assert r.stdout.startswith("MismatchError"), r.stdout
-        assert "reduce_scatter(sum" in r.stdout and "all_reduce(sum" in r.stdout, r.stdout
-    assert "rank 0" in results[1].stdout, results[1].stdout  # told by its host's first rank
+        assert all(word in r.stdout for word in words), r.stdout
+    # Told by its host's first rank (a broadcast's root host needs no hand-on from the leader:
+    # there rank 1 is done before the leaders compare, and fails at its next collective).
+    assert "rank 0" in results[1].stdout, results[1].stdout
 
 
 @pytest.mark.timeout(60)

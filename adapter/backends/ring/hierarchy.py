@@ -11,9 +11,10 @@ group when the group forms. A collective then runs in three stages:
 
 So each host sends its data between hosts once, whatever its number of ranks, and a host's ranks
 exchange theirs in memory. Every rank gets the same bits (the leaders' result, handed on), but a
-reduction runs host by host, not in rank order. reduce_scatter runs as an all_reduce of which
-each rank keeps its slice: the leaders send 2(h-1)/h of the buffer between h hosts, where a
-reduce-scatter would send (h-1)/h. send/recv and split stay on the group's ring sockets.
+reduction runs host by host, not in rank order. reduce_scatter: the host's ranks all_reduce the
+whole buffer in memory, the leaders reduce-scatter it laid out host by host (each host's
+members' blocks together, padded to the widest host), and each leader hands its host's blocks
+on. send/recv and split stay on the group's ring sockets.
 
 A leaders' collective carries the group's operation in its header (backend.STAGE_SHIFT): an
 all_reduce on one host and a reduce_scatter of the same size on another raise a mismatch there,
@@ -159,29 +160,41 @@ def run(backend: "RingBackend", body: Callable, *args) -> None:
         raise
 
 
-def _all_reduce_stages(h: Hierarchy, header: bytes, src: np.ndarray, dst: np.ndarray, op: ReduceOp,
-                       small_bytes: int, op_code: int) -> None:
+def all_reduce(h: Hierarchy, header: bytes, src: np.ndarray, dst: np.ndarray, op: ReduceOp,
+               small_bytes: int) -> None:
     if h.local is not None:
         shm_algorithms.all_reduce(h.local, header, src, dst, op, small_bytes)
     else:
         dst[...] = src
     if h.leaders is not None:
-        h.between_hosts(op_code, 0, lambda ring: ring.all_reduce(dst, dst, op))
+        h.between_hosts(OP_ALL_REDUCE, 0, lambda ring: ring.all_reduce(dst, dst, op))
     if h.local is not None:
         shm_algorithms.broadcast(h.local, None, dst, 0)
 
 
-def all_reduce(h: Hierarchy, header: bytes, src: np.ndarray, dst: np.ndarray, op: ReduceOp,
-               small_bytes: int) -> None:
-    _all_reduce_stages(h, header, src, dst, op, small_bytes, OP_ALL_REDUCE)
-
-
 def reduce_scatter(h: Hierarchy, header: bytes, src: np.ndarray, dst: np.ndarray, op: ReduceOp,
                    small_bytes: int) -> None:
-    full = h.buffer("reduce_scatter", src.dtype, src.size)
-    _all_reduce_stages(h, header, src, full, op, small_bytes, OP_REDUCE_SCATTER)
-    m = dst.size
-    dst[...] = full[h.rank * m:(h.rank + 1) * m]
+    m, k = dst.size, len(h.members)
+    full = h.buffer("reduce_scatter full", src.dtype, src.size)
+    if h.local is not None:
+        shm_algorithms.all_reduce(h.local, header, src, full, op, small_bytes)
+    else:
+        full[...] = src
+    # The leaders reduce-scatter blocks laid out host by host (each host `widest` blocks, the
+    # padding zeros), so each leader ends with its host's members' blocks.
+    ours = h.buffer("reduce_scatter host", src.dtype, h.widest * m)
+    if h.leaders is not None:
+        laid_out = h.buffer("reduce_scatter by host", src.dtype, len(h.hosts) * h.widest * m)
+        for host, members in enumerate(h.hosts):
+            at = host * h.widest * m
+            for j, q in enumerate(members):
+                laid_out[at + j * m:at + (j + 1) * m] = full[q * m:(q + 1) * m]
+            laid_out[at + len(members) * m:at + h.widest * m] = 0
+        h.between_hosts(OP_REDUCE_SCATTER, 0, lambda ring: ring.reduce_scatter(laid_out, ours, op))
+    if h.local is not None:
+        shm_algorithms.broadcast(h.local, None, ours[:k * m], 0)
+    j = h.members.index(h.rank)
+    dst[...] = ours[j * m:(j + 1) * m]
 
 
 def all_gather(h: Hierarchy, header: bytes, src: np.ndarray, dst: np.ndarray) -> None:
