@@ -16,13 +16,13 @@ whole buffer in memory, the leaders reduce-scatter it laid out host by host (eac
 members' blocks together, padded to the widest host), and each leader hands its host's blocks
 on. send/recv and split stay on the group's ring sockets.
 
-A leaders' collective carries the group's operation in its header (backend.STAGE_SHIFT): an
-all_reduce on one host and a reduce_scatter of the same size on another raise a mismatch there,
-instead of combining.
+A leaders' collective carries the group's operation and a broadcast's root in its header
+(stage_tag): broadcasts from two roots of one host, which the leaders' ring alone cannot tell
+apart, raise a mismatch there instead of handing on the wrong data.
 
 Failure: a rank that fails in any stage marks its host's segment broken (the host's ranks fail at
 once, naming the rank it blames) and, if it is a leader, tells its neighbours in the leaders' ring
-whom it blames (by rank of the group, origin.notify) and closes its links there, so every other
+whom it blames (by rank of the group, origin.notify_outer) and closes its links there, so every other
 host fails too.
 """
 from __future__ import annotations
