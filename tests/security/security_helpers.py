@@ -34,6 +34,24 @@ else:
 """
 
 
+def sum_beside_a_squatter(tmp_path: Path, envs: list[dict], env: dict, wrap: list[str] | None = None) -> None:
+    """Run a 2-rank ring all_sum (envs: rank_envs) while an outsider's relay.py holds the Unix
+    names of the ranks' addresses, relaying to their TCP ports and rewriting every 1.0: the sum
+    must be right and each rank must report the squatter."""
+    from faults.cluster import finish_all, reports, start, stop_all
+    body = "x = all_sum(np.ones(4096, np.float32)); say('SUM', float(x.min()), float(x.max()))"
+    procs = start("ring", 2, body, tmp_path, envs=envs, env=env, wrap=wrap)
+    try:
+        codes = finish_all(procs, 40)
+    finally:
+        stop_all(procs)
+    assert codes == [0, 0], reports(procs)
+    for p in procs:
+        assert p.tagged("SUM")[0][2:] == ["2.0", "2.0"], reports(procs)
+    # detected and reported once per name, not silently
+    assert sum(p.stderr.count("squats it") for p in procs) >= 2, reports(procs)
+
+
 def outsider_available() -> str | None:
     if os.geteuid() != 0:
         return "needs root to run the outsider as another uid"

@@ -10,7 +10,12 @@ import time
 import numpy as np
 import pytest
 from faults.cluster import finish_all, rank_envs, reports, start, stop_all
-from security_helpers import INJECTION_TARGET, outsider_fixture, wait_ready  # noqa: F401  (the `outsider` fixture)
+from security_helpers import (  # noqa: F401  (the `outsider` fixture)
+    INJECTION_TARGET,
+    outsider_fixture,
+    sum_beside_a_squatter,
+    wait_ready,
+)
 
 from adapter.backends.elements import dtype_code
 from adapter.backends.jaccl import config as jaccl_config
@@ -29,17 +34,7 @@ def test_squatted_unix_names_and_a_tampering_relay_never_give_a_wrong_sum(tmp_pa
     addresses = [a[0] for a in ring_addresses(tmp_path)]
     relay = outsider("relay.py", *addresses)
     wait_ready(relay)
-    body = "x = all_sum(np.ones(4096, np.float32)); say('SUM', float(x.min()), float(x.max()))"
-    procs = start("ring", 2, body, tmp_path, envs=envs, env=SECRET if secret else {})
-    try:
-        codes = finish_all(procs, 40)
-    finally:
-        stop_all(procs)
-    assert codes == [0, 0], reports(procs)
-    for p in procs:
-        assert p.tagged("SUM")[0][2:] == ["2.0", "2.0"], reports(procs)
-    # detected and reported once per name, not silently
-    assert sum(p.stderr.count("squats it") for p in procs) >= 2, reports(procs)
+    sum_beside_a_squatter(tmp_path, envs, SECRET if secret else {})
 
 
 @pytest.mark.timeout(60)

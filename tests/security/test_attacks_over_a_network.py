@@ -16,7 +16,12 @@ import netns
 import numpy as np
 import pytest
 from faults.cluster import finish_all, rank_envs, reports, start, stop_all
-from security_helpers import INJECTION_TARGET, outsider_fixture, wait_ready  # noqa: F401  (the `outsider` fixture)
+from security_helpers import (  # noqa: F401  (the `outsider` fixture)
+    INJECTION_TARGET,
+    outsider_fixture,
+    sum_beside_a_squatter,
+    wait_ready,
+)
 
 from adapter.backends.elements import dtype_code
 
@@ -88,14 +93,4 @@ def test_squatted_unix_names_of_a_non_loopback_address_never_give_a_wrong_sum(tm
     addresses = [a[0] for a in json.loads((tmp_path / "ring-hosts.json").read_text())]
     relay = outsider("relay.py", *addresses, wrap=veth.exec_prefix(0))
     wait_ready(relay)
-    body = "x = all_sum(np.ones(4096, np.float32)); say('SUM', float(x.min()), float(x.max()))"
-    procs = start("ring", 2, body, tmp_path, envs=envs, env={"JACKLRING_LOCAL_TRANSPORT": "unix"},
-                  wrap=veth.exec_prefix(0))
-    try:
-        codes = finish_all(procs, 40)
-    finally:
-        stop_all(procs)
-    assert codes == [0, 0], reports(procs)
-    for p in procs:
-        assert p.tagged("SUM")[0][2:] == ["2.0", "2.0"], reports(procs)
-    assert sum(p.stderr.count("squats it") for p in procs) >= 2, reports(procs)
+    sum_beside_a_squatter(tmp_path, envs, {"JACKLRING_LOCAL_TRANSPORT": "unix"}, wrap=veth.exec_prefix(0))
