@@ -227,6 +227,9 @@ class RingBackend(Backend):
         # What an abort header is about (a split's parent rewords these for the sub-groups).
         self._task, self._forming, self._member_word = "forming the group", "the group", "rank"
         self._abandoned: type[FormationAbandoned] = FormationAbandoned
+        # While a split forms this sub-ring, an abort header read here names parent ranks: word
+        # it as the parent's watch does (None once formed, or for a ring of its own).
+        self._formation_text = watch.explain if watch is not None else None
         # A split passes the watch over its parent's links; init watches this ring's own.
         self._formation = watch if watch is not None else Watch(
             find_abort, self._abort_header, self._abort_text, self._describe_member, self._forming,
@@ -833,6 +836,7 @@ class RingBackend(Backend):
                 raise PeerError(f"{what}: {cause} ({exc})") from None
             self._abandon_split(-1)
             raise type(exc)(f"{what}: {exc}") from None
+        sub._formation_text = None
         self._abandon_on_failure = True
         try:
             self.barrier()  # every rank formed its sub-group: the formation ends together everywhere
@@ -989,8 +993,8 @@ class RingBackend(Backend):
             magic, op, reason, reporter, _, culprit = HEADER.unpack(theirs)
             if magic == HEADER_MAGIC and op == OP_ABORT:
                 missing = reason == ABORT_MISSING
-                raise self._abandoned(culprit, f"rank {self._rank}: {self._abort_text(reporter, culprit, missing)}",
-                                      missing)
+                explain = self._formation_text or self._abort_text
+                raise self._abandoned(culprit, f"rank {self._rank}: {explain(reporter, culprit, missing)}", missing)
             request = header_request(theirs)
             if request is None:
                 raise MismatchError(f"rank {self._rank}: rank {sender} sent {describe_header(theirs)} "

@@ -62,6 +62,10 @@ class Watch:
         self._on_arrival: Callable[[], None] | None = None
         self._waits_for: Callable[[int], bool] | None = None
 
+    def explain(self, reporter: int, culprit: int, missing: bool = False) -> str:
+        """The message for an abort header from `reporter` naming `culprit`."""
+        return self._explain(reporter, culprit, missing)
+
     def add(self, sock: socket.socket, peer: int) -> None:
         """Watch a connection to or from member `peer`."""
         self._links.append((sock, peer))
