@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from adapter.backends.base import ReduceOp
-from adapter.backends.ring import shm_algorithms
-from adapter.backends.ring.shm_algorithms import _UFUNCS, reduce_rows
+from adapter.backends.local import algorithms as shm_algorithms
+from adapter.backends.local.algorithms import _UFUNCS, reduce_rows
 
 SWITCH = shm_algorithms._CHAIN_ELEMENTS
 

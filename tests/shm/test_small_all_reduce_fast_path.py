@@ -1,5 +1,5 @@
 """The small-message fast paths: the one-step reduction decided once per (dtype, op, count)
-(shm_algorithms._row_reduction) gives the same bits as reduce_rows for every dtype, op and group
+(local/algorithms._row_reduction) gives the same bits as reduce_rows for every dtype, op and group
 size; quiet_call / quiet_ufunc hide overflow and invalid results as np.errstate does, and leaves the
 caller's error state alone; ops' numpy fast path agrees with numpy on 2 ranks over shared memory
 for every dtype and op, and still refuses what the general path refuses."""
@@ -14,8 +14,8 @@ from ranks import assert_all_ok, run
 
 from adapter.backends.base import ReduceOp
 from adapter.backends.elements import quiet_call, quiet_ufunc
-from adapter.backends.ring import shm_algorithms
-from adapter.backends.ring.shm_algorithms import _row_reduction, reduce_rows
+from adapter.backends.local import algorithms as shm_algorithms
+from adapter.backends.local.algorithms import _row_reduction, reduce_rows
 
 DTYPES = [np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64,
           np.float16, ml_dtypes.bfloat16, np.float32, np.float64, np.complex64, np.complex128]

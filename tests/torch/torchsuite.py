@@ -91,7 +91,7 @@ def define_suite() -> type:
         _route_monitored_barrier()
         # Loaded once here, not in every forked rank: binding patomic through cffi costs about a
         # second per process on a loaded 2-core machine, paid by each process's first same-host group.
-        from adapter.backends.transport import atomic_words
+        from adapter.backends.local import atomic_words
 
         atomic_words.available()
     DistributedTest, TestDistBackend = distributed_test.DistributedTest, distributed_test.TestDistBackend

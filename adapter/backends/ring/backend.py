@@ -23,7 +23,6 @@ import logging
 import os
 import select
 import socket
-import struct
 import threading
 import time
 from collections import deque
@@ -43,14 +42,33 @@ from ...errors import (
 )
 from ..base import Backend, ReduceOp, split_members
 from ..elements import DTYPE_CODES, byte_view, dtype_code, reduce_many, split_evenly
-from ..protocol import OP_CODES, REDUCE_CODES, Request, mismatch_message
+from ..local import algorithms as shm_algorithms
+from ..protocol import REDUCE_CODES, mismatch_message
 from ..transport import auth, integrity, tcp
 from ..transport.names import check_resolvable
 from ..transport.stream_engine import Engine, Stream
-from . import hierarchy, origin, shared, shm_algorithms
+from . import hierarchy, origin, shared
 from .algorithms import Channel, chain_broadcast, reduce_scatter_all_gather
 from .algorithms import all_gather as ring_all_gather
 from .formation import FormationAbandoned, Watch
+from .header import (
+    ABORT_DIED,
+    ABORT_MISSING,
+    HEADER,
+    HEADER_MAGIC,
+    OP_ABORT,
+    OP_ALL_GATHER,
+    OP_ALL_REDUCE,
+    OP_BARRIER,
+    OP_BROADCAST,
+    OP_REDUCE_SCATTER,
+    OP_SEND,
+    OP_SHM,
+    OP_SPLIT,
+    describe_header,
+    find_abort,
+    header_request,
+)
 
 log = logging.getLogger("jacklring.ring")
 
@@ -58,49 +76,9 @@ PURPOSE_RING = 1
 PURPOSE_P2P = 2
 PURPOSE_ABORT = 3  # a rank that gave up forming tells a ring neighbour it had no connection with yet
 
-HEADER = struct.Struct("<HBBIQq")  # magic, op, dtype code, sequence, byte count, extra (reduce op / root)
-HEADER_MAGIC = 0x4A4B
-OP_ALL_REDUCE, OP_ALL_GATHER, OP_REDUCE_SCATTER, OP_BROADCAST, OP_BARRIER, OP_SEND, OP_SPLIT, OP_ABORT, OP_SHM = (
-    OP_CODES[name] for name in ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "barrier", "send", "split",
-                                "abort", "shared-memory set-up"))
-_REDUCING = (OP_ALL_REDUCE, OP_REDUCE_SCATTER)
-# A member that gives up forming a ring sends an abort header (sequence = the reporting rank,
-# extra = the rank that failed, or -1) before it stops writing; see formation.py.
-# Its dtype byte says why: the culprit died or gave up, or never connected before the deadline.
-ABORT_DIED, ABORT_MISSING = 0, 1
 ABORT_NOTICE_S = 1.0  # how long a rank that gave up tries to reach a neighbour it had no connection with
 SPILL_CHUNK = 1 << 20   # bytes read ahead at a time from a peer while a send to it is blocked
 SPILL_POLL_S = 0.05     # how long a blocked send waits before looking for the peer's connection again
-
-
-def header_request(raw: bytes) -> Request | None:
-    """The request a ring header carries (None when it is not a ring header at all)."""
-    magic, op, dt, _seq, nbytes, extra = HEADER.unpack(raw)
-    if magic != HEADER_MAGIC:
-        return None
-    stage_of, detail, own = hierarchy.untag(extra)
-    if stage_of:  # a stage, on the leaders' ring, of a collective of a group spanning hosts
-        op, extra = stage_of, (own if stage_of in _REDUCING else detail)
-    if op in _REDUCING:
-        return Request(op, reduce=extra, dtype=dt, nbytes=nbytes)
-    return Request(op, dtype=dt, nbytes=nbytes, extra=extra if op == OP_BROADCAST else 0)
-
-
-def find_abort(data: bytes) -> tuple[int, int, bool] | None:
-    """(reporter, culprit, missing) of the first abort header among the headers peeked in data.
-    A neighbour may have sent its next collective's header first: that is looked past."""
-    for at in range(0, len(data) - HEADER.size + 1, HEADER.size):
-        magic, op, reason, reporter, _, culprit = HEADER.unpack_from(data, at)
-        if magic == HEADER_MAGIC and op == OP_ABORT:
-            return reporter, culprit, reason == ABORT_MISSING
-    return None
-
-
-def describe_header(raw: bytes) -> str:
-    request = header_request(raw)
-    if request is None:
-        return f"garbage header {raw[:8].hex()}"
-    return request.label(HEADER.unpack(raw)[3])
 
 
 def probe() -> str | None:
@@ -282,7 +260,7 @@ class RingBackend(Backend):
         self.right: list[Stream] = []
         self.left: list[Stream] = []
         self.engine: Engine | None = None
-        self._shm = None  # a transport.shm.SharedGroup when the whole group is on this host
+        self._shm = None  # a local.shm.SharedGroup when the whole group is on this host
         self._hier: hierarchy.Hierarchy | None = None  # when it spans hosts, some with several ranks
         self._stage = 0  # on a leaders' ring: the tag of the group's collective (hierarchy.py)
         if os.environ.get("MLX_RING_VERBOSE", "").strip().lower() in ("1", "true", "yes", "on"):

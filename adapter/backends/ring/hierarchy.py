@@ -1,6 +1,6 @@
 """Collectives of a ring group that spans hosts, when some host has several of its ranks.
 
-The ranks of each such host share a segment (transport/shm.py), and the first rank of every host
+The ranks of each such host share a segment (local/shm.py), and the first rank of every host
 (its leader) is also a member of the leaders' ring, one rank per host, formed by a split of the
 group when the group forms. A collective then runs in three stages:
 
@@ -33,33 +33,13 @@ import numpy as np
 
 from ...errors import DistributedError, PeerError
 from ..base import ReduceOp
-from ..protocol import OP_CODES
-from ..transport.shm import Placement, SharedGroup
-from . import origin, shm_algorithms
+from ..local import algorithms as shm_algorithms
+from ..local.shm import Placement, SharedGroup
+from . import origin
+from .header import OP_ALL_GATHER, OP_ALL_REDUCE, OP_BARRIER, OP_BROADCAST, OP_REDUCE_SCATTER, stage_tag
 
 if TYPE_CHECKING:
     from .backend import RingBackend
-
-OP_ALL_REDUCE, OP_ALL_GATHER, OP_REDUCE_SCATTER, OP_BROADCAST, OP_BARRIER = (
-    OP_CODES[name] for name in ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "barrier"))
-
-# The header's extra field of a leaders' collective: the group's operation from bit 48, its
-# detail (a broadcast's root) from bit 16, the leaders' own extra (a reduce op, a root among
-# the leaders) below.
-STAGE_SHIFT, DETAIL_SHIFT = 48, 16
-_DETAIL_MASK, _OWN_MASK = (1 << 32) - 1, (1 << 16) - 1
-
-
-def stage_tag(op_code: int, detail: int) -> int:
-    return op_code << STAGE_SHIFT | detail << DETAIL_SHIFT
-
-
-def untag(extra: int) -> tuple[int, int, int]:
-    """(the group's operation or 0, its detail, the leaders' own extra) of a header's extra."""
-    if extra < 0:
-        return 0, 0, extra
-    return extra >> STAGE_SHIFT, extra >> DETAIL_SHIFT & _DETAIL_MASK, extra & _OWN_MASK
-
 
 class Hierarchy:
     """Where this rank is (its host's members, its segment) and the leaders' ring, if a leader."""

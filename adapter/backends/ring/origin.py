@@ -11,7 +11,7 @@ to P failed then names the rank in P's notice, or P itself when P's address refu
 
 The notice has a connection of its own, never bytes in the ring's streams: bytes appended to a
 stream could complete a message the neighbour still expects and be read as data. Groups on one
-host pass the culprit in shared memory instead (transport/shm.py, mark_broken).
+host pass the culprit in shared memory instead (local/shm.py, mark_broken).
 """
 from __future__ import annotations
 

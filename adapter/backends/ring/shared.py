@@ -1,5 +1,5 @@
 """The ring backend's use of shared memory: when every rank of a group is on this host, its
-collectives run over a transport.shm segment instead of the ring sockets (which stay open: they
+collectives run over a local.shm segment instead of the ring sockets (which stay open: they
 carry send/recv, split's exchange, and tell a waiting rank that a neighbour died). When the group
 spans hosts and some host has several of its ranks, each such host gets a segment of its own and
 the collectives run in stages (hierarchy.py).
@@ -14,7 +14,8 @@ import logging
 from typing import TYPE_CHECKING, Callable
 
 from ... import config
-from ..transport import shm
+from ..local import shm
+from .header import describe_header
 
 if TYPE_CHECKING:
     from .backend import RingBackend
@@ -27,7 +28,8 @@ def attach(backend: "RingBackend", gather: Callable[[bytes], list[bytes]]) -> sh
     over the ring); placement.shared is False, with no segment anywhere, for sockets only."""
     mode = config.get("JACKLRING_LOCAL_TRANSPORT")
     chunk = -(-config.get("JACKLRING_SHM_CHUNK_BYTES") // shm.PAGE) * shm.PAGE
-    placement = shm.form(backend.rank(), backend.size(), gather, chunk, wanted=mode in ("auto", "shm"))
+    placement = shm.form(backend.rank(), backend.size(), gather, chunk, wanted=mode in ("auto", "shm"),
+                         describe=describe_header)
     if not placement.shared:
         if mode == "shm":
             log.warning("rank %d: JACKLRING_LOCAL_TRANSPORT=shm but the group cannot share memory; "

@@ -1,4 +1,4 @@
-"""Collectives for a group whose ranks share memory (transport.shm.SharedGroup).
+"""Collectives for a group whose ranks share memory (local.shm.SharedGroup).
 
 Each is a sequence of steps (write my buffer, exchange, read the peers' buffers); the first step
 carries the collective's header so that a mismatch raises on every rank before any data is used.
@@ -18,7 +18,7 @@ import numpy as np
 
 from ..base import ReduceOp
 from ..elements import BFLOAT16, quiet_call, quiet_ufunc, reduce_many, split_evenly
-from ..transport.shm import SharedGroup
+from .shm import SharedGroup
 
 
 def all_reduce(g: SharedGroup, header: bytes, src: np.ndarray, dst: np.ndarray, op: ReduceOp,

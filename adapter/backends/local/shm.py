@@ -122,13 +122,14 @@ class Placement:
 
 
 def form(rank: int, size: int, gather: Callable[[bytes], list[bytes]], chunk_bytes: int,
-         wanted: bool) -> Placement:
+         wanted: bool, describe: Callable[[bytes], str] = bytes.hex) -> Placement:
     """Collectively decide whether the ranks that are on one host share memory and, if so,
     attach them: one segment per host with several ranks, created by its first rank.
 
     gather(record) exchanges RECORD_BYTES-byte records among all ranks (every rank calls form with
     the same arguments). The decision is the same on every rank: all hosts share memory or none
-    does (shared=False, no group anywhere) when any rank cannot or does not want to."""
+    does (shared=False, no group anywhere) when any rank cannot or does not want to.
+    describe(header) words a collective's header in mismatch messages: the backend's format."""
     why = None if wanted else "not wanted"
     why = why or unusable_here()
     ident = host_identity()
@@ -166,7 +167,8 @@ def form(rank: int, size: int, gather: Callable[[bytes], list[bytes]], chunk_byt
         if mine["ok"] and len(members) > 1:
             try:
                 group = SharedGroup(local, len(members), chunk_bytes, first["path"] if local else fd,
-                                    first["nonce"], [second[q]["pid"] for q in members], members)
+                                    first["nonce"], [second[q]["pid"] for q in members], members,
+                                    describe)
             except Exception as exc:  # whatever it is, every rank must still reach the last exchange
                 why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
                 mine = {"ok": False, "why": f"rank {rank} cannot attach: {why}"}
@@ -202,11 +204,13 @@ class SharedGroup:
         return -(-(CONTROL * (size + 1)) // PAGE) * PAGE
 
     def __init__(self, rank: int, size: int, chunk_bytes: int, segment: int | str, nonce: str,
-                 pids: list[int], names: list[int] | None = None) -> None:
+                 pids: list[int], names: list[int] | None = None,
+                 describe: Callable[[bytes], str] = bytes.hex) -> None:
         """rank and size count the segment's members; names[q] is member q's rank in the whole
         group (what every message and culprit uses: a host's segment may hold some ranks only)."""
         self.rank, self.size, self.chunk_bytes = rank, size, chunk_bytes
         self.pids = pids
+        self._describe = describe
         self.names = list(range(size)) if names is None else list(names)
         self._member = {name: q for q, name in enumerate(self.names)}
         total = self.segment_bytes(size, chunk_bytes)
@@ -243,7 +247,7 @@ class SharedGroup:
                          for p in range(2)] for q in range(n)]
         self._typed: dict = {}
         self._stacked: dict = {}
-        # Per-message-shape decisions of the algorithms (ring/shm_algorithms.py), views included.
+        # Per-message-shape decisions of the algorithms (local/algorithms.py), views included.
         self.plans: dict = {}
         self.step = 0
         self.peers = [q for q in range(n) if q != r]
@@ -325,10 +329,9 @@ class SharedGroup:
         return parity
 
     def _mismatch(self, mine: bytes, theirs: bytes, q: int) -> str:
-        from ..ring.backend import describe_header  # one header format for both transports
         me, peer = self.names[self.rank], self.names[q]
         return (f"rank {me}: collective mismatch with rank {peer}: this rank called "
-                f"{describe_header(mine)} but rank {peer} called {describe_header(theirs)}")
+                f"{self._describe(mine)} but rank {peer} called {self._describe(theirs)}")
 
     def _ring(self, sleepers: int) -> None:
         bell = self._bell

@@ -1,0 +1,71 @@
+"""The ring's wire header: 24 bytes that open every collective and message.
+
+magic, operation, dtype code, sequence number, byte count, and an extra field (a reduce op, a
+broadcast's root, or for a leaders' collective of a group spanning hosts the group's operation:
+stage_tag). Neighbours compare headers before any data is used, so two ranks that called
+different collectives both raise a MismatchError; an abort header (find_abort) tells a
+neighbour which rank failed.
+"""
+from __future__ import annotations
+
+import struct
+
+from ..protocol import OP_CODES, Request
+
+HEADER = struct.Struct("<HBBIQq")  # magic, op, dtype code, sequence, byte count, extra (reduce op / root)
+HEADER_MAGIC = 0x4A4B
+OP_ALL_REDUCE, OP_ALL_GATHER, OP_REDUCE_SCATTER, OP_BROADCAST, OP_BARRIER, OP_SEND, OP_SPLIT, OP_ABORT, OP_SHM = (
+    OP_CODES[name] for name in ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "barrier", "send", "split",
+                                "abort", "shared-memory set-up"))
+_REDUCING = (OP_ALL_REDUCE, OP_REDUCE_SCATTER)
+# A member that gives up forming a ring sends an abort header (sequence = the reporting rank,
+# extra = the rank that failed, or -1) before it stops writing; see formation.py.
+# Its dtype byte says why: the culprit died or gave up, or never connected before the deadline.
+ABORT_DIED, ABORT_MISSING = 0, 1
+
+# The header's extra field of a leaders' collective: the group's operation from bit 48, its
+# detail (a broadcast's root) from bit 16, the leaders' own extra (a reduce op, a root among
+# the leaders) below.
+STAGE_SHIFT, DETAIL_SHIFT = 48, 16
+_DETAIL_MASK, _OWN_MASK = (1 << 32) - 1, (1 << 16) - 1
+
+
+def stage_tag(op_code: int, detail: int) -> int:
+    return op_code << STAGE_SHIFT | detail << DETAIL_SHIFT
+
+
+def untag(extra: int) -> tuple[int, int, int]:
+    """(the group's operation or 0, its detail, the leaders' own extra) of a header's extra."""
+    if extra < 0:
+        return 0, 0, extra
+    return extra >> STAGE_SHIFT, extra >> DETAIL_SHIFT & _DETAIL_MASK, extra & _OWN_MASK
+
+
+def header_request(raw: bytes) -> Request | None:
+    """The request a ring header carries (None when it is not a ring header at all)."""
+    magic, op, dt, _seq, nbytes, extra = HEADER.unpack(raw)
+    if magic != HEADER_MAGIC:
+        return None
+    stage_of, detail, own = untag(extra)
+    if stage_of:  # a stage, on the leaders' ring, of a collective of a group spanning hosts
+        op, extra = stage_of, (own if stage_of in _REDUCING else detail)
+    if op in _REDUCING:
+        return Request(op, reduce=extra, dtype=dt, nbytes=nbytes)
+    return Request(op, dtype=dt, nbytes=nbytes, extra=extra if op == OP_BROADCAST else 0)
+
+
+def find_abort(data: bytes) -> tuple[int, int, bool] | None:
+    """(reporter, culprit, missing) of the first abort header among the headers peeked in data.
+    A neighbour may have sent its next collective's header first: that is looked past."""
+    for at in range(0, len(data) - HEADER.size + 1, HEADER.size):
+        magic, op, reason, reporter, _, culprit = HEADER.unpack_from(data, at)
+        if magic == HEADER_MAGIC and op == OP_ABORT:
+            return reporter, culprit, reason == ABORT_MISSING
+    return None
+
+
+def describe_header(raw: bytes) -> str:
+    request = header_request(raw)
+    if request is None:
+        return f"garbage header {raw[:8].hex()}"
+    return request.label(HEADER.unpack(raw)[3])
