@@ -25,7 +25,7 @@ KNOWN_MISMATCH_BUGS: dict[str, str] = {
         "rank's own dtype and count to MPI without checking that the ranks agree (the module docstring "
         "calls it undefined): rank 0 gets DistributedError MPI_ERR_TRUNCATE, not MismatchError, and the "
         "float64 ranks return wrong sums silently. JACKLRING_VERIFY=1 adds the agreement check "
-        "(tests/test_mpi_backend.py); by default MPI's own speed is kept"),
+        "(tests/mpi/test_mpi_backend.py); by default MPI's own speed is kept"),
 }
 
 # Waiting for a launch queued behind others counts too.
@@ -42,7 +42,7 @@ def _cases() -> list:
                 bug = KNOWN_BUGS.get((variant.expected_backend, name))
                 if bug:
                     # Not strict for JACCL's thread limitation: the check passes whenever the two
-                    # threads' calls happen not to overlap (tests/test_jaccl_mesh.py forces it).
+                    # threads' calls happen not to overlap (tests/jaccl/test_jaccl_mesh.py forces it).
                     strict = bug is not _JACCL_NO_LOCK
                     marks.append(pytest.mark.xfail(strict=strict, raises=AssertionError, reason=bug))
                 cases.append(pytest.param(variant, size, name, id=f"{variant.id}-{size}-{name}", marks=marks))

@@ -1,7 +1,7 @@
 """JACKLRING_VERIFY=1 between real processes: every operation still gives the right result with
 the checksums on (every op and dtype: the ring-checksums variant of tests/contract; corruption
-itself is caught in tests/test_stream_engine.py, where a byte can be flipped on the wire).
-JACCL's checksums are tested in tests/test_jaccl_mesh.py and tests/test_jaccl_exchange.py."""
+itself is caught in tests/transport/test_stream_engine.py, where a byte can be flipped on the wire).
+JACCL's checksums are tested in tests/jaccl/test_jaccl_mesh.py and tests/jaccl/test_jaccl_exchange.py."""
 from __future__ import annotations
 
 import importlib.util

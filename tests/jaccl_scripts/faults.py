@@ -1,4 +1,4 @@
-"""One fault, chosen by FAULT, under the launcher (tests/test_jaccl_faults_under_the_launcher.py, test_mpi_backend.py).
+"""One fault, chosen by FAULT, under the launcher (tests/jaccl/test_jaccl_faults_under_the_launcher.py, test_mpi_backend.py).
 
 dtype: rank 0 all_sums float32, the others float64; op: rank 0 all_sum, the others all_gather;
 dead: rank 1 exits with code 3 before the collective; raise: rank 2 (the last) dies of an

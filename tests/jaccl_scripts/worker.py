@@ -1,4 +1,4 @@
-"""One JACCL rank for tests/test_jaccl_mesh.py: runs a scenario, checks its own results and writes
+"""One JACCL rank for tests/jaccl/test_jaccl_mesh.py: runs a scenario, checks its own results and writes
 a JSON report (digests of results that must be bit-identical across ranks, caught errors).
 
 usage: worker.py SCENARIO OUT_DIR   (environment: MLX_RANK, MLX_JACCL_COORDINATOR, MLX_IBV_DEVICES)

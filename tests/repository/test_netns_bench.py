@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "benchmarks" / "netns_bench.py"
 SMALLEST = ["-n", "2", "--backend", "ring", "--sizes", "1M", "--rounds", "1", "--iters", "3",
             "--ceiling-seconds", "1", "--rate", "1gbit"]

@@ -16,7 +16,7 @@ from adapter.backends.transport import verbs
 from adapter.backends.transport.slots import RECV, SEND, BufferPool
 from adapter.errors import BackendUnavailable, PeerError
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 try:
     from pyverbs import enums as ibv

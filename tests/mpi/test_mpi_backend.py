@@ -20,7 +20,7 @@ import adapter
 from adapter import group as group_module
 from adapter.backends.mpi import backend as mpi_backend
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = REPO / "tests" / "mpi_scripts"
 MPIRUN = shutil.which("mpirun", path=os.path.dirname(sys.executable))
 LAUNCH_TIMEOUT_S = 90

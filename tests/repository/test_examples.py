@@ -17,7 +17,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("sklearn", reason="the examples' data set ships with scikit-learn (pip install jacklring[examples])")
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples" / "training"
 RUN_TIMEOUT_S = 120
 
@@ -96,7 +96,7 @@ def test_tensor_parallel_losses_match_the_unsharded_run(tmp_path: Path) -> None:
     args = ("--steps", "15")
     alone("tensor_parallel.py", *args, "--save", str(tmp_path / "one.npz"))
     out = launched(2, "tensor_parallel.py", *args, "--save", str(tmp_path / "two.npz"))
-    assert "96 per rank" in out  # (3 ranks are covered by tests/test_parallel.py)
+    assert "96 per rank" in out  # (3 ranks are covered by tests/api/test_parallel.py)
     one, two = np.load(tmp_path / "one.npz"), np.load(tmp_path / "two.npz")
     assert len(one["losses"]) == 15 and one["losses"][-1] < one["losses"][0]
     np.testing.assert_allclose(two["losses"], one["losses"], rtol=1e-5)

@@ -14,7 +14,7 @@ import pytest
 from adapter import config
 from adapter.errors import ConfigError
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 NAME = re.compile(r"JACKLRING_[A-Z0-9_]*[A-Z0-9]")
 # Reading a JACKLRING_* variable anywhere but adapter/config.py (setting one for a child is fine).
 DIRECT_READ = re.compile(r"""(getenv\(|environ\.get\(|environ\[)\s*["']JACKLRING_[A-Z0-9_]+["']\s*\]?(?!\s*=[^=])""")

@@ -17,7 +17,7 @@ from ranks import free_ports, run_checks
 
 torch = pytest.importorskip("torch")
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 LAUNCH_TIMEOUT_S = 60
 CHECKS: dict = {}
 D = 12  # feature sizes are multiples of 6, so 2 and 3 ranks divide them
@@ -44,7 +44,7 @@ def launch(ranks: int, tmp: Path) -> list[str]:
     return outputs
 
 
-# 3 ranks (uneven powers, middle ranks); 2 ranks run in tests/test_examples.py's tensor-parallel job.
+# 3 ranks (uneven powers, middle ranks); 2 ranks run in tests/repository/test_examples.py's tensor-parallel job.
 @pytest.fixture(scope="module", params=[3], ids=lambda n: f"{n}ranks")
 def outcomes(request, tmp_path_factory) -> list[dict]:
     tmp = tmp_path_factory.mktemp(f"parallel{request.param}")

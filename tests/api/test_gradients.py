@@ -19,7 +19,7 @@ from ranks import free_ports, run_checks
 
 from adapter.gradients import average_gradients
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 LAUNCH_TIMEOUT_S = 60
 CHECKS: dict = {}
 Pair = namedtuple("Pair", "weight bias")
