@@ -33,7 +33,7 @@ def launch(ranks: int, tmp: Path, *args: str) -> list[subprocess.CompletedProces
     hostfile.write_text(json.dumps([[f"127.0.0.1:{p}"] for p in free_ports(ranks)]))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MLX_", "OMPI_", "PMIX_"))}
     env.update(MLX_HOSTFILE=str(hostfile), JACKLRING_TIMEOUT="20", JACKLRING_CONNECT_TIMEOUT="20",
-               PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+               PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "tests")]), OMP_NUM_THREADS="1")
     procs = [
         subprocess.Popen([sys.executable, __file__, *args], env={**env, "MLX_RANK": str(r)}, cwd=REPO,
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
