@@ -24,6 +24,7 @@ atomic_words (C11 atomics), never from x86's store order.
 """
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import mmap
@@ -150,13 +151,17 @@ def form(rank: int, size: int, gather: Callable[[bytes], list[bytes]], chunk_byt
     local = members.index(rank)
     total = SharedGroup.segment_bytes(len(members), chunk_bytes)
     fd = -1
+    bell = None
     record: dict = {"ok": True, "pid": os.getpid()}
     try:
+        if len(members) > 1:
+            bell, name = bind_doorbell()
+            record["bell"] = name.hex()
         if local == 0 and len(members) > 1:
             fd = os.memfd_create("jacklring-shm", os.MFD_CLOEXEC)
             os.fchmod(fd, 0o600)
             os.ftruncate(fd, total)
-            record.update(path=f"/proc/{os.getpid()}/fd/{fd}", nonce=secrets.token_hex(8))
+            record.update(path=f"/proc/{os.getpid()}/fd/{fd}")
     except OSError as exc:
         record = {"ok": False, "why": f"rank {rank} cannot create the segment: {exc.strerror or exc}"}
     group = None
@@ -166,9 +171,11 @@ def form(rank: int, size: int, gather: Callable[[bytes], list[bytes]], chunk_byt
         mine: dict = {"ok": all(r["ok"] for r in second)}
         if mine["ok"] and len(members) > 1:
             try:
+                bells = [bytes.fromhex(second[q]["bell"]) for q in members]
                 group = SharedGroup(local, len(members), chunk_bytes, first["path"] if local else fd,
-                                    first["nonce"], [second[q]["pid"] for q in members], members,
+                                    (bell, bells), [second[q]["pid"] for q in members], members,
                                     describe)
+                bell = None  # the group owns it now
             except Exception as exc:  # whatever it is, every rank must still reach the last exchange
                 why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
                 mine = {"ok": False, "why": f"rank {rank} cannot attach: {why}"}
@@ -176,6 +183,8 @@ def form(rank: int, size: int, gather: Callable[[bytes], list[bytes]], chunk_byt
     finally:
         if fd >= 0:
             os.close(fd)  # the mappings keep the memory alive; nothing else refers to it now
+        if bell is not None:
+            bell.close()
     if not all(r["ok"] for r in third):
         if group is not None:
             group.close()
@@ -183,6 +192,30 @@ def form(rank: int, size: int, gather: Callable[[bytes], list[bytes]], chunk_byt
         log.warning("rank %d: shared memory could not be set up (%s); using sockets", rank, "; ".join(sorted(reasons)))
         return nothing
     return Placement(hosts, group, True)
+
+
+def bind_doorbell() -> tuple[socket.socket, bytes]:
+    """This rank's doorbell: an abstract Unix datagram socket under a random name, bound before
+    the name is told to anyone. Abstract names are visible to every user of the host
+    (/proc/net/unix), so names known in advance (a shared nonce and a rank number) could be
+    bound first by an outsider; a name that is already bound by its owner when it is published
+    cannot be taken. An outsider may still send to it: a doorbell only makes a waiter look at
+    the step counters again, so a stray datagram costs a wake-up, nothing more."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    try:
+        sock.setblocking(False)
+        for _ in range(8):
+            name = f"\0jacklring-shm-{secrets.token_hex(16)}".encode()
+            try:
+                sock.bind(name)
+                return sock, name
+            except OSError as exc:
+                if exc.errno != errno.EADDRINUSE:
+                    raise
+        raise OSError(errno.EADDRINUSE, "no free doorbell name after 8 random draws")
+    except BaseException:
+        sock.close()
+        raise
 
 
 def _by_host(identities: list[dict]) -> list[list[int]]:
@@ -203,11 +236,14 @@ class SharedGroup:
     def _data_offset(size: int) -> int:
         return -(-(CONTROL * (size + 1)) // PAGE) * PAGE
 
-    def __init__(self, rank: int, size: int, chunk_bytes: int, segment: int | str, nonce: str,
+    def __init__(self, rank: int, size: int, chunk_bytes: int, segment: int | str,
+                 doorbells: tuple[socket.socket, list[bytes]],
                  pids: list[int], names: list[int] | None = None,
                  describe: Callable[[bytes], str] = bytes.hex) -> None:
         """rank and size count the segment's members; names[q] is member q's rank in the whole
-        group (what every message and culprit uses: a host's segment may hold some ranks only)."""
+        group (what every message and culprit uses: a host's segment may hold some ranks only).
+        doorbells: this rank's bound doorbell (bind_doorbell) and every member's doorbell name;
+        the group closes the socket."""
         self.rank, self.size, self.chunk_bytes = rank, size, chunk_bytes
         self.pids = pids
         self._describe = describe
@@ -216,7 +252,7 @@ class SharedGroup:
         total = self.segment_bytes(size, chunk_bytes)
         fd = segment if isinstance(segment, int) else os.open(segment, os.O_RDWR | os.O_CLOEXEC)
         self._pidfds: dict[int, int] = {}
-        self._bell: socket.socket | None = None
+        self._bell: socket.socket | None = doorbells[0]
         try:
             if os.fstat(fd).st_size != total:
                 raise OSError(0, f"segment is {os.fstat(fd).st_size} bytes, expected {total}")
@@ -225,12 +261,12 @@ class SharedGroup:
             if not isinstance(segment, int):
                 os.close(fd)
         try:
-            self._setup(nonce)
+            self._setup(doorbells[1])
         except BaseException:
             self.close()
             raise
 
-    def _setup(self, nonce: str) -> None:
+    def _setup(self, bell_names: list[bytes]) -> None:
         n, r = self.size, self.rank
         self.words = AtomicWords(self.mem)
         self._mask_addr = self.words.address(0)
@@ -251,13 +287,9 @@ class SharedGroup:
         self.plans: dict = {}
         self.step = 0
         self.peers = [q for q in range(n) if q != r]
-        self._bell_names = [f"\0jacklring-shm-{nonce}-{q}".encode() for q in range(n)]
-        bell = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        bell.setblocking(False)
-        self._bell = bell
-        bell.bind(self._bell_names[r])
+        self._bell_names = list(bell_names)
         self._poll = select.poll()
-        self._poll.register(bell.fileno(), select.POLLIN)
+        self._poll.register(self._bell.fileno(), select.POLLIN)
         for q in self.peers:
             fd = os.pidfd_open(self.pids[q])
             self._pidfds[fd] = q
