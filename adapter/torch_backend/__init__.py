@@ -94,10 +94,35 @@ def monitored_barrier(group: Any = None, timeout: Any = None, wait_all_ranks: bo
     if isinstance(pg, JacklringProcessGroup):
         pg.monitored_barrier(timeout, wait_all_ranks=wait_all_ranks)
     else:
-        dist.monitored_barrier(group=pg, timeout=timeout, wait_all_ranks=wait_all_ranks)
+        torch_own = _torch_monitored_barrier or dist.monitored_barrier
+        torch_own(group=pg, timeout=timeout, wait_all_ranks=wait_all_ranks)
 
 
-__all__ = ["register_backend", "autoload", "fill_torch_env", "monitored_barrier", "BACKEND_NAME", "JacklringOptions"]
+_torch_monitored_barrier: Any = None  # torch's own function, once route_monitored_barrier() replaced it
+
+
+def route_monitored_barrier() -> None:
+    """Make `torch.distributed.monitored_barrier` run monitored_barrier() above on jacklring
+    groups and torch's own on every other group (idempotent). For libraries that call
+    `torch.distributed.monitored_barrier(...)` and cannot be changed; an explicit choice of the
+    program, never done at import. A library that did `from torch.distributed import
+    monitored_barrier` before this call keeps torch's function."""
+    global _torch_monitored_barrier
+    import torch.distributed as dist
+
+    if _torch_monitored_barrier is not None:
+        return
+    _torch_monitored_barrier = dist.monitored_barrier
+
+    def routed(group: Any = None, timeout: Any = None, wait_all_ranks: bool = False) -> None:
+        monitored_barrier(group, timeout, wait_all_ranks)
+
+    routed.__doc__ = monitored_barrier.__doc__
+    dist.monitored_barrier = routed
+
+
+__all__ = ["register_backend", "autoload", "fill_torch_env", "monitored_barrier", "route_monitored_barrier",
+           "BACKEND_NAME", "JacklringOptions"]
 
 # Importing this module registers the backend when torch.distributed is already loaded.
 autoload()
