@@ -36,19 +36,27 @@ def register_backend() -> bool:
         return False
     if BACKEND_NAME.upper() not in dist.Backend._plugins:
         dist.Backend.register_backend(BACKEND_NAME, _create_process_group, extended_api=True, devices=DEVICES)
-    # env:// (init_process_group's default) reads RANK/WORLD_SIZE/MASTER_*: under plain srun or
-    # mpirun take them from the scheduler, as adapter.init() does.
-    from .rendezvous import fill_torch_env
-
-    fill_torch_env()
+    # Nothing else: torch imports this in every program of the environment (gloo's too), so
+    # registering never touches the environment, starts a thread or opens a socket.
     _registered = True
     return True
 
 
+def fill_torch_env() -> dict[str, str]:
+    """Under plain srun or mpirun (no RANK/WORLD_SIZE), set RANK, WORLD_SIZE, LOCAL_RANK,
+    MASTER_ADDR and MASTER_PORT from Slurm's or MPI's variables, never overriding one that is
+    set, so that init_process_group("jacklring") with torch's default env:// finds them. Call it
+    before init_process_group; returns what it set. Registration never does this on its own."""
+    from . import rendezvous
+
+    return rendezvous.fill_torch_env()
+
+
 def autoload() -> None:
     """Entry point of the "torch.backends" plugin group: torch calls it during `import torch`,
-    after torch.distributed is imported. It must be cheap and must never raise (an exception
-    here would break `import torch` for every program in the environment)."""
+    after torch.distributed is imported. It registers the backend and does nothing else (no
+    environment variables, threads or sockets); it must be cheap and must never raise (an
+    exception here would break `import torch` for every program in the environment)."""
     try:
         if "torch.distributed" in sys.modules:
             register_backend()
@@ -86,10 +94,35 @@ def monitored_barrier(group: Any = None, timeout: Any = None, wait_all_ranks: bo
     if isinstance(pg, JacklringProcessGroup):
         pg.monitored_barrier(timeout, wait_all_ranks=wait_all_ranks)
     else:
-        dist.monitored_barrier(group=pg, timeout=timeout, wait_all_ranks=wait_all_ranks)
+        torch_own = _torch_monitored_barrier or dist.monitored_barrier
+        torch_own(group=pg, timeout=timeout, wait_all_ranks=wait_all_ranks)
 
 
-__all__ = ["register_backend", "autoload", "monitored_barrier", "BACKEND_NAME", "JacklringOptions"]
+_torch_monitored_barrier: Any = None  # torch's own function, once route_monitored_barrier() replaced it
+
+
+def route_monitored_barrier() -> None:
+    """Make `torch.distributed.monitored_barrier` run monitored_barrier() above on jacklring
+    groups and torch's own on every other group (idempotent). For libraries that call
+    `torch.distributed.monitored_barrier(...)` and cannot be changed; an explicit choice of the
+    program, never done at import. A library that did `from torch.distributed import
+    monitored_barrier` before this call keeps torch's function."""
+    global _torch_monitored_barrier
+    import torch.distributed as dist
+
+    if _torch_monitored_barrier is not None:
+        return
+    _torch_monitored_barrier = dist.monitored_barrier
+
+    def routed(group: Any = None, timeout: Any = None, wait_all_ranks: bool = False) -> None:
+        monitored_barrier(group, timeout, wait_all_ranks)
+
+    routed.__doc__ = monitored_barrier.__doc__
+    dist.monitored_barrier = routed
+
+
+__all__ = ["register_backend", "autoload", "fill_torch_env", "monitored_barrier", "route_monitored_barrier",
+           "BACKEND_NAME", "JacklringOptions"]
 
 # Importing this module registers the backend when torch.distributed is already loaded.
 autoload()

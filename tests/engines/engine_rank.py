@@ -68,6 +68,9 @@ def main(mode: str) -> None:
             p.grad = torch.full_like(p, float(g.rank()))
         adapter.average_gradients(model)
         fields["grads"] = sorted({float(v) for p in model.parameters() for v in p.grad.flatten()})
+        import adapter.torch_backend
+
+        adapter.torch_backend.fill_torch_env()  # under plain srun: RANK, WORLD_SIZE, MASTER_* for env://
         dist.init_process_group("jacklring")
         fields.update(torch_rank=dist.get_rank(), torch_size=dist.get_world_size(),
                       replicas_equal=ddp_step(dist.get_rank(), dist.get_world_size()))
@@ -93,8 +96,9 @@ def main(mode: str) -> None:
         import torch
         import torch.distributed as dist
 
-        import adapter.torch_backend  # noqa: F401  (registers "jacklring")
+        import adapter.torch_backend  # registers "jacklring"
 
+        adapter.torch_backend.fill_torch_env()  # under plain srun or mpirun: RANK, WORLD_SIZE, MASTER_* for env://
         backend = os.environ.get("ENGINE_TEST_PG_BACKEND", "jacklring") if mode == "torch-first" else "jacklring"
         dist.init_process_group(backend)
         rank, size = dist.get_rank(), dist.get_world_size()

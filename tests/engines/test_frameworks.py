@@ -24,6 +24,28 @@ def test_accelerate_recipe_under_torchrun():
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.skipif(importlib.util.find_spec("accelerate") is None, reason="accelerate is not installed")
+@pytest.mark.skipif(not os.path.exists(os.path.join(VENV_BIN, "mpirun")), reason="no mpirun in the venv")
+def test_accelerate_launch_starts_cpu_ranks_only_through_mpirun(tmp_path):
+    """`accelerate launch --cpu --num_processes 2` runs the script once (Accelerate's simple
+    launcher); N CPU processes need --mpirun_hostfile, where Accelerate runs mpirun itself."""
+    hosts = tmp_path / "hosts"
+    hosts.write_text("localhost slots=2\n")
+    env = clean_env(HF_HOME=str(tmp_path / "hf"), PATH=VENV_BIN + os.pathsep + os.environ.get("PATH", ""),
+                    OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMPI_MCA_btl_tcp_if_include="lo")
+    accelerate = [os.path.join(VENV_BIN, "accelerate"), "launch", "--cpu", "--num_processes", "2",
+                  "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+                  "--main_process_port", str(free_ports(1)[0])]
+    script = os.path.join(SCRIPTS, "accelerate_train.py")
+    proc = run(accelerate + ["--mpirun_hostfile", str(hosts), script], env, timeout=110)
+    assert proc.returncode == 0, describe([proc])
+    assert [(r["rank"], r["size"], r["backend"], r["replicas_equal"], r["adapter_size"])
+            for r in results(proc.stdout)] == [(0, 2, "jacklring", True, 2), (1, 2, "jacklring", True, 2)]
+    alone = run(accelerate + [script], env, timeout=60)  # what the old recipe ran: one process
+    assert alone.returncode != 0 and "RANK expected, but not set" in alone.stderr, describe([alone])
+
+
+@pytest.mark.timeout(120)
 @pytest.mark.skipif(importlib.util.find_spec("lightning") is None, reason="lightning is not installed")
 def test_lightning_fabric_recipe():
     proc = run([sys.executable, os.path.join(SCRIPTS, "fabric_train.py")], clean_env(), timeout=110)

@@ -139,13 +139,13 @@ def form(rank: int, size: int, gather: Callable[[bytes], list[bytes]], chunk_byt
     nothing = Placement(hosts, None, False)
     if not all(r["ok"] for r in records):
         reasons = {f"rank {q}: {r['why']}" for q, r in enumerate(records) if not r["ok"]}
-        log.info("rank %d: no shared memory (%s)", rank, "; ".join(sorted(reasons)))
+        log.debug("rank %d: no shared memory (%s)", rank, "; ".join(sorted(reasons)))
         return nothing
     if all(len(members) == 1 for members in hosts):
-        log.info("rank %d: no shared memory: no two ranks are on one host", rank)
+        log.debug("rank %d: no shared memory: no two ranks are on one host", rank)
         return nothing
     if max(len(members) for members in hosts) > MAX_RANKS:
-        log.info("rank %d: no shared memory: more than %d ranks on one host", rank, MAX_RANKS)
+        log.debug("rank %d: no shared memory: more than %d ranks on one host", rank, MAX_RANKS)
         return nothing
     members = next(m for m in hosts if rank in m)
     local = members.index(rank)

@@ -29,7 +29,7 @@ from collections import deque
 
 import numpy as np
 
-from ... import config
+from ... import config, logs
 from ...config import connect_timeout as default_connect_timeout
 from ...config import env_rank, op_timeout
 from ...errors import (
@@ -263,9 +263,7 @@ class RingBackend(Backend):
         self._shm = None  # a local.shm.SharedGroup when the whole group is on this host
         self._hier: hierarchy.Hierarchy | None = None  # when it spans hosts, some with several ranks
         self._stage = 0  # on a leaders' ring: the tag of the group's collective (hierarchy.py)
-        if os.environ.get("MLX_RING_VERBOSE", "").strip().lower() in ("1", "true", "yes", "on"):
-            logging.basicConfig()
-            log.setLevel(logging.INFO)
+        logs.apply_verbose_setting()  # MLX_RING_VERBOSE: jacklring's own handler, never the root logger's
         if self._size > 1:
             k = min(len(a) for a in addresses)
             try:
@@ -372,7 +370,7 @@ class RingBackend(Backend):
         self.engine.stall_report_s = config.get("JACKLRING_STALL_REPORT")
         self.engine.spin_s = tcp.spin_seconds(
             tcp.local_rank_count([a[0] for a in self._addresses], self._addresses[r][0]))
-        log.info("rank %d: ring connected (%d connection(s) to rank %d and from rank %d)", r, k, nxt, prv)
+        log.debug("rank %d: ring connected (%d connection(s) to rank %d and from rank %d)", r, k, nxt, prv)
 
     def _connect_right(self, nxt: int, c: int, deadline: float) -> tuple[socket.socket, tcp.Hello]:
         """Connect ring connection c to the right neighbour; the handshake's acknowledgement

@@ -1,4 +1,5 @@
-"""The Accelerate recipe of docs/launching.md: the jacklring group first, then Accelerator(cpu=True)."""
+"""The Accelerate recipe of docs/launching.md: the jacklring group first, then Accelerator(cpu=True).
+Prints RESULT {"rank", "size", "backend", "replicas_equal", "adapter_size"}."""
 import json
 import sys
 
@@ -7,8 +8,9 @@ import torch.distributed as dist
 from accelerate import Accelerator
 
 import adapter
-import adapter.torch_backend  # noqa: F401  (registers "jacklring")
+import adapter.torch_backend  # registers "jacklring"
 
+adapter.torch_backend.fill_torch_env()          # under accelerate launch --mpirun_hostfile: RANK, WORLD_SIZE
 dist.init_process_group("jacklring")            # before Accelerator()
 accelerator = Accelerator(cpu=True)
 torch.manual_seed(accelerator.process_index)    # different replicas: DDP must make them equal
