@@ -34,8 +34,11 @@ from .backends.base import Backend
 from .backends.singleton import SingletonBackend
 from .errors import ConfigError, DistributedError
 
-SOURCES = ("nccl", "jaccl", "ring", "torch-group", "torchrun", "slurm", "mpi")
 ENGINES = ("torch-group", "torchrun", "slurm")
+# The one order of init(backend="any"): the backends' (registry.ANY_ORDER), with the engines
+# tried just before MPI, whose variables a scheduler that started a ring or store job may set.
+_BEFORE_MPI = registry.ANY_ORDER.index("mpi")
+SOURCES = registry.ANY_ORDER[:_BEFORE_MPI] + ENGINES + registry.ANY_ORDER[_BEFORE_MPI:]
 STORE_PREFIX = "jacklring/adapter/"
 TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 SLURM_PORT_BASE = 20000
