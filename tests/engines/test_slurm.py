@@ -95,9 +95,10 @@ def documented_job_script() -> str:
 
 
 TRAIN = '''
-# torch's group first (its RANK/WORLD_SIZE/MASTER_* come from Slurm's variables), then the
-# numpy API over it: the other order from test_srun_three_tasks_...
-import sys, torch, torch.distributed as dist, adapter
+# torch's group first (fill_torch_env() sets RANK/WORLD_SIZE/MASTER_* from Slurm's variables),
+# then the numpy API over it: the other order from test_srun_three_tasks_...
+import sys, torch, torch.distributed as dist, adapter, adapter.torch_backend
+adapter.torch_backend.fill_torch_env()
 dist.init_process_group("jacklring")
 model = torch.nn.Linear(3, 1)
 for p in model.parameters():
