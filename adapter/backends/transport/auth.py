@@ -1,23 +1,30 @@
 """The job secret and the proofs built on it.
 
-Every connection between ranks opens with a challenge-response in both directions (see
-tcp.Handshake): each side proves it knows the job key by a HMAC-SHA256 over the other side's
-fresh nonce and everything that identifies the connection (job context, purpose, sender,
-receiver, channel). Nothing secret crosses the wire, and a recorded handshake is worthless
-because the nonces are new every time.
+Every connection between ranks opens with a challenge-response (see handshake.py): the
+connector proves it knows the job key by a HMAC-SHA256 over the acceptor's fresh nonce and
+everything that identifies the connection (job context, purpose, sender, receiver, channel),
+and only then does the acceptor prove it in turn. Nothing secret crosses the wire, and a
+recorded handshake is worthless because the nonces are new every time.
 
-The key is the job secret when one is configured (JACKLRING_SECRET, or JACKLRING_SECRET_FILE;
-the launcher always provides one). Without it the key is derived from public facts about the
+The key is stretched from the job secret when one is configured (JACKLRING_SECRET, or
+JACKLRING_SECRET_FILE; the launcher always provides one): scrypt, memory-hard, salted by the
+job's addresses, once per process and salt (cached). A listener squatting a rank's address
+receives a connector's proof over its own nonce and can test guesses of the secret against it
+offline; scrypt makes each guess cost ~75 ms and 16 MiB, and a passphrase must be strong
+enough (secret_strength) that guessing is hopeless anyway. Without it the key is derived from public facts about the
 job (its addresses): that still keeps stray connections of other jobs out, but anyone who
 can see those facts can join, and JACKLRING_REQUIRE_AUTH=1 refuses to run that way.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import logging
+import math
 import os
 import secrets
+import re
 import stat
 from dataclasses import dataclass
 
@@ -28,6 +35,11 @@ log = logging.getLogger("jacklring.auth")
 
 SECRET_BYTES = 32          # what the launcher generates: 256 random bits
 MIN_SECRET_BYTES = 16      # a user-supplied secret shorter than this is refused
+MIN_PASSPHRASE_BITS = 80   # a non-hex secret estimated weaker than this is refused
+WORD_BITS = 13             # a run of letters or digits counts at most as one dictionary word (7776 words)
+SEPARATOR_BITS = 2         # any other character: a predictable separator, mostly
+# scrypt: n=2**14, r=8 takes ~75 ms and 16 MiB here, once per process and salt.
+SCRYPT_N, SCRYPT_R, SCRYPT_P = 1 << 14, 8, 1
 MAX_SECRET_FILE_BYTES = 4096
 NONCE_BYTES = 32
 MAC_BYTES = 32
@@ -40,17 +52,44 @@ def generate_secret() -> str:
     return secrets.token_hex(SECRET_BYTES)
 
 
+GENERATE_HINT = "e.g. `python -c 'import secrets; print(secrets.token_hex(32))'`"
+
+
+def passphrase_bits(text: str) -> float:
+    """A rough, deliberately low estimate of a passphrase's entropy: each maximal run of letters
+    or of digits counts its length times log2 of its alphabet, but at most WORD_BITS (it may be
+    one dictionary word); every other character counts SEPARATOR_BITS."""
+    bits = 0.0
+    for run in re.findall(r"[^\W\d_]+|\d+|[\W_]", text):
+        if run.isdigit():
+            bits += min(len(run) * math.log2(10), WORD_BITS)
+        elif run[0].isalpha():
+            alphabet = 52 if (run.lower() != run and run.upper() != run) else 26
+            bits += min(len(run) * math.log2(alphabet), WORD_BITS)
+        else:
+            bits += SEPARATOR_BITS
+    return bits
+
+
 def _decode(text: str, where: str) -> bytes:
+    """The rule: hex of at least MIN_SECRET_BYTES bytes (taken as random), or else a passphrase
+    of at least MIN_SECRET_BYTES bytes whose passphrase_bits is at least MIN_PASSPHRASE_BITS."""
     raw = text.strip()
     if not raw:
         raise ConfigError(f"{where} is empty")
     try:
         value = bytes.fromhex(raw)
+        passphrase = False
     except ValueError:
-        value = raw.encode()  # any passphrase works; hex is only the launcher's form
+        value, passphrase = raw.encode(), True  # hex is the launcher's form
     if len(value) < MIN_SECRET_BYTES:
         raise ConfigError(f"{where} is too short: a job secret needs at least {MIN_SECRET_BYTES} bytes "
-                          f"(e.g. `python -c 'import secrets; print(secrets.token_hex(32))'`)")
+                          f"({GENERATE_HINT})")
+    if passphrase and passphrase_bits(raw) < MIN_PASSPHRASE_BITS:
+        raise ConfigError(f"{where} is a weak passphrase (estimated {passphrase_bits(raw):.0f} bits, at least "
+                          f"{MIN_PASSPHRASE_BITS} needed; each word counts {WORD_BITS} at most): a listener "
+                          f"posing as a rank could guess it offline. Use random hex of at least "
+                          f"{MIN_SECRET_BYTES} bytes ({GENERATE_HINT})")
     return value
 
 
@@ -96,13 +135,20 @@ class Auth:
         return Auth(self.mac(b"jacklring-derive\0", label), self.secret)
 
 
-def job_auth(public_context: bytes, what: str = "this job") -> Auth:
-    """The job's Auth: from the secret when configured, else from public_context (the
-    facts every rank of the job shares, e.g. its address list). JACKLRING_REQUIRE_AUTH=1
-    turns the second case into a ConfigError."""
+@functools.lru_cache(maxsize=16)
+def _stretched_key(secret: bytes, salt: bytes) -> bytes:
+    return hashlib.scrypt(secret, salt=b"jacklring-v3 handshake key\0" + salt, n=SCRYPT_N, r=SCRYPT_R,
+                          p=SCRYPT_P, maxmem=64 << 20, dklen=32)
+
+
+def job_auth(public_context: bytes, what: str = "this job", salt: bytes | None = None) -> Auth:
+    """The job's Auth: stretched from the secret when configured (salted by salt, by default
+    public_context: pass what stays the same across the job's groups so the stretch runs once),
+    else from public_context (the facts every rank of the job shares, e.g. its address list).
+    JACKLRING_REQUIRE_AUTH=1 turns the second case into a ConfigError."""
     secret = job_secret()
     if secret is not None:
-        return Auth(hmac.new(secret, b"jacklring-v2 handshake key", hashlib.sha256).digest(), True)
+        return auth_from_secret(secret, public_context if salt is None else salt)
     if config.get("JACKLRING_REQUIRE_AUTH"):
         raise ConfigError(f"JACKLRING_REQUIRE_AUTH=1 but no job secret is set for {what}: set "
                           f"{ENV_SECRET} (or {ENV_SECRET_FILE}) to the same value on every rank, or "
@@ -110,9 +156,10 @@ def job_auth(public_context: bytes, what: str = "this job") -> Auth:
     return Auth(hashlib.sha256(b"jacklring-v2 public key\0" + public_context).digest(), False)
 
 
-def auth_from_secret(secret: bytes) -> Auth:
-    """An Auth from an explicit shared secret (e.g. one distributed through a trusted store)."""
-    return Auth(hmac.new(secret, b"jacklring-v2 handshake key", hashlib.sha256).digest(), True)
+def auth_from_secret(secret: bytes, salt: bytes = b"") -> Auth:
+    """An Auth from an explicit shared secret (e.g. one distributed through a trusted store),
+    stretched with scrypt (once per process for each secret and salt)."""
+    return Auth(_stretched_key(secret, salt), True)
 
 
 def context_id(public_context: bytes) -> int:
