@@ -15,6 +15,8 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Optional
 
+from jacklring_shared.secret_file import read_secret_file
+
 from .hostfile import Host
 
 DEFAULT_STARTING_PORT = 32323   # mlx.launch's default
@@ -86,13 +88,13 @@ def plan_ranks(hosts: list[Host], options: LaunchOptions) -> list[RankPlan]:
 
 SECRET_ENV = "JACKLRING_SECRET"
 SECRET_FILE_ENV = "JACKLRING_SECRET_FILE"
-MAX_SECRET_FILE_BYTES = 4096
 
 
 def job_secret(user_env: dict[str, str], environ: Optional[dict[str, str]] = None) -> str:
     """The job secret every rank gets: the user's JACKLRING_SECRET (--env / hostfile envs,
     else this environment), else the contents of their JACKLRING_SECRET_FILE, else 256 fresh
-    random bits. Ranks then prove it to each other on every connection (docs/security.md)."""
+    random bits. Ranks then prove it to each other on every connection (docs/security.md).
+    SecretFileError when the file is one a rank would refuse (e.g. readable by others)."""
     environ = os.environ if environ is None else environ
     for source in (user_env, environ):
         if source.get(SECRET_ENV, "").strip():
@@ -100,8 +102,7 @@ def job_secret(user_env: dict[str, str], environ: Optional[dict[str, str]] = Non
     for source in (user_env, environ):
         path = source.get(SECRET_FILE_ENV, "").strip()
         if path:
-            with open(path, "rb") as f:
-                text = f.read(MAX_SECRET_FILE_BYTES).decode(errors="replace").strip()
+            text = read_secret_file(path)  # the ranks' own check: a file they would refuse fails here
             if text:
                 return text
     return secrets.token_hex(32)

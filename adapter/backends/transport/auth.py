@@ -11,8 +11,8 @@ JACKLRING_SECRET_FILE; the launcher always provides one): scrypt, memory-hard, s
 job's addresses, once per process and salt (cached). A listener squatting a rank's address
 receives a connector's proof over its own nonce and can test guesses of the secret against it
 offline; scrypt makes each guess cost ~75 ms and 16 MiB, and a passphrase must be strong
-enough (secret_strength) that guessing is hopeless anyway. Without it the key is derived from public facts about the
-job (its addresses): that still keeps stray connections of other jobs out, but anyone who
+enough (_decode's rule) that guessing is hopeless anyway. Without a secret the key is
+derived from public facts about the job (its addresses): that still keeps stray connections of other jobs out, but anyone who
 can see those facts can join, and JACKLRING_REQUIRE_AUTH=1 refuses to run that way.
 """
 from __future__ import annotations
@@ -22,11 +22,11 @@ import hashlib
 import hmac
 import logging
 import math
-import os
-import secrets
 import re
-import stat
+import secrets
 from dataclasses import dataclass
+
+from jacklring_shared.secret_file import ENV_SECRET_FILE, SecretFileError, read_secret_file
 
 from ... import config
 from ...errors import ConfigError
@@ -40,11 +40,9 @@ WORD_BITS = 13             # a run of letters or digits counts at most as one di
 SEPARATOR_BITS = 2         # any other character: a predictable separator, mostly
 # scrypt: n=2**14, r=8 takes ~75 ms and 16 MiB here, once per process and salt.
 SCRYPT_N, SCRYPT_R, SCRYPT_P = 1 << 14, 8, 1
-MAX_SECRET_FILE_BYTES = 4096
 NONCE_BYTES = 32
 MAC_BYTES = 32
 ENV_SECRET = "JACKLRING_SECRET"
-ENV_SECRET_FILE = "JACKLRING_SECRET_FILE"
 
 
 def generate_secret() -> str:
@@ -95,18 +93,10 @@ def _decode(text: str, where: str) -> bytes:
 
 def _read_secret_file(path: str) -> bytes:
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
-    except OSError as exc:
-        raise ConfigError(f"{ENV_SECRET_FILE}={path!r} cannot be opened: {exc.strerror or exc}") from None
-    with os.fdopen(fd, "rb") as f:
-        info = os.fstat(f.fileno())
-        if info.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
-            raise ConfigError(f"{ENV_SECRET_FILE}={path!r} is readable by other users "
-                              f"(mode {stat.S_IMODE(info.st_mode):04o}); chmod 600 it")
-        data = f.read(MAX_SECRET_FILE_BYTES + 1)
-    if len(data) > MAX_SECRET_FILE_BYTES:
-        raise ConfigError(f"{ENV_SECRET_FILE}={path!r} is larger than {MAX_SECRET_FILE_BYTES} bytes")
-    return _decode(data.decode(errors="replace"), f"{ENV_SECRET_FILE}={path!r}")
+        text = read_secret_file(path)
+    except SecretFileError as exc:
+        raise ConfigError(str(exc)) from None
+    return _decode(text, f"{ENV_SECRET_FILE}={path!r}")
 
 
 def job_secret() -> bytes | None:
