@@ -192,3 +192,30 @@ def test_a_listener_gives_an_outsider_with_the_public_token_no_mac_to_test_guess
     if len(v3) > 37:
         assert v3[37:41] == b"JKLA" and v3[41] == 3 and v3[42:74] == bytes(32), v3.hex()
     assert procs[0].tagged("GOT")[0][2:] == [f"{float(v)}" for v in range(10)], reports(procs)
+
+
+@pytest.mark.timeout(60)
+def test_a_handshake_flood_from_one_source_gets_a_bounded_number_of_proof_checks(tmp_path, outsider):
+    """Each source may start HANDSHAKES_PER_S handshakes a second (a burst of BURST); beyond that
+    the acceptor closes connections unread. Before, every connection got a nonce and a MAC
+    check (thousands in 2 s), and the job still forms and sends afterwards."""
+    from adapter.backends.transport.source_budget import BURST, HANDSHAKES_PER_S
+    envs = rank_envs("ring", 2, tmp_path)
+    addresses = ring_addresses(tmp_path)
+    procs = start("ring", 2, INJECTION_TARGET, tmp_path, envs=envs, env={**SECRET, "FAULT_DIR": str(tmp_path)})
+    try:
+        for p in procs:
+            p.wait_line("FORMED", 30)
+        flood = outsider("handshake_flood.py", addresses[0][0], json.dumps(addresses), 2)
+        out, err = flood.communicate(timeout=30)
+        (tmp_path / "go").touch()
+        codes = finish_all(procs, 30)
+    finally:
+        stop_all(procs)
+    assert codes == [0, 0], reports(procs) + out + err
+    fields = out.split()
+    checked, closed, seconds = int(fields[1]), int(fields[3]), float(fields[5])
+    print(f"flood: {checked} proofs checked, {closed} connections closed unread in {seconds} s")
+    assert checked <= BURST + HANDSHAKES_PER_S * seconds * 1.2 + 10, out
+    assert closed > 0, out
+    assert procs[0].tagged("GOT")[0][2:] == [f"{float(v)}" for v in range(10)], reports(procs)

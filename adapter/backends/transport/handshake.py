@@ -22,7 +22,10 @@ The acceptor side runs in a thread per listener (Acceptor): connections are acce
 come, their handshakes progress side by side without blocking the job, each must finish
 within HANDSHAKE_TIMEOUT_S, and at most MAX_PENDING wait at once (the oldest is dropped when a
 new one arrives), so a flood of silent connections delays a real peer by at most about that
-timeout. Authenticated connections wait in a queue until the backend takes them.
+timeout. Each source (an IP address, or a local uid) may start HANDSHAKES_PER_S handshakes a
+second (a burst of BURST): beyond that a connection is closed unread, without a poll slot, a
+nonce or a MAC check, so a flood of connections costs the thread an accept and a close each.
+Authenticated connections wait in a queue until the backend takes them.
 """
 from __future__ import annotations
 
@@ -39,6 +42,7 @@ from typing import Callable
 
 from ...errors import PeerError
 from .auth import MAC_BYTES, NONCE_BYTES, Auth, equal
+from .source_budget import BURST, HANDSHAKES_PER_S, SourceBudget
 
 log = logging.getLogger("jacklring.tcp")
 
@@ -226,6 +230,8 @@ class Acceptor:
         self._cond = threading.Condition()
         self._rejected = 0
         self._rejected_from: list[str] = []
+        self._budget = SourceBudget()
+        self._shed = 0   # connections closed unread: their source was over its handshake budget
         self._closed = False
         self._wake_r, self._wake_w = socket.socketpair()
         # A byte per authenticated arrival: a consumer can sleep in poll() on other sockets too.
@@ -268,7 +274,9 @@ class Acceptor:
             if not self._rejected:
                 return ""
             sources = ", ".join(sorted(set(self._rejected_from))[:5])
-            return f"; meanwhile {self._rejected} unauthenticated connection(s) were rejected (from {sources})"
+            shed = f", {self._shed} more closed unread (over their source's budget)" if self._shed else ""
+            return (f"; meanwhile {self._rejected} unauthenticated connection(s) were rejected (from {sources})"
+                    f"{shed}")
 
     def close(self) -> None:
         with self._cond:
@@ -364,10 +372,19 @@ class Acceptor:
                 if exc.errno in (errno.ECONNABORTED, errno.EMFILE, errno.ENFILE, errno.ENOBUFS):
                     return
                 raise
+            uid = peer_uid(sock) if sock.family == socket.AF_UNIX else None
+            source = ("uid", uid) if sock.family == socket.AF_UNIX else (addr[0] if isinstance(addr, tuple) else addr)
+            if not self._budget.take(source):
+                sock.close()  # no handshake work for a source beyond its budget; a real rank retries
+                self._shed += 1
+                if self._shed == 1:
+                    log.warning("%s: %s opens more than %g connections per second (burst %d) on %s: the "
+                                "excess is closed unread", self._label, _describe(addr), HANDSHAKES_PER_S,
+                                BURST, self._where)
+                continue
             peer = _describe(addr)
             item = _Pending(sock, peer, time.monotonic() + HANDSHAKE_TIMEOUT_S)
             if sock.family == socket.AF_UNIX:
-                uid = peer_uid(sock)
                 if uid != os.getuid():
                     self._reject(item, f"the local process belongs to uid {uid}, not this job's user")
                     continue
