@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Optional
 
 from jacklring_shared.secret_file import SecretFileError
+from jacklring_shared.secret_text import WeakSecretError
 
 from .environment import (
     SECRET_ENV,
@@ -231,7 +232,7 @@ def launch(args) -> int:
     cols, lines = shutil.get_terminal_size((0, 0))
     try:
         secret = job_secret(parse_env_assignments(hostfile.envs + args.env))
-    except SecretFileError as e:
+    except (SecretFileError, WeakSecretError) as e:
         raise UsageError(str(e)) from None
     options = LaunchOptions(
         backend=backend, envs=hostfile.envs + args.env, starting_port=args.starting_port,

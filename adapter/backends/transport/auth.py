@@ -11,7 +11,7 @@ JACKLRING_SECRET_FILE; the launcher always provides one): scrypt, memory-hard, s
 job's addresses, once per process and salt (cached). A listener squatting a rank's address
 receives a connector's proof over its own nonce and can test guesses of the secret against it
 offline; scrypt makes each guess cost ~75 ms and 16 MiB, and a passphrase must be strong
-enough (_decode's rule) that guessing is hopeless anyway. Without a secret the key is
+enough (jacklring_shared/secret_text.py) that guessing is hopeless anyway. Without a secret the key is
 derived from public facts about the job (its addresses): that still keeps stray connections of other jobs out, but anyone who
 can see those facts can join, and JACKLRING_REQUIRE_AUTH=1 refuses to run that way.
 """
@@ -21,12 +21,11 @@ import functools
 import hashlib
 import hmac
 import logging
-import math
-import re
 import secrets
 from dataclasses import dataclass
 
 from jacklring_shared.secret_file import ENV_SECRET_FILE, SecretFileError, read_secret_file
+from jacklring_shared.secret_text import WeakSecretError, decode_secret
 
 from ... import config
 from ...errors import ConfigError
@@ -34,10 +33,6 @@ from ...errors import ConfigError
 log = logging.getLogger("jacklring.auth")
 
 SECRET_BYTES = 32          # what the launcher generates: 256 random bits
-MIN_SECRET_BYTES = 16      # a user-supplied secret shorter than this is refused
-MIN_PASSPHRASE_BITS = 80   # a non-hex secret estimated weaker than this is refused
-WORD_BITS = 13             # a run of letters or digits counts at most as one dictionary word (7776 words)
-SEPARATOR_BITS = 2         # any other character: a predictable separator, mostly
 # scrypt: n=2**14, r=8 takes ~75 ms and 16 MiB here, once per process and salt.
 SCRYPT_N, SCRYPT_R, SCRYPT_P = 1 << 14, 8, 1
 NONCE_BYTES = 32
@@ -50,45 +45,11 @@ def generate_secret() -> str:
     return secrets.token_hex(SECRET_BYTES)
 
 
-GENERATE_HINT = "e.g. `python -c 'import secrets; print(secrets.token_hex(32))'`"
-
-
-def passphrase_bits(text: str) -> float:
-    """A rough, deliberately low estimate of a passphrase's entropy: each maximal run of letters
-    or of digits counts its length times log2 of its alphabet, but at most WORD_BITS (it may be
-    one dictionary word); every other character counts SEPARATOR_BITS."""
-    bits = 0.0
-    for run in re.findall(r"[^\W\d_]+|\d+|[\W_]", text):
-        if run.isdigit():
-            bits += min(len(run) * math.log2(10), WORD_BITS)
-        elif run[0].isalpha():
-            alphabet = 52 if (run.lower() != run and run.upper() != run) else 26
-            bits += min(len(run) * math.log2(alphabet), WORD_BITS)
-        else:
-            bits += SEPARATOR_BITS
-    return bits
-
-
 def _decode(text: str, where: str) -> bytes:
-    """The rule: hex of at least MIN_SECRET_BYTES bytes (taken as random), or else a passphrase
-    of at least MIN_SECRET_BYTES bytes whose passphrase_bits is at least MIN_PASSPHRASE_BITS."""
-    raw = text.strip()
-    if not raw:
-        raise ConfigError(f"{where} is empty")
     try:
-        value = bytes.fromhex(raw)
-        passphrase = False
-    except ValueError:
-        value, passphrase = raw.encode(), True  # hex is the launcher's form
-    if len(value) < MIN_SECRET_BYTES:
-        raise ConfigError(f"{where} is too short: a job secret needs at least {MIN_SECRET_BYTES} bytes "
-                          f"({GENERATE_HINT})")
-    if passphrase and passphrase_bits(raw) < MIN_PASSPHRASE_BITS:
-        raise ConfigError(f"{where} is a weak passphrase (estimated {passphrase_bits(raw):.0f} bits, at least "
-                          f"{MIN_PASSPHRASE_BITS} needed; each word counts {WORD_BITS} at most): a listener "
-                          f"posing as a rank could guess it offline. Use random hex of at least "
-                          f"{MIN_SECRET_BYTES} bytes ({GENERATE_HINT})")
-    return value
+        return decode_secret(text, where)
+    except WeakSecretError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def _read_secret_file(path: str) -> bytes:
