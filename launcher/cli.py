@@ -18,7 +18,12 @@ import sys
 from pathlib import Path
 from typing import Optional
 
+from jacklring_shared.secret_file import SecretFileError
+from jacklring_shared.secret_text import WeakSecretError
+
 from .environment import (
+    SECRET_ENV,
+    SECRET_FILE_ENV,
     LaunchOptions,
     RankPlan,
     ignored_assignments,
@@ -159,6 +164,11 @@ def validate_envs(items: list[str]) -> None:
         key, sep, _ = item.partition("=")
         if not sep or not key.isidentifier():
             raise UsageError(f"--env {item!r}: expected KEY=VALUE with a valid variable name")
+        if key == SECRET_ENV:  # the value is in this launcher's argv: `ps` shows it to every user
+            raise UsageError(f"--env {SECRET_ENV}=...: a secret on the command line is readable by every user "
+                             f"(ps); put it in a file only you can read and pass --env "
+                             f"{SECRET_FILE_ENV}=PATH (chmod 600), or export {SECRET_ENV} in the "
+                             f"launcher's own environment (or leave it unset: the launcher draws one)")
 
 
 def main(argv: Optional[list[str]] = None) -> None:
@@ -222,8 +232,8 @@ def launch(args) -> int:
     cols, lines = shutil.get_terminal_size((0, 0))
     try:
         secret = job_secret(parse_env_assignments(hostfile.envs + args.env))
-    except OSError as e:
-        raise UsageError(f"JACKLRING_SECRET_FILE: {e.strerror or e}") from None
+    except (SecretFileError, WeakSecretError) as e:
+        raise UsageError(str(e)) from None
     options = LaunchOptions(
         backend=backend, envs=hostfile.envs + args.env, starting_port=args.starting_port,
         connections_per_ip=args.connections_per_ip, nccl_port=args.nccl_port,

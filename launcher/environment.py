@@ -15,6 +15,9 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Optional
 
+from jacklring_shared.secret_file import read_secret_file
+from jacklring_shared.secret_text import decode_secret
+
 from .hostfile import Host
 
 DEFAULT_STARTING_PORT = 32323   # mlx.launch's default
@@ -86,23 +89,26 @@ def plan_ranks(hosts: list[Host], options: LaunchOptions) -> list[RankPlan]:
 
 SECRET_ENV = "JACKLRING_SECRET"
 SECRET_FILE_ENV = "JACKLRING_SECRET_FILE"
-MAX_SECRET_FILE_BYTES = 4096
 
 
 def job_secret(user_env: dict[str, str], environ: Optional[dict[str, str]] = None) -> str:
     """The job secret every rank gets: the user's JACKLRING_SECRET (--env / hostfile envs,
     else this environment), else the contents of their JACKLRING_SECRET_FILE, else 256 fresh
-    random bits. Ranks then prove it to each other on every connection (docs/security.md)."""
+    random bits. Ranks then prove it to each other on every connection (docs/security.md).
+    SecretFileError / WeakSecretError for a file or a secret a rank would refuse (e.g. a file
+    readable by others, a guessable passphrase)."""
     environ = os.environ if environ is None else environ
+    # The ranks' own checks: a file or a passphrase they would refuse fails here, before any starts.
     for source in (user_env, environ):
         if source.get(SECRET_ENV, "").strip():
+            decode_secret(source[SECRET_ENV], SECRET_ENV)
             return source[SECRET_ENV].strip()
     for source in (user_env, environ):
         path = source.get(SECRET_FILE_ENV, "").strip()
         if path:
-            with open(path, "rb") as f:
-                text = f.read(MAX_SECRET_FILE_BYTES).decode(errors="replace").strip()
+            text = read_secret_file(path)
             if text:
+                decode_secret(text, f"{SECRET_FILE_ENV}={path!r}")
                 return text
     return secrets.token_hex(32)
 

@@ -161,3 +161,61 @@ def test_a_foreign_listener_on_a_ranks_port_fails_init_at_once_naming_it(tmp_pat
     error = " ".join(procs[0].tagged("INITERR")[0][2:])
     assert addresses[1][0] in error, error
     assert elapsed < limit + 3, f"init took {elapsed:.1f} s to fail: {error}"
+
+
+@pytest.mark.timeout(60)
+def test_a_listener_gives_an_outsider_with_the_public_token_no_mac_to_test_guesses_against(tmp_path, outsider):
+    """Version 2 answered any HELLO carrying the (public) job token with a MAC of the job key:
+    one connection gave an offline dictionary attack on the secret. Now the connector proves
+    first, and the acceptor's MAC follows only a proof that checked."""
+    envs = rank_envs("ring", 2, tmp_path)
+    addresses = ring_addresses(tmp_path)
+    procs = start("ring", 2, INJECTION_TARGET, tmp_path, envs=envs, env={**SECRET, "FAULT_DIR": str(tmp_path)})
+    try:
+        for p in procs:
+            p.wait_line("FORMED", 30)
+        probe = outsider("oracle_probe.py", addresses[0][0], json.dumps(addresses), 1, 0)
+        out, err = probe.communicate(timeout=20)
+        (tmp_path / "go").touch()
+        codes = finish_all(procs, 30)
+    finally:
+        stop_all(procs)
+    assert codes == [0, 0], reports(procs) + out + err
+    answers = {line.split()[1]: bytes.fromhex(line.split()[2].strip("-")) for line in out.splitlines()
+               if line.startswith("PROBE")}
+    assert set(answers) == {"2", "3"}, out + err
+    v2, v3 = answers["2"], answers["3"]
+    # version 2's challenge: magic, status, nonce, then the acceptor's MAC (bytes 37..69)
+    assert len(v2) < 69 or v2[37:69] == bytes(32), f"a MAC of the job key came back: {v2.hex()}"
+    # version 3: magic, status, nonce (no MAC); after a made-up proof only a MAC-less refusal
+    assert len(v3) <= 74, v3.hex()
+    if len(v3) > 37:
+        assert v3[37:41] == b"JKLA" and v3[41] == 3 and v3[42:74] == bytes(32), v3.hex()
+    assert procs[0].tagged("GOT")[0][2:] == [f"{float(v)}" for v in range(10)], reports(procs)
+
+
+@pytest.mark.timeout(60)
+def test_a_handshake_flood_from_one_source_gets_a_bounded_number_of_proof_checks(tmp_path, outsider):
+    """Each source may start HANDSHAKES_PER_S handshakes a second (a burst of BURST); beyond that
+    the acceptor closes connections unread. Before, every connection got a nonce and a MAC
+    check (thousands in 2 s), and the job still forms and sends afterwards."""
+    from adapter.backends.transport.source_budget import BURST, HANDSHAKES_PER_S
+    envs = rank_envs("ring", 2, tmp_path)
+    addresses = ring_addresses(tmp_path)
+    procs = start("ring", 2, INJECTION_TARGET, tmp_path, envs=envs, env={**SECRET, "FAULT_DIR": str(tmp_path)})
+    try:
+        for p in procs:
+            p.wait_line("FORMED", 30)
+        flood = outsider("handshake_flood.py", addresses[0][0], json.dumps(addresses), 2)
+        out, err = flood.communicate(timeout=30)
+        (tmp_path / "go").touch()
+        codes = finish_all(procs, 30)
+    finally:
+        stop_all(procs)
+    assert codes == [0, 0], reports(procs) + out + err
+    fields = out.split()
+    checked, closed, seconds = int(fields[1]), int(fields[3]), float(fields[5])
+    print(f"flood: {checked} proofs checked, {closed} connections closed unread in {seconds} s")
+    assert checked <= BURST + HANDSHAKES_PER_S * seconds * 1.2 + 10, out
+    assert closed > 0, out
+    assert procs[0].tagged("GOT")[0][2:] == [f"{float(v)}" for v in range(10)], reports(procs)

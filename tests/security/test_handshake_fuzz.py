@@ -65,6 +65,7 @@ def test_acceptor_only_rejects_arbitrary_bytes(listener, data):
     if len(got) > handshake.CHALLENGE.size:
         ack = got[handshake.CHALLENGE.size:]
         assert ack[:4] == handshake.ACK_MAGIC and ack[4] == handshake.BAD_PROOF
+        assert ack[5:] == bytes(len(ack) - 5), "a refusal carried a MAC of the key"
     assert peak < 256 * 1024, f"{peak} bytes allocated for {len(data)} bytes of input"
     assert listener.take(lambda h: True, time.monotonic() + 0.01, None) is None
     assert listener._acceptor._thread.is_alive()

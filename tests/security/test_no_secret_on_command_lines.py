@@ -125,3 +125,40 @@ def test_remote_master_port_is_chosen_free_on_rank0s_host(tmp_path, ssh_servers,
     assert len(ports) == 1
     port = int(ports.pop())
     assert port != 29500 and 0 < port < 65536
+
+
+def _launch(tmp_path: Path, *args: str, secret: str | None = None) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env.pop("JACKLRING_SECRET", None)
+    env.pop("JACKLRING_SECRET_FILE", None)
+    if secret is not None:
+        env["JACKLRING_SECRET"] = secret
+    return subprocess.run([sys.executable, "-m", "launcher.cli", "-n", "2", *args, "--", sys.executable, "-c",
+                           "print('RAN')"], cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.timeout(60)
+def test_the_launcher_refuses_a_secret_in_its_own_argv(tmp_path):
+    r = _launch(tmp_path, "--env", "JACKLRING_SECRET=" + "ab" * 32)
+    assert r.returncode != 0 and "RAN" not in r.stdout, r.stdout + r.stderr
+    assert "JACKLRING_SECRET_FILE" in r.stderr and "command line" in r.stderr, r.stderr
+
+
+@pytest.mark.timeout(60)
+def test_the_launcher_refuses_a_secret_file_other_users_can_read_as_the_ranks_would(tmp_path):
+    path = tmp_path / "secret"
+    path.write_text("cd" * 32)
+    path.chmod(0o644)
+    r = _launch(tmp_path, "--env", f"JACKLRING_SECRET_FILE={path}")
+    assert r.returncode != 0 and "RAN" not in r.stdout, r.stdout + r.stderr
+    assert "readable by other users" in r.stderr, r.stderr
+    path.chmod(0o600)
+    r = _launch(tmp_path, "--env", f"JACKLRING_SECRET_FILE={path}")
+    assert r.returncode == 0 and r.stdout.count("RAN") == 2, r.stdout + r.stderr
+
+
+@pytest.mark.timeout(60)
+def test_the_launcher_refuses_a_weak_passphrase_as_the_ranks_would(tmp_path):
+    r = _launch(tmp_path, secret="correct horse battery staple!")
+    assert r.returncode != 0 and "RAN" not in r.stdout, r.stdout + r.stderr
+    assert "weak passphrase" in r.stderr, r.stderr

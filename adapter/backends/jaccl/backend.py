@@ -79,7 +79,8 @@ def create(timeout: float | None = None) -> "Backend":
     # A group formed again after close() gets a new context: no connection of the earlier one counts.
     context = json.dumps([tcp.format_address(cfg.coordinator), cfg.devices, _incarnations]).encode()
     token = zlib.crc32(context)
-    job = auth.job_auth(context, "JACCL")
+    job = auth.job_auth(context, "JACCL",  # the secret's stretch: once for every incarnation
+                        salt=json.dumps([tcp.format_address(cfg.coordinator), cfg.devices]).encode())
     side = SideChannel(cfg.rank, cfg.size, cfg.coordinator, token, deadline, job)
     try:
         kind = _agree_on_transport(cfg, choice, side)

@@ -226,7 +226,9 @@ class RingBackend(Backend):
         # that public context: see transport/auth.py).
         context = json.dumps([addresses, incarnation]).encode()
         self._token = auth.context_id(context)
-        self._auth = job if job is not None else auth.job_auth(context, "the ring")
+        # The secret's stretch is salted by the addresses alone: it runs once for every incarnation.
+        self._auth = job if job is not None else auth.job_auth(context, "the ring",
+                                                               salt=json.dumps(addresses).encode())
         self._seq = 0
         self._verify = config.get("JACKLRING_VERIFY")
         self._integrity: dict[tuple[int, int], integrity.Integrity | None] = {}

@@ -1,25 +1,31 @@
 """The job secret and the proofs built on it.
 
-Every connection between ranks opens with a challenge-response in both directions (see
-tcp.Handshake): each side proves it knows the job key by a HMAC-SHA256 over the other side's
-fresh nonce and everything that identifies the connection (job context, purpose, sender,
-receiver, channel). Nothing secret crosses the wire, and a recorded handshake is worthless
-because the nonces are new every time.
+Every connection between ranks opens with a challenge-response (see handshake.py): the
+connector proves it knows the job key by a HMAC-SHA256 over the acceptor's fresh nonce and
+everything that identifies the connection (job context, purpose, sender, receiver, channel),
+and only then does the acceptor prove it in turn. Nothing secret crosses the wire, and a
+recorded handshake is worthless because the nonces are new every time.
 
-The key is the job secret when one is configured (JACKLRING_SECRET, or JACKLRING_SECRET_FILE;
-the launcher always provides one). Without it the key is derived from public facts about the
-job (its addresses): that still keeps stray connections of other jobs out, but anyone who
+The key is stretched from the job secret when one is configured (JACKLRING_SECRET, or
+JACKLRING_SECRET_FILE; the launcher always provides one): scrypt, memory-hard, salted by the
+job's addresses, once per process and salt (cached). A listener squatting a rank's address
+receives a connector's proof over its own nonce and can test guesses of the secret against it
+offline; scrypt makes each guess cost ~75 ms and 16 MiB, and a passphrase must be strong
+enough (jacklring_shared/secret_text.py) that guessing is hopeless anyway. Without a secret the key is
+derived from public facts about the job (its addresses): that still keeps stray connections of other jobs out, but anyone who
 can see those facts can join, and JACKLRING_REQUIRE_AUTH=1 refuses to run that way.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import logging
-import os
 import secrets
-import stat
 from dataclasses import dataclass
+
+from jacklring_shared.secret_file import ENV_SECRET_FILE, SecretFileError, read_secret_file
+from jacklring_shared.secret_text import WeakSecretError, decode_secret
 
 from ... import config
 from ...errors import ConfigError
@@ -27,12 +33,11 @@ from ...errors import ConfigError
 log = logging.getLogger("jacklring.auth")
 
 SECRET_BYTES = 32          # what the launcher generates: 256 random bits
-MIN_SECRET_BYTES = 16      # a user-supplied secret shorter than this is refused
-MAX_SECRET_FILE_BYTES = 4096
+# scrypt: n=2**14, r=8 takes ~75 ms and 16 MiB here, once per process and salt.
+SCRYPT_N, SCRYPT_R, SCRYPT_P = 1 << 14, 8, 1
 NONCE_BYTES = 32
 MAC_BYTES = 32
 ENV_SECRET = "JACKLRING_SECRET"
-ENV_SECRET_FILE = "JACKLRING_SECRET_FILE"
 
 
 def generate_secret() -> str:
@@ -41,33 +46,18 @@ def generate_secret() -> str:
 
 
 def _decode(text: str, where: str) -> bytes:
-    raw = text.strip()
-    if not raw:
-        raise ConfigError(f"{where} is empty")
     try:
-        value = bytes.fromhex(raw)
-    except ValueError:
-        value = raw.encode()  # any passphrase works; hex is only the launcher's form
-    if len(value) < MIN_SECRET_BYTES:
-        raise ConfigError(f"{where} is too short: a job secret needs at least {MIN_SECRET_BYTES} bytes "
-                          f"(e.g. `python -c 'import secrets; print(secrets.token_hex(32))'`)")
-    return value
+        return decode_secret(text, where)
+    except WeakSecretError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def _read_secret_file(path: str) -> bytes:
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
-    except OSError as exc:
-        raise ConfigError(f"{ENV_SECRET_FILE}={path!r} cannot be opened: {exc.strerror or exc}") from None
-    with os.fdopen(fd, "rb") as f:
-        info = os.fstat(f.fileno())
-        if info.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
-            raise ConfigError(f"{ENV_SECRET_FILE}={path!r} is readable by other users "
-                              f"(mode {stat.S_IMODE(info.st_mode):04o}); chmod 600 it")
-        data = f.read(MAX_SECRET_FILE_BYTES + 1)
-    if len(data) > MAX_SECRET_FILE_BYTES:
-        raise ConfigError(f"{ENV_SECRET_FILE}={path!r} is larger than {MAX_SECRET_FILE_BYTES} bytes")
-    return _decode(data.decode(errors="replace"), f"{ENV_SECRET_FILE}={path!r}")
+        text = read_secret_file(path)
+    except SecretFileError as exc:
+        raise ConfigError(str(exc)) from None
+    return _decode(text, f"{ENV_SECRET_FILE}={path!r}")
 
 
 def job_secret() -> bytes | None:
@@ -96,13 +86,20 @@ class Auth:
         return Auth(self.mac(b"jacklring-derive\0", label), self.secret)
 
 
-def job_auth(public_context: bytes, what: str = "this job") -> Auth:
-    """The job's Auth: from the secret when configured, else from public_context (the
-    facts every rank of the job shares, e.g. its address list). JACKLRING_REQUIRE_AUTH=1
-    turns the second case into a ConfigError."""
+@functools.lru_cache(maxsize=16)
+def _stretched_key(secret: bytes, salt: bytes) -> bytes:
+    return hashlib.scrypt(secret, salt=b"jacklring-v3 handshake key\0" + salt, n=SCRYPT_N, r=SCRYPT_R,
+                          p=SCRYPT_P, maxmem=64 << 20, dklen=32)
+
+
+def job_auth(public_context: bytes, what: str = "this job", salt: bytes | None = None) -> Auth:
+    """The job's Auth: stretched from the secret when configured (salted by salt, by default
+    public_context: pass what stays the same across the job's groups so the stretch runs once),
+    else from public_context (the facts every rank of the job shares, e.g. its address list).
+    JACKLRING_REQUIRE_AUTH=1 turns the second case into a ConfigError."""
     secret = job_secret()
     if secret is not None:
-        return Auth(hmac.new(secret, b"jacklring-v2 handshake key", hashlib.sha256).digest(), True)
+        return auth_from_secret(secret, public_context if salt is None else salt)
     if config.get("JACKLRING_REQUIRE_AUTH"):
         raise ConfigError(f"JACKLRING_REQUIRE_AUTH=1 but no job secret is set for {what}: set "
                           f"{ENV_SECRET} (or {ENV_SECRET_FILE}) to the same value on every rank, or "
@@ -110,9 +107,10 @@ def job_auth(public_context: bytes, what: str = "this job") -> Auth:
     return Auth(hashlib.sha256(b"jacklring-v2 public key\0" + public_context).digest(), False)
 
 
-def auth_from_secret(secret: bytes) -> Auth:
-    """An Auth from an explicit shared secret (e.g. one distributed through a trusted store)."""
-    return Auth(hmac.new(secret, b"jacklring-v2 handshake key", hashlib.sha256).digest(), True)
+def auth_from_secret(secret: bytes, salt: bytes = b"") -> Auth:
+    """An Auth from an explicit shared secret (e.g. one distributed through a trusted store),
+    stretched with scrypt (once per process for each secret and salt)."""
+    return Auth(_stretched_key(secret, salt), True)
 
 
 def context_id(public_context: bytes) -> int:

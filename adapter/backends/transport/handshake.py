@@ -1,13 +1,19 @@
 """The connection handshake: who is connecting, why, and proof that both ends belong to the job.
 
     connector -> acceptor  HELLO      magic, version, purpose, sender, receiver, channel, job context, nonce_c
-    acceptor -> connector  CHALLENGE  magic, status, nonce_s, HMAC(key, "S" | HELLO | nonce_s)
-    connector -> acceptor  PROOF      HMAC(key, "C" | HELLO | nonce_s | acceptor's MAC)
-    acceptor -> connector  ACK        magic, status, HMAC(key, "A" | HELLO | nonce_s | status)
+    acceptor -> connector  CHALLENGE  magic, status, nonce_s
+    connector -> acceptor  PROOF      HMAC(key, "C" | HELLO | nonce_s)
+    acceptor -> connector  ACK        magic, status, HMAC(key, "A" | HELLO | nonce_s | PROOF | status)
+                                      (status OK only; a bad proof gets BAD_PROOF and no MAC)
 
 Each side proves the key over a nonce the other side just chose, so neither a recorded
 handshake nor a relay that does not know the key gets through, and a connection counts on
-either side only once both proofs checked (the connector waits for the ACK). Both nonces,
+either side only once both proofs checked (the connector waits for the ACK). The connector
+proves first and the acceptor computes its MAC only over a proof that checked: anyone may
+connect to a listener, and no MAC of the key must ever reach them (it would let them test
+guesses of the secret offline, as version 2 did). The connector's proof does reach whatever
+listens where it connects, a squatter included; that is why the key is stretched with scrypt
+and passphrases must be strong (auth.py). Both nonces,
 known to both ends when it is done (Hello.session), key the connection's message MACs
 (integrity.for_link), so no two connections share those keys. Every frame has a
 fixed size: there is no length field to lie about.
@@ -16,7 +22,10 @@ The acceptor side runs in a thread per listener (Acceptor): connections are acce
 come, their handshakes progress side by side without blocking the job, each must finish
 within HANDSHAKE_TIMEOUT_S, and at most MAX_PENDING wait at once (the oldest is dropped when a
 new one arrives), so a flood of silent connections delays a real peer by at most about that
-timeout. Authenticated connections wait in a queue until the backend takes them.
+timeout. Each source (an IP address, or a local uid) may start HANDSHAKES_PER_S handshakes a
+second (a burst of BURST): beyond that a connection is closed unread, without a poll slot, a
+nonce or a MAC check, so a flood of connections costs the thread an accept and a close each.
+Authenticated connections wait in a queue until the backend takes them.
 """
 from __future__ import annotations
 
@@ -33,15 +42,16 @@ from typing import Callable
 
 from ...errors import PeerError
 from .auth import MAC_BYTES, NONCE_BYTES, Auth, equal
+from .source_budget import BURST, HANDSHAKES_PER_S, SourceBudget
 
 log = logging.getLogger("jacklring.tcp")
 
 HELLO = struct.Struct(f"<4sHHiiiQ{NONCE_BYTES}s")
-CHALLENGE = struct.Struct(f"<4sB{NONCE_BYTES}s{MAC_BYTES}s")
+CHALLENGE = struct.Struct(f"<4sB{NONCE_BYTES}s")
 PROOF_BYTES = MAC_BYTES
 ACK = struct.Struct(f"<4sB{MAC_BYTES}s")
 MAGIC, CHALLENGE_MAGIC, ACK_MAGIC = b"JKLR", b"JKLC", b"JKLA"
-VERSION = 2
+VERSION = 3   # 2 answered any HELLO with a MAC of the key
 
 OK, OTHER_JOB, UNEXPECTED, BAD_PROOF = 0, 1, 2, 3
 STATUS_TEXT = {OTHER_JOB: "it belongs to another job (different job context)",
@@ -146,15 +156,13 @@ def client_handshake(sock: socket.socket, hello: Hello, auth: Auth, where: str, 
     if len(answer) < CHALLENGE.size or answer[:4] != CHALLENGE_MAGIC:
         raise PeerError(f"the process listening on {where} (expected: {who}) is not a jacklring rank: it "
                         f"answered the handshake with {answer[:16].hex() or 'nothing'}")
-    _, status, nonce_s, mac_s = CHALLENGE.unpack(answer)
+    _, status, nonce_s = CHALLENGE.unpack(answer)
     if status != OK:
         refusal = OtherJob if status == OTHER_JOB else PeerError
         raise refusal(f"{who} at {where} refused this connection: {STATUS_TEXT.get(status, f'status {status}')}")
-    if not equal(mac_s, auth.mac(b"S", hello_bytes, nonce_s)):
-        raise PeerError(f"the process listening on {where} (expected: {who}) did not prove the job secret: a "
-                        f"process outside this job listens there, or the ranks were given different secrets")
+    proof = auth.mac(b"C", hello_bytes, nonce_s)
     try:
-        sock.sendall(auth.mac(b"C", hello_bytes, nonce_s, mac_s))
+        sock.sendall(proof)
         ack = _recv_fixed(sock, ACK.size, time.monotonic() + ANSWER_TIMEOUT_S, ACK_MAGIC)
     except socket.timeout:
         raise PeerError(f"{who} at {where} did not acknowledge the handshake within {ANSWER_TIMEOUT_S:g} s") from None
@@ -167,11 +175,13 @@ def client_handshake(sock: socket.socket, hello: Hello, auth: Auth, where: str, 
     if len(ack) < ACK.size:
         raise PeerError(f"{who} at {where} sent a malformed handshake acknowledgement ({ack[:8].hex()})")
     magic, status, mac_a = ACK.unpack(ack)
-    if magic != ACK_MAGIC or not equal(mac_a, auth.mac(b"A", hello_bytes, nonce_s, bytes([status]))):
-        raise PeerError(f"{who} at {where} sent a forged handshake acknowledgement")
-    if status != OK:
-        raise PeerError(f"{who} at {where} refused this rank's proof: {STATUS_TEXT.get(status, status)} "
-                        f"(were the ranks given different job secrets?)")
+    if magic == ACK_MAGIC and status == BAD_PROOF:  # unauthenticated: a refusal carries no MAC
+        raise PeerError(f"{who} at {where} refused this rank's proof: this rank did not prove the job secret "
+                        f"it holds there (were the ranks given different job secrets?)")
+    if magic != ACK_MAGIC or status != OK or not equal(mac_a, auth.mac(b"A", hello_bytes, nonce_s, proof,
+                                                                       bytes([status]))):
+        raise PeerError(f"the process listening on {where} (expected: {who}) did not prove the job secret: a "
+                        f"process outside this job listens there, or the ranks were given different secrets")
     return replace(hello, server_nonce=nonce_s)
 
 
@@ -187,7 +197,7 @@ def peer_uid(sock: socket.socket) -> int | None:
 
 
 class _Pending:
-    __slots__ = ("sock", "peer", "expires", "buf", "need", "hello", "hello_bytes", "nonce_s", "mac_s")
+    __slots__ = ("sock", "peer", "expires", "buf", "need", "hello", "hello_bytes", "nonce_s")
 
     def __init__(self, sock: socket.socket, peer: str, expires: float) -> None:
         self.sock, self.peer, self.expires = sock, peer, expires
@@ -196,7 +206,6 @@ class _Pending:
         self.hello: Hello | None = None
         self.hello_bytes = b""
         self.nonce_s = b""
-        self.mac_s = b""
 
 
 Admit = Callable[[Hello], "str | None"]   # None: welcome; else why it is refused
@@ -221,6 +230,8 @@ class Acceptor:
         self._cond = threading.Condition()
         self._rejected = 0
         self._rejected_from: list[str] = []
+        self._budget = SourceBudget()
+        self._shed = 0   # connections closed unread: their source was over its handshake budget
         self._closed = False
         self._wake_r, self._wake_w = socket.socketpair()
         # A byte per authenticated arrival: a consumer can sleep in poll() on other sockets too.
@@ -263,7 +274,9 @@ class Acceptor:
             if not self._rejected:
                 return ""
             sources = ", ".join(sorted(set(self._rejected_from))[:5])
-            return f"; meanwhile {self._rejected} unauthenticated connection(s) were rejected (from {sources})"
+            shed = f", {self._shed} more closed unread (over their source's budget)" if self._shed else ""
+            return (f"; meanwhile {self._rejected} unauthenticated connection(s) were rejected (from {sources})"
+                    f"{shed}")
 
     def close(self) -> None:
         with self._cond:
@@ -285,8 +298,8 @@ class Acceptor:
 
     def _reject(self, item: _Pending, why: str, status: int | None = None) -> None:
         if status is not None:
-            frame = (CHALLENGE.pack(CHALLENGE_MAGIC, status, bytes(NONCE_BYTES), bytes(MAC_BYTES))
-                     if item.hello is not None and not item.mac_s else None)
+            frame = (CHALLENGE.pack(CHALLENGE_MAGIC, status, bytes(NONCE_BYTES))
+                     if item.hello is not None and not item.nonce_s else None)
             if frame is not None:
                 try:
                     item.sock.send(frame)
@@ -359,10 +372,19 @@ class Acceptor:
                 if exc.errno in (errno.ECONNABORTED, errno.EMFILE, errno.ENFILE, errno.ENOBUFS):
                     return
                 raise
+            uid = peer_uid(sock) if sock.family == socket.AF_UNIX else None
+            source = ("uid", uid) if sock.family == socket.AF_UNIX else (addr[0] if isinstance(addr, tuple) else addr)
+            if not self._budget.take(source):
+                sock.close()  # no handshake work for a source beyond its budget; a real rank retries
+                self._shed += 1
+                if self._shed == 1:
+                    log.warning("%s: %s opens more than %g connections per second (burst %d) on %s: the "
+                                "excess is closed unread", self._label, _describe(addr), HANDSHAKES_PER_S,
+                                BURST, self._where)
+                continue
             peer = _describe(addr)
             item = _Pending(sock, peer, time.monotonic() + HANDSHAKE_TIMEOUT_S)
             if sock.family == socket.AF_UNIX:
-                uid = peer_uid(sock)
                 if uid != os.getuid():
                     self._reject(item, f"the local process belongs to uid {uid}, not this job's user")
                     continue
@@ -415,9 +437,8 @@ class Acceptor:
                          f"connection {hello.channel}: {refusal[1]}", refusal[0])
             return
         item.nonce_s = os.urandom(NONCE_BYTES)
-        item.mac_s = self._auth.mac(b"S", data, item.nonce_s)
         item.need = PROOF_BYTES
-        if not self._send(item, CHALLENGE.pack(CHALLENGE_MAGIC, OK, item.nonce_s, item.mac_s)):
+        if not self._send(item, CHALLENGE.pack(CHALLENGE_MAGIC, OK, item.nonce_s)):
             self._pending.remove(item)
             self._reject(item, "it did not take the handshake's challenge")
 
@@ -435,13 +456,13 @@ class Acceptor:
         self._pending.remove(item)
         hello = item.hello
         assert hello is not None
-        good = equal(proof, self._auth.mac(b"C", item.hello_bytes, item.nonce_s, item.mac_s))
-        status = OK if good else BAD_PROOF
-        sent = self._send(item, ACK.pack(ACK_MAGIC, status, self._auth.mac(b"A", item.hello_bytes, item.nonce_s,
-                                                                            bytes([status]))))
-        if not good:
+        if not equal(proof, self._auth.mac(b"C", item.hello_bytes, item.nonce_s)):
+            # The refusal carries no MAC: nothing an outsider could test a guess of the key against.
+            self._send(item, ACK.pack(ACK_MAGIC, BAD_PROOF, bytes(MAC_BYTES)))
             self._reject(item, f"it claimed to be rank {hello.sender} but did not prove the job secret")
             return
+        sent = self._send(item, ACK.pack(ACK_MAGIC, OK, self._auth.mac(b"A", item.hello_bytes, item.nonce_s, proof,
+                                                                        bytes([OK]))))
         if not sent:
             self._reject(item, "it did not take the handshake's acknowledgement")
             return

@@ -44,26 +44,35 @@ def old_hello(purpose, sender, receiver, channel, token):
     return OLD_HELLO.pack(b"JKLR", 1, purpose, sender, receiver, channel, token)
 
 
+def public_token(context):
+    return int.from_bytes(hashlib.sha256(b"jacklring-context\0" + context).digest()[:8], "little")
+
+
+def v2_hello(purpose, sender, receiver, channel, token):
+    """Version 2's HELLO: its acceptor answered it with a MAC of the job key before any proof."""
+    return NEW_HELLO.pack(b"JKLR", 2, purpose, sender, receiver, channel, token, os.urandom(32))
+
+
 def new_handshake(sock, purpose, sender, receiver, channel, context, token=None):
-    """Run the new handshake with the best key public facts give; returns what happened."""
+    """Run today's handshake (version 3) with the best key public facts give; returns what happened."""
     if token is None:
-        token = int.from_bytes(hashlib.sha256(b"jacklring-context\0" + context).digest()[:8], "little")
+        token = public_token(context)
     key = hashlib.sha256(b"jacklring-v2 public key\0" + context).digest()
-    hello = NEW_HELLO.pack(b"JKLR", 2, purpose, sender, receiver, channel, token, os.urandom(32))
+    hello = NEW_HELLO.pack(b"JKLR", 3, purpose, sender, receiver, channel, token, os.urandom(32))
     sock.sendall(hello)
-    answer = recv_n(sock, 69)
-    if len(answer) < 69:
+    answer = recv_n(sock, 37)
+    if len(answer) < 37:
         return f"closed after {len(answer)} bytes"
-    status, nonce_s, mac_s = answer[4], answer[5:37], answer[37:69]
+    status, nonce_s = answer[4], answer[5:37]
     if status:
         return f"refused with status {status}"
-    proof_s = hmac.new(key, b"S" + hello + nonce_s, hashlib.sha256).digest()
-    server_knew_our_key = hmac.compare_digest(proof_s, mac_s)
-    sock.sendall(hmac.new(key, b"C" + hello + nonce_s + mac_s, hashlib.sha256).digest())
+    proof = hmac.new(key, b"C" + hello + nonce_s, hashlib.sha256).digest()
+    sock.sendall(proof)
     ack = recv_n(sock, 37)
     if len(ack) < 37:
         return "closed before acknowledging"
-    return f"ack status {ack[4]} (server proof matched the public key: {server_knew_our_key})"
+    expected = hmac.new(key, b"A" + hello + nonce_s + proof + bytes([ack[4]]), hashlib.sha256).digest()
+    return f"ack status {ack[4]} (server proof matched the public key: {hmac.compare_digest(expected, ack[5:37])})"
 
 
 def recv_n(sock, n):

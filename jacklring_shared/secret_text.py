@@ -1,0 +1,57 @@
+"""Which text can be a job secret: the one rule the launcher and every rank apply, so a secret
+the launcher hands out is never one the ranks refuse (docs/security.md, "The job secret").
+
+Hex of at least MIN_SECRET_BYTES bytes is taken as random (the launcher's form). Anything else
+is a passphrase: at least MIN_SECRET_BYTES bytes, and passphrase_bits at least
+MIN_PASSPHRASE_BITS. A listener posing as a rank receives a connector's proof and can test
+guesses against it offline (at scrypt's cost), so a guessable passphrase is refused."""
+from __future__ import annotations
+
+import math
+import re
+
+MIN_SECRET_BYTES = 16      # a user-supplied secret shorter than this is refused
+MIN_PASSPHRASE_BITS = 80   # a non-hex secret estimated weaker than this is refused
+WORD_BITS = 13             # a run of letters or digits counts at most as one dictionary word (7776 words)
+SEPARATOR_BITS = 2         # any other character: a predictable separator, mostly
+GENERATE_HINT = "e.g. `python -c 'import secrets; print(secrets.token_hex(32))'`"
+
+
+class WeakSecretError(ValueError):
+    """The text cannot be the job secret; the message names where it came from and what to do."""
+
+
+def passphrase_bits(text: str) -> float:
+    """A rough, deliberately low estimate of a passphrase's entropy: each maximal run of letters
+    or of digits counts its length times log2 of its alphabet, but at most WORD_BITS (it may be
+    one dictionary word); every other character counts SEPARATOR_BITS."""
+    bits = 0.0
+    for run in re.findall(r"[^\W\d_]+|\d+|[\W_]", text):
+        if run.isdigit():
+            bits += min(len(run) * math.log2(10), WORD_BITS)
+        elif run[0].isalpha():
+            alphabet = 52 if (run.lower() != run and run.upper() != run) else 26
+            bits += min(len(run) * math.log2(alphabet), WORD_BITS)
+        else:
+            bits += SEPARATOR_BITS
+    return bits
+
+
+def decode_secret(text: str, where: str) -> bytes:
+    """The secret's bytes (hex decoded, else the passphrase's UTF-8), or WeakSecretError."""
+    raw = text.strip()
+    if not raw:
+        raise WeakSecretError(f"{where} is empty")
+    try:
+        value, passphrase = bytes.fromhex(raw), False
+    except ValueError:
+        value, passphrase = raw.encode(), True
+    if len(value) < MIN_SECRET_BYTES:
+        raise WeakSecretError(f"{where} is too short: a job secret needs at least {MIN_SECRET_BYTES} bytes "
+                              f"({GENERATE_HINT})")
+    if passphrase and passphrase_bits(raw) < MIN_PASSPHRASE_BITS:
+        raise WeakSecretError(f"{where} is a weak passphrase (estimated {passphrase_bits(raw):.0f} bits, at "
+                              f"least {MIN_PASSPHRASE_BITS} needed; each word counts {WORD_BITS} at most): a "
+                              f"listener posing as a rank could guess it offline. Use random hex of at least "
+                              f"{MIN_SECRET_BYTES} bytes ({GENERATE_HINT})")
+    return value
