@@ -27,7 +27,7 @@ from ..backends.base import Backend
 from ..backends.singleton import SingletonBackend
 from ..backends.transport import auth, tcp
 from ..errors import ConfigError, DistributedError, IntegrityError
-from . import store_records
+from . import store_records, store_secret
 
 log = logging.getLogger("jacklring.torch")
 
@@ -210,7 +210,7 @@ def store_ring(store, rank: int, size: int, timeout_s: float, scope: str = "") -
         prefix = f"{KEY_PREFIX}{tag}/"
         wait_s = min(timeout_s, connect_timeout())
         try:
-            job = store_auth(store, prefix, rank, wait_s)
+            job = store_auth(store, prefix, rank, wait_s, host)
             book = store_records.RecordBook(store, prefix, job, rank, size)
             records = book.gather(book.publish(mine), wait_s)
         except (DistributedError, ConfigError):
@@ -226,16 +226,19 @@ def store_ring(store, rank: int, size: int, timeout_s: float, scope: str = "") -
         raise
 
 
-def store_auth(store, prefix: str, rank: int, wait_s: float = 120.0) -> auth.Auth:
-    """The job secret when configured, else a random key drawn by rank 0 and shared through
-    the store (which every rank has already trusted with the rendezvous)."""
-    secret = auth.job_secret()
-    if secret is not None:
-        return auth.auth_from_secret(secret)
+def store_auth(store, prefix: str, rank: int, wait_s: float = 120.0, listen_host: str = "127.0.0.1") -> auth.Auth:
+    """The job secret when configured, else one derived from a 0600 file when every rank shares
+    this host (store_secret), else a random key drawn by rank 0 and shared through the store
+    (which every rank has already trusted with the rendezvous; a warning says so once when the
+    ring listens beyond loopback)."""
+    job = store_secret.auth_for_store_ring()
+    if job is not None:
+        return job
     if config.get("JACKLRING_REQUIRE_AUTH"):
         raise ConfigError("JACKLRING_REQUIRE_AUTH=1 but no job secret is set: a key shared through torch's "
                           "store is only as safe as the store (which has no authentication); set "
                           "JACKLRING_SECRET or JACKLRING_SECRET_FILE on every rank")
+    store_secret.warn_store_key(listen_host)
     key = f"{prefix}key"
     if rank == 0:
         store.set(key, auth.generate_secret())
