@@ -30,7 +30,7 @@ log = logging.getLogger("jacklring.torch")
 RECORD_VERSION = "jr1"
 MAX_RECORD_BYTES = 4096
 TAMPER_GRACE_S = 5.0    # how long a value failing its MAC may stay before the rank reports it
-POLL_S = (0.05, 0.1, 0.25, 0.5, 1.0)  # checks of the missing keys, slower as the wait goes on
+POLL_S = (0.1, 0.25, 0.5, 1.0)  # between checks for tampered values (absent keys wake the wait)
 
 _formations: dict[str, int] = {}
 _formations_lock = threading.Lock()
@@ -143,8 +143,19 @@ class RecordBook:
                 missing = [q for q in range(self._size) if q not in found]
                 raise DistributedError(f"rank {self._rank}: jacklring rendezvous: ranks {missing} did not "
                                        f"publish their address within {wait_s:g} s")
-            time.sleep(min(POLL_S[min(rounds, len(POLL_S) - 1)], max(0.0, deadline - now)))
+            pause = min(POLL_S[min(rounds, len(POLL_S) - 1)], max(0.0, deadline - now))
+            self._wait_briefly([q for q in range(self._size) if q not in found and q not in bad], pause)
             rounds += 1
+
+    def _wait_briefly(self, absent: list[int], pause: float) -> None:
+        """Until every absent key exists (the store wakes us at once) or pause passes."""
+        if not absent:
+            time.sleep(pause)  # only values failing their check remain: give their owners time
+            return
+        try:
+            self._store.wait([self.key_name(q) for q in absent], datetime.timedelta(seconds=max(pause, 0.001)))
+        except Exception:  # torch's DistStoreError on timeout; a closed store fails the next check()
+            pass
 
     def _defend(self, mine: bytes) -> None:
         """Put this rank's record back when someone overwrote it (the readers retry)."""
