@@ -231,7 +231,7 @@ def store_auth(store, prefix: str, rank: int, wait_s: float = 120.0, listen_host
     this host (store_secret), else a random key drawn by rank 0 and shared through the store
     (which every rank has already trusted with the rendezvous; a warning says so once when the
     ring listens beyond loopback)."""
-    job = store_secret.auth_for_store_ring()
+    job = store_secret.auth_for_store_ring(store_address(store))
     if job is not None:
         return job
     if config.get("JACKLRING_REQUIRE_AUTH"):
@@ -281,14 +281,21 @@ def listen_host(store) -> str:
 
 
 def _rendezvous_host(store) -> str | None:
+    address = store_address(store)
+    return address[0] if address is not None else (os.environ.get("MASTER_ADDR") or None)
+
+
+def store_address(store) -> tuple[str, int] | None:
+    """(host, port) of the TCPStore under any PrefixStores, or None (a FileStore, HashStore)."""
     seen = 0
     while store is not None and seen < 16:
         host = getattr(store, "host", None)
         if isinstance(host, str) and host:
-            return host
+            port = getattr(store, "port", None)
+            return host, int(port) if isinstance(port, int) else 0
         store = getattr(store, "underlying_store", None)
         seen += 1
-    return os.environ.get("MASTER_ADDR") or None
+    return None
 
 
 def deadline_seconds(timeout: object) -> float:

@@ -4,7 +4,8 @@ torch's store has no authentication, so a key handed over through it is only as 
 store. Where every rank is on this host, run by this user, a secret in a 0600 file
 (transport.local_secret) serves instead, named by the job's public identity:
 
-  MASTER_ADDR is a loopback address     MASTER_ADDR:MASTER_PORT (+ torchrun's run id)
+  the store (or MASTER_ADDR) is on a    its host:port (+ torchrun's run id)
+  loopback address
   torchrun with all ranks on this node   the same (LOCAL_WORLD_SIZE == WORLD_SIZE)
   an srun step on one node               SLURM_JOB_ID.SLURM_STEP_ID
 
@@ -44,10 +45,14 @@ def _slurm_nodes(environ: Mapping[str, str]) -> int | None:
     return None
 
 
-def single_host_job(environ: Mapping[str, str] = os.environ) -> str | None:
+def single_host_job(environ: Mapping[str, str] = os.environ,
+                    store_address: tuple[str, int] | None = None) -> str | None:
     """The public identity of a job whose ranks are all on this host, or None when that is not
-    known. Raises ConfigError for an srun step on several nodes (no way to a secret)."""
+    known. store_address: the TCPStore's (host, port) when known (tcp:// sets no MASTER_ADDR).
+    Raises ConfigError for an srun step on several nodes (no way to a secret)."""
     addr, port = environ.get("MASTER_ADDR", "").strip(), environ.get("MASTER_PORT", "").strip()
+    if store_address is not None and store_address[1] and _is_loopback(store_address[0]):
+        addr, port = store_address[0], str(store_address[1])
     run_id = environ.get("TORCHELASTIC_RUN_ID")
     world, local_world = environ.get("WORLD_SIZE"), environ.get("LOCAL_WORLD_SIZE")
     torchrun_one_node = run_id is not None and world is not None and local_world == world
@@ -68,12 +73,13 @@ def single_host_job(environ: Mapping[str, str] = os.environ) -> str | None:
     return None
 
 
-def derived_secret(environ: Mapping[str, str] = os.environ) -> bytes | None:
+def derived_secret(environ: Mapping[str, str] = os.environ,
+                   store_address: tuple[str, int] | None = None) -> bytes | None:
     """A secret for this job from a 0600 file when every rank shares this host, else None.
     None as well when JACKLRING_ALLOW_UNAUTHENTICATED=1 (the key then goes through the store)."""
     if config.get(ENV_OPT_OUT, environ):
         return None
-    job = single_host_job(environ)
+    job = single_host_job(environ, store_address)
     if job is None:
         return None
     value, path = local_secret.secret_for(job, environ)
@@ -92,9 +98,9 @@ def warn_store_key(listen_host: str) -> None:
                 "on a network you trust, %s=1 silences this", listen_host, ENV_OPT_OUT)
 
 
-def auth_for_store_ring() -> auth.Auth | None:
+def auth_for_store_ring(store_address: tuple[str, int] | None = None) -> auth.Auth | None:
     """The configured secret's Auth, else a derived one, else None (the key goes through the store)."""
     secret = auth.job_secret()
     if secret is None:
-        secret = derived_secret()
+        secret = derived_secret(os.environ, store_address)
     return None if secret is None else auth.auth_from_secret(secret)

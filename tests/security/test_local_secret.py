@@ -6,6 +6,7 @@ import os
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -91,6 +92,8 @@ def test_which_jobs_get_a_derived_secret():
     assert job(torchrun_one_node) == "torch 10.0.0.5:29500 run r"
     assert job({**torchrun_one_node, "LOCAL_WORLD_SIZE": "2"}) is None      # several nodes: no file serves
     assert job({"MASTER_ADDR": "10.0.0.5", "MASTER_PORT": "29500"}) is None  # by hand, another host
+    assert job({}, ("127.0.0.1", 4000)) == "torch 127.0.0.1:4000 run -"       # tcp://127.0.0.1:4000
+    assert job({}, ("10.0.0.5", 4000)) is None
     step = {"SLURM_JOB_ID": "77", "SLURM_STEP_ID": "3", "SLURM_STEP_NODELIST": "n1", "SLURM_STEP_NUM_NODES": "1"}
     assert job(step) == "slurm 77.3"
     with pytest.raises(ConfigError, match=r"spans 2 nodes.*srun --export=ALL,JACKLRING_SECRET.*"
@@ -113,3 +116,12 @@ def test_a_store_key_on_listeners_beyond_loopback_warns_once(caplog, monkeypatch
         for _ in range(3):
             store_secret.warn_store_key("192.0.2.7")
     assert len(caplog.records) == 1 and "JACKLRING_SECRET" in caplog.text and "192.0.2.7" in caplog.text
+
+
+def test_secrets_unused_for_a_week_are_removed_when_a_new_one_is_made(tmp_path):
+    _, old = local_secret.secret_for("old job", env(tmp_path))
+    _, recent = local_secret.secret_for("recent job", env(tmp_path))
+    week_ago = time.time() - local_secret.UNUSED_FOR_S - 60
+    os.utime(old, (week_ago, week_ago))
+    local_secret.secret_for("new job", env(tmp_path))
+    assert not os.path.exists(old) and os.path.exists(recent)

@@ -14,12 +14,14 @@ import hashlib
 import os
 import stat
 import tempfile
+import time
 from typing import Mapping
 
 from ...errors import ConfigError
 from . import auth
 
 DIR_NAME = "jacklring-{uid}"
+UNUSED_FOR_S = 7 * 24 * 3600  # a secret no rank has read for this long is removed
 
 
 def secrets_dir(environ: Mapping[str, str] = os.environ) -> str:
@@ -85,7 +87,9 @@ def secret_for(job: str, environ: Mapping[str, str] = os.environ) -> tuple[bytes
     path = os.path.join(directory, hashlib.sha256(job.encode()).hexdigest()[:32] + ".secret")
     value = _read(path)
     if value is not None:
+        os.utime(path)  # in use: the clean-up below keeps it
         return value, path
+    _remove_unused(directory)
     # Written whole to a private temporary name, then linked into place: a reader never sees
     # a partial file, and of ranks racing to create it the first link wins.
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=".new-")
@@ -102,3 +106,15 @@ def secret_for(job: str, environ: Mapping[str, str] = os.environ) -> tuple[bytes
     if value is None:
         raise ConfigError(f"the derived job secret {path!r} vanished while this rank created it")
     return value, path
+
+
+def _remove_unused(directory: str) -> None:
+    """Secrets of jobs long over (every read marks a file as used), so the directory stays small."""
+    cutoff = time.time() - UNUSED_FOR_S
+    for entry in os.scandir(directory):
+        try:
+            info = entry.stat(follow_symlinks=False)
+            if entry.name.endswith(".secret") and stat.S_ISREG(info.st_mode) and info.st_mtime < cutoff:
+                os.unlink(entry.path)
+        except OSError:
+            pass  # another rank removed it first
