@@ -236,7 +236,7 @@ def _store_ring(store, rank: int, size: int, timeout: float | None, where: str,
 
     try:
         # Keys of our own: torch's groups on the same store never see ours, nor we theirs.
-        return store_ring(dist.PrefixStore(prefix, store), rank, size, config.op_timeout(timeout))
+        return store_ring(dist.PrefixStore(prefix, store), rank, size, config.op_timeout(timeout), scope=prefix)
     except DistributedError as exc:
         raise type(exc)(f"{exc} (through {where})") from None
 

@@ -75,8 +75,9 @@ def _create_process_group(common: Any, pg_options: Any) -> Any:
     timeout_s = deadline_seconds(common.timeout)
     choice = backend_choice(pg_options)
     is_default = not list(common.global_ranks_in_group or [])
-    comm, origin = create_backend(common.store, rank, size, timeout_s, choice, is_default)
-    return JacklringProcessGroup(common.store, rank, size, comm, timeout_s, group_id=str(common.group_id or ""),
+    group_id = str(common.group_id or "")
+    comm, origin = create_backend(common.store, rank, size, timeout_s, choice, is_default, group_id)
+    return JacklringProcessGroup(common.store, rank, size, comm, timeout_s, group_id=group_id,
                                  rendezvous=origin)
 
 

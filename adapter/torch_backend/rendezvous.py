@@ -26,7 +26,8 @@ from ..backends import registry
 from ..backends.base import Backend
 from ..backends.singleton import SingletonBackend
 from ..backends.transport import auth, tcp
-from ..errors import ConfigError, DistributedError
+from ..errors import ConfigError, DistributedError, IntegrityError
+from . import store_records, store_secret
 
 log = logging.getLogger("jacklring.torch")
 
@@ -34,7 +35,6 @@ CHOICES = ("auto", "ring", "mpi", "jaccl", "nccl", "any")
 ENV_BACKEND = "JACKLRING_TORCH_BACKEND"
 ENV_HOST = "JACKLRING_TORCH_HOST"
 KEY_PREFIX = "jacklring/addr/"
-JOIN_COUNTER = "jacklring/joins"
 
 
 @dataclass
@@ -64,9 +64,10 @@ def backend_choice(pg_options: object) -> str:
 
 
 def create_backend(store, rank: int, size: int, timeout_s: float, choice: str,
-                   is_default: bool) -> tuple[Backend, str]:
+                   is_default: bool, group_id: str = "") -> tuple[Backend, str]:
     """The communicator for one torch process group of `size` ranks, and where it came from
-    ("single rank", "environment" or "store")."""
+    ("single rank", "environment" or "store"). group_id: torch's name of the group (the same on
+    every member), which numbers its formations on a store that outlives it."""
     if size == 1:
         return SingletonBackend(), "single rank"
     if is_default:
@@ -75,7 +76,7 @@ def create_backend(store, rank: int, size: int, timeout_s: float, choice: str,
             return from_env, "environment"
     elif choice not in ("auto", "ring", "any"):
         log.info("jacklring: subgroup of %d ranks uses a store ring (%s serves the default group only)", size, choice)
-    return store_ring(store, rank, size, timeout_s), "store"
+    return store_ring(store, rank, size, timeout_s, scope=f"pg/{group_id}"), "store"
 
 
 def _environment_backend(choice: str) -> str | None:
@@ -186,12 +187,15 @@ def _mpi_torch_env(environ, engines) -> dict[str, str]:
 
 # ---- store ring -------------------------------------------------------------------------------
 
-def store_ring(store, rank: int, size: int, timeout_s: float) -> Backend:
+def store_ring(store, rank: int, size: int, timeout_s: float, scope: str = "") -> Backend:
     """Every rank listens on a free port, publishes ip:port in the store, reads everyone's.
 
-    The ring's connections prove the job secret (JACKLRING_SECRET / _FILE) when one is set;
-    otherwise rank 0 of the group draws a random key and hands it over through the store, so
-    the store is the trust root: whoever can read it can join (docs/security.md)."""
+    Each rank's record is MACed under the job key and bound to its key name, so a value an
+    outsider wrote is reported as tampering (store_records). The ring's connections prove the
+    job secret (JACKLRING_SECRET / _FILE) when one is set; otherwise rank 0 of the group draws
+    a random key and hands it over through the store, so the store is the trust root: whoever
+    can read it can join (docs/security.md). scope names the group on this store (the same on
+    every member); the formation's keys are tagged without any counter in the store."""
     from ..backends.ring.backend import RingBackend
     from ..config import connect_timeout
 
@@ -199,47 +203,54 @@ def store_ring(store, rank: int, size: int, timeout_s: float) -> Backend:
     listener = tcp.Listener(host, 0)  # TCP, plus a Unix socket that same-host peers use
     try:
         mine = tcp.format_address(listener.getsockname()[:2])
-        # A store can outlive a group: torch keeps one TCPStore server per port in a process
-        # and names the groups of a new init like the old ones, so after destroy_process_group
-        # and init again the previous group's addresses are still there. Every group formation
-        # on this store adds `size` joins, so the count numbers the incarnations.
-        generation = (int(store.add(JOIN_COUNTER, 1)) - 1) // size
-        prefix = f"{KEY_PREFIX}{generation}/"
-        store.set(f"{prefix}{rank}", mine)
-        keys = [f"{prefix}{q}" for q in range(size)]
+        # A store can outlive a group (torch keeps one TCPStore server per port in a process and
+        # names the groups of a new init like the old ones; torchrun's agent keeps its store over
+        # restarts), so every formation's keys carry a tag every rank derives on its own.
+        tag = store_records.formation_tag(f"{scope}/{size}")
+        prefix = f"{KEY_PREFIX}{tag}/"
         wait_s = min(timeout_s, connect_timeout())
         try:
-            store.wait(keys, datetime.timedelta(seconds=wait_s))
-        except Exception as exc:
-            try:
-                missing = [q for q in range(size) if not store.check([keys[q]])]
-            except Exception:  # the store itself is gone (its server's process ended)
-                raise DistributedError(f"rank {rank}: jacklring rendezvous: the store closed while this rank "
-                                       f"waited for every rank's address ({exc})") from None
-            raise DistributedError(f"rank {rank}: jacklring rendezvous: ranks {missing} did not publish "
-                                   f"their address within {wait_s:g} s ({exc})") from None
-        addresses = [[store.get(k).decode()] for k in keys]
-        log.info("rank %d: jacklring ring addresses %s", rank, addresses)
-        return RingBackend(rank, addresses, [listener], timeout_s, wait_s, job=store_auth(store, prefix, rank))
+            job = store_auth(store, prefix, rank, wait_s, host)
+            book = store_records.RecordBook(store, prefix, job, rank, size)
+            records = book.gather(book.publish(mine), wait_s)
+        except (DistributedError, ConfigError):
+            raise
+        except Exception as exc:  # the store itself is gone (its server's process ended)
+            raise DistributedError(f"rank {rank}: jacklring rendezvous: the store closed while this rank "
+                                   f"waited for every rank's address ({exc})") from None
+        addresses = [[r.address] for r in records]
+        log.info("rank %d: jacklring ring addresses %s (formation %s)", rank, addresses, tag)
+        return RingBackend(rank, addresses, [listener], timeout_s, wait_s, job=job)
     except BaseException:
         listener.close()
         raise
 
 
-def store_auth(store, prefix: str, rank: int) -> auth.Auth:
-    """The job secret when configured, else a random key drawn by rank 0 and shared through
-    the store (which every rank has already trusted with the rendezvous)."""
-    secret = auth.job_secret()
-    if secret is not None:
-        return auth.auth_from_secret(secret)
+def store_auth(store, prefix: str, rank: int, wait_s: float = 120.0, listen_host: str = "127.0.0.1") -> auth.Auth:
+    """The job secret when configured, else one derived from a 0600 file when every rank shares
+    this host (store_secret), else a random key drawn by rank 0 and shared through the store
+    (which every rank has already trusted with the rendezvous; a warning says so once when the
+    ring listens beyond loopback)."""
+    job = store_secret.auth_for_store_ring(store_address(store))
+    if job is not None:
+        return job
     if config.get("JACKLRING_REQUIRE_AUTH"):
         raise ConfigError("JACKLRING_REQUIRE_AUTH=1 but no job secret is set: a key shared through torch's "
                           "store is only as safe as the store (which has no authentication); set "
                           "JACKLRING_SECRET or JACKLRING_SECRET_FILE on every rank")
+    store_secret.warn_store_key(listen_host)
     key = f"{prefix}key"
     if rank == 0:
         store.set(key, auth.generate_secret())
-    return auth.auth_from_secret(bytes.fromhex(bytes(store.get(key)).decode()))
+    text = store_records.wait_for(store, key, wait_s, rank, "group key from rank 0")
+    try:
+        value = bytes.fromhex(text.decode())
+    except ValueError:
+        value = b""
+    if len(value) != auth.SECRET_BYTES:
+        raise IntegrityError(f"rank {rank}: jacklring rendezvous: the store value at key {key!r} (rank 0's "
+                             f"group key) was tampered with: not {auth.SECRET_BYTES} bytes of hex")
+    return auth.auth_from_secret(value)
 
 
 def listen_host(store) -> str:
@@ -270,14 +281,21 @@ def listen_host(store) -> str:
 
 
 def _rendezvous_host(store) -> str | None:
+    address = store_address(store)
+    return address[0] if address is not None else (os.environ.get("MASTER_ADDR") or None)
+
+
+def store_address(store) -> tuple[str, int] | None:
+    """(host, port) of the TCPStore under any PrefixStores, or None (a FileStore, HashStore)."""
     seen = 0
     while store is not None and seen < 16:
         host = getattr(store, "host", None)
         if isinstance(host, str) and host:
-            return host
+            port = getattr(store, "port", None)
+            return host, int(port) if isinstance(port, int) else 0
         store = getattr(store, "underlying_store", None)
         seen += 1
-    return os.environ.get("MASTER_ADDR") or None
+    return None
 
 
 def deadline_seconds(timeout: object) -> float:

@@ -10,6 +10,9 @@ torch-pg         init_process_group("jacklring") alone (rank and size from where
 all              numpy API, then average_gradients, then init_process_group("jacklring") and a DDP step
 elastic          torchrun --max-restarts: in the first attempt rank 1 fails after the group formed;
                  the restarted workers form the group again
+elastic-early    torchrun --max-restarts: in the first attempt rank 1 exits 1 before it joins
+                 (rank 0 already waits in adapter.init); the restarted workers form the group
+elastic-early-pg the same with init_process_group("jacklring") and a torch all_reduce
 """
 import json
 import os
@@ -55,6 +58,31 @@ def main(mode: str) -> None:
 
             time.sleep(30)  # torchrun stops this worker when rank 1 fails
         result(rank=g.rank(), size=g.size(), sum=total, attempt=attempt)
+        return
+    if mode in ("elastic-early", "elastic-early-pg"):
+        import time
+
+        attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+        if attempt == 0 and os.environ["RANK"] == "1":
+            time.sleep(5)  # rank 0 is waiting for this rank's address by now
+            raise SystemExit(1)
+        if mode == "elastic-early":
+            g = adapter.init(strict=True)
+            rank, size = g.rank(), g.size()
+            total = float(adapter.all_sum(np.array([float(rank)]))[0])
+        else:
+            import torch
+            import torch.distributed as dist
+
+            import adapter.torch_backend  # noqa: F401  (registers "jacklring")
+
+            dist.init_process_group("jacklring")
+            rank, size = dist.get_rank(), dist.get_world_size()
+            t = torch.tensor([float(rank)])
+            dist.all_reduce(t)
+            total = float(t[0])
+            dist.destroy_process_group()
+        result(rank=rank, size=size, sum=total, attempt=attempt)
         return
     if mode == "all":
         import torch

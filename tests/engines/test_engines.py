@@ -50,6 +50,24 @@ def test_torchrun_elastic_restart_forms_the_group_again():
         [(0, 2, 1.0, 1), (1, 2, 1.0, 1)], proc.stdout
 
 
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("mode", ["elastic-early", "elastic-early-pg"])
+def test_torchrun_restart_after_a_rank_died_before_joining(mode):
+    """Rank 1 exits 1 in the first attempt before it joins while rank 0 already waits. The
+    torchrun agent keeps its store over the restart; with a joins counter in it the ranks of
+    the second attempt computed different generations and waited out the connect timeout
+    ("ranks [1] did not publish"). Formations are tagged by the restart attempt now."""
+    start = time.monotonic()
+    proc = run([TORCHRUN, "--nproc-per-node", "2", "--max-restarts", "1", "--monitor-interval", "0.2",
+                "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_ports(1)[0]}", RANK_SCRIPT, mode],
+               clean_env(JACKLRING_CONNECT_TIMEOUT="25"), timeout=80)
+    elapsed = time.monotonic() - start
+    assert proc.returncode == 0, describe([proc])
+    assert [(r["rank"], r["size"], r["sum"], r["attempt"]) for r in results(proc.stdout)] == \
+        [(0, 2, 1.0, 1), (1, 2, 1.0, 1)], proc.stdout
+    assert elapsed < 25 + 5, f"the restart took {elapsed:.1f} s: it waited out a connect timeout"
+
+
 @pytest.mark.timeout(60)
 def test_plain_torch_variables_three_ranks():
     procs = spawn_ranks(3, "numpy", plain_torch_env(3))

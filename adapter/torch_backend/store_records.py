@@ -1,0 +1,176 @@
+"""Authenticated records in a c10d store (torch's TCPStore has no authentication).
+
+The store ring publishes one record per rank: its listening address, MACed under the job key
+and bound to the record's own key name, so a value an outsider wrote (or one replayed from
+another group or generation) is recognised and reported as tampering, naming the key.
+
+Which records belong to the current formation is never read from a counter in the store (one
+`add` by an outsider, or a rank that died between its `add` and its record, would put ranks
+on different generations). A formation's tag follows from what every rank of the formation
+knows without the store: torchrun's run id and restart attempt when present, and how many
+formations of this group this process has run (destroy_process_group + init again on a
+store that outlives the group).
+"""
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass
+
+from ..backends.transport import auth
+from ..errors import DistributedError, IntegrityError
+
+log = logging.getLogger("jacklring.torch")
+
+RECORD_VERSION = "jr1"
+MAX_RECORD_BYTES = 4096
+TAMPER_GRACE_S = 5.0    # how long a value failing its MAC may stay before the rank reports it
+POLL_S = (0.1, 0.25, 0.5, 1.0)  # between checks for tampered values (absent keys wake the wait)
+
+_formations: dict[str, int] = {}
+_formations_lock = threading.Lock()
+
+
+def formation_tag(scope: str, environ=os.environ) -> str:
+    """The tag of this process's next formation of `scope` (a group name and size): the same on
+    every rank of the formation, different from every earlier formation on the same store."""
+    with _formations_lock:
+        count = _formations.get(scope, 0)
+        _formations[scope] = count + 1
+    parts = []
+    restart = environ.get("TORCHELASTIC_RESTART_COUNT")
+    if restart is not None:
+        run_id = environ.get("TORCHELASTIC_RUN_ID", "")
+        parts.append("r" + hashlib.sha256(run_id.encode()).hexdigest()[:12])
+        parts.append(f"a{restart.strip()}")
+    parts.append(f"f{count}")
+    return ".".join(parts)
+
+
+@dataclass(frozen=True)
+class Record:
+    rank: int
+    address: str
+
+
+class RecordBook:
+    """The records of one formation: key names under `prefix`, MACs under `key`."""
+
+    def __init__(self, store, prefix: str, key: auth.Auth, rank: int, size: int) -> None:
+        self._store = store
+        self._prefix = prefix
+        self._key = key.derive(b"store-record")
+        self._rank = rank
+        self._size = size
+
+    def key_name(self, rank: int) -> str:
+        return f"{self._prefix}{rank}"
+
+    def _mac(self, name: str, body: bytes) -> str:
+        return self._key.mac(b"jacklring-store-record\0", name.encode(), b"\0", body).hex()
+
+    def encode(self, record: Record) -> bytes:
+        name = self.key_name(record.rank)
+        body = json.dumps({"rank": record.rank, "size": self._size, "address": record.address},
+                          sort_keys=True, separators=(",", ":")).encode()
+        return f"{RECORD_VERSION} {self._mac(name, body)} ".encode() + body
+
+    def decode(self, q: int, raw: bytes) -> Record:
+        """The record of rank q from the store's bytes; IntegrityError saying what is wrong."""
+        name = self.key_name(q)
+        raw = bytes(raw)
+        if len(raw) > MAX_RECORD_BYTES:
+            raise IntegrityError(f"{len(raw)} bytes, more than a record ({MAX_RECORD_BYTES})")
+        version, _, rest = raw.partition(b" ")
+        tag, _, body = rest.partition(b" ")
+        if version != RECORD_VERSION.encode():
+            raise IntegrityError("not a jacklring record")
+        if not auth.equal(tag, self._mac(name, body).encode()):
+            raise IntegrityError("its MAC does not match: not written by a rank holding the job key "
+                                 "(or by a rank of another job)")
+        fields = json.loads(body)
+        if fields.get("rank") != q or fields.get("size") != self._size or not isinstance(fields.get("address"), str):
+            raise IntegrityError(f"it describes rank {fields.get('rank')} of {fields.get('size')}, "
+                                 f"not rank {q} of {self._size}")
+        return Record(q, fields["address"])
+
+    def publish(self, address: str) -> bytes:
+        value = self.encode(Record(self._rank, address))
+        self._store.set(self.key_name(self._rank), value)
+        return value
+
+    def gather(self, mine: bytes, wait_s: float) -> list[Record]:
+        """Every rank's record, verified. Raises IntegrityError naming the key when a value fails
+        its check for TAMPER_GRACE_S (its owner had that long to overwrite it), DistributedError
+        naming the ranks that published nothing when wait_s passes."""
+        start = time.monotonic()
+        deadline = start + wait_s
+        found: dict[int, Record] = {}
+        bad: dict[int, tuple[float, str]] = {}  # rank -> (first seen, why)
+        rounds = 0
+        while True:
+            self._defend(mine)
+            for q in range(self._size):
+                if q in found:
+                    continue
+                name = self.key_name(q)
+                if not self._store.check([name]):
+                    continue
+                try:
+                    found[q] = self.decode(q, self._store.get(name))
+                    if q in bad:
+                        log.warning("rank %d: jacklring rendezvous: store key %r held a value that failed its "
+                                    "check (%s) before rank %d's record replaced it", self._rank, name, bad[q][1], q)
+                    bad.pop(q, None)
+                except (IntegrityError, ValueError) as exc:
+                    bad.setdefault(q, (time.monotonic(), str(exc)))
+            if len(found) == self._size:
+                return [found[q] for q in range(self._size)]
+            now = time.monotonic()
+            for q, (since, why) in sorted(bad.items()):
+                if now - since >= TAMPER_GRACE_S or now >= deadline:
+                    raise IntegrityError(
+                        f"rank {self._rank}: jacklring rendezvous: the store value at key {self.key_name(q)!r} "
+                        f"(rank {q}'s address record) was tampered with: {why}; it stayed so for "
+                        f"{now - since:.1f} s. Someone other than the job's ranks writes to the store: "
+                        f"set a job secret and keep the store's port unreachable (docs/security.md)")
+            if now >= deadline:
+                missing = [q for q in range(self._size) if q not in found]
+                raise DistributedError(f"rank {self._rank}: jacklring rendezvous: ranks {missing} did not "
+                                       f"publish their address within {wait_s:g} s")
+            pause = min(POLL_S[min(rounds, len(POLL_S) - 1)], max(0.0, deadline - now))
+            self._wait_briefly([q for q in range(self._size) if q not in found and q not in bad], pause)
+            rounds += 1
+
+    def _wait_briefly(self, absent: list[int], pause: float) -> None:
+        """Until every absent key exists (the store wakes us at once) or pause passes."""
+        if not absent:
+            time.sleep(pause)  # only values failing their check remain: give their owners time
+            return
+        try:
+            self._store.wait([self.key_name(q) for q in absent], datetime.timedelta(seconds=max(pause, 0.001)))
+        except Exception:  # torch's DistStoreError on timeout; a closed store fails the next check()
+            pass
+
+    def _defend(self, mine: bytes) -> None:
+        """Put this rank's record back when someone overwrote it (the readers retry)."""
+        name = self.key_name(self._rank)
+        if bytes(self._store.get(name)) != mine:
+            log.warning("rank %d: jacklring rendezvous: store key %r was overwritten by someone else; "
+                        "writing this rank's record again", self._rank, name)
+            self._store.set(name, mine)
+
+
+def wait_for(store, name: str, wait_s: float, rank: int, what: str) -> bytes:
+    """The value at `name`, waiting up to wait_s for it to appear."""
+    try:
+        store.wait([name], datetime.timedelta(seconds=wait_s))
+    except Exception as exc:
+        raise DistributedError(f"rank {rank}: jacklring rendezvous: no {what} at store key {name!r} "
+                               f"within {wait_s:g} s ({exc})") from None
+    return bytes(store.get(name))

@@ -1,0 +1,141 @@
+"""The store ring's rendezvous against an outsider who writes to torch's TCPStore (it has no
+authentication: anyone who reaches MASTER_PORT can add and set keys).
+
+The store is served by the test, as torchrun's agent serves it (TORCHELASTIC_USE_AGENT_STORE),
+so the outsider can write before the ranks start. The outsider is the test process itself,
+a plain TCPStore client: the store's own protocol, nothing a rank could tell apart."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+dist = pytest.importorskip("torch.distributed")
+
+from adapter.bench import free_ports  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+RANK_SCRIPT = ROOT / "tests" / "engines" / "engine_rank.py"
+# adapter.init's keys under the agent's store (engines.STORE_PREFIX through a PrefixStore)
+ADAPTER = "jacklring/adapter//jacklring/"
+OLD_COUNTER = ADAPTER + "joins"
+
+
+def fake_record(rank: int, port: int) -> bytes:
+    """What an outsider who knows the format but not the key writes: a plausible record
+    pointing at an address of its own."""
+    return (b'jr1 ' + b"ab" * 32 + b' {"address":"127.0.0.1:%d","rank":%d,"size":2}' % (port, rank))
+
+
+def plant(store, rank: int, port: int) -> None:
+    """Fake records for rank at the keys of the first formation: the old scheme's generation 0
+    (a bare address) and the current tag (a record with a made-up MAC)."""
+    store.set(f"{ADAPTER}addr/0/{rank}", f"127.0.0.1:{port}")
+    store.set(f"{ADAPTER}addr/f0/{rank}", fake_record(rank, port))
+
+
+def rank_env(rank: int, port: int, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("JACKLRING_", "MLX_", "SLURM_", "TORCHELASTIC_", "OMPI_", "PMI"))}
+    env.update(PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1", RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank),
+               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), TORCHELASTIC_USE_AGENT_STORE="True",
+               JACKLRING_CONNECT_TIMEOUT="20", JACKLRING_TIMEOUT="20", **extra)
+    return env
+
+
+def start(rank: int, port: int) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, str(RANK_SCRIPT), "numpy"], env=rank_env(rank, port), cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def finish(proc: subprocess.Popen, timeout: float = 40) -> tuple[int, str, str]:
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+    return proc.returncode, out, err
+
+
+def serve_store():
+    port = free_ports(1)[0]
+    server = dist.TCPStore("127.0.0.1", port, 3, True, wait_for_workers=False, multi_tenant=True)
+    return server, port
+
+
+@pytest.mark.timeout(60)
+def test_a_bumped_counter_and_fake_records_do_not_stop_the_group():
+    """Before the ranks start, the outsider adds 1 to the old joins counter and writes fake
+    records at every key a rank would publish (the old generation 0 and the new tags). Before,
+    the bump alone put the ranks on different generations and each blamed the other after the
+    connect timeout; now each rank overwrites its own key and the group forms."""
+    server, port = serve_store()
+    outsider_port = free_ports(1)[0]
+    server.add(OLD_COUNTER, 1)
+    for q in range(2):
+        plant(server, q, outsider_port)
+    begin = time.monotonic()
+    procs = [start(q, port) for q in range(2)]
+    outcomes = [finish(p) for p in procs]
+    elapsed = time.monotonic() - begin
+    for code, out, err in outcomes:
+        assert code == 0 and '"sum": 1.0' in out, f"exit {code}\n{out}\n{err}"
+    assert elapsed < 20, elapsed
+    # every rank is on this host: the key came from a 0600 file, not through the store
+    assert not server.check([f"{ADAPTER}addr/f0/key"])
+
+
+@pytest.mark.timeout(60)
+def test_a_fake_record_of_an_absent_rank_is_reported_as_tampering_naming_the_key():
+    """Rank 1 never comes; the outsider wrote a record in its place, pointing at the outsider.
+    Rank 0 must say within seconds that the value at that key was tampered with, never connect
+    to the outsider (before, it read the address and dialled it)."""
+    server, port = serve_store()
+    outsider_port = free_ports(1)[0]
+    plant(server, 1, outsider_port)
+    begin = time.monotonic()
+    code, out, err = finish(start(0, port))
+    elapsed = time.monotonic() - begin
+    assert code != 0 and "RESULT" not in out
+    assert "IntegrityError" in err and "was tampered with" in err, err
+    assert "'jacklring/addr/f0/1'" in err, err  # names the key (under adapter.init's prefix)
+    assert elapsed < 15, f"{elapsed:.1f} s"
+
+
+@pytest.mark.timeout(60)
+def test_an_outsider_rewriting_a_record_is_reported_or_outrun_never_blamed_on_a_rank():
+    """The outsider keeps rewriting rank 1's record while both ranks form. Rank 1 writes its
+    record back; the outcome is either a formed group with the right sum or an IntegrityError
+    naming the key, within seconds, and never "ranks [q] did not publish" about a live rank."""
+    server, port = serve_store()
+    outsider_port = free_ports(1)[0]
+    stop = threading.Event()
+
+    def rewrite() -> None:
+        client = dist.TCPStore("127.0.0.1", port, 3, False)
+        while not stop.is_set():
+            plant(client, 1, outsider_port)
+            time.sleep(0.02)
+
+    writer = threading.Thread(target=rewrite, daemon=True)
+    writer.start()
+    try:
+        begin = time.monotonic()
+        outcomes = [finish(p) for p in [start(q, port) for q in range(2)]]
+        elapsed = time.monotonic() - begin
+    finally:
+        stop.set()
+        writer.join(5)
+    for code, out, err in outcomes:
+        assert "did not publish" not in err, err
+        if code == 0:
+            assert '"sum": 1.0' in out, out
+    if any(code != 0 for code, _, _ in outcomes):
+        assert any("was tampered with" in err and "'jacklring/addr/f0/1'" in err for _, _, err in outcomes), \
+            "\n".join(err for _, _, err in outcomes)
+    assert elapsed < 30, elapsed
