@@ -232,7 +232,7 @@ def _store_ring(store, rank: int, size: int, timeout: float | None, where: str,
                 prefix: str = STORE_PREFIX) -> Backend:
     import torch.distributed as dist
 
-    from .torch_backend.rendezvous import store_ring
+    from .rendezvous.store_ring import store_ring
 
     try:
         # Keys of our own: torch's groups on the same store never see ours, nor we theirs.

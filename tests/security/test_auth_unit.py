@@ -125,7 +125,7 @@ def test_side_channel_refuses_an_oversized_length_from_an_authenticated_peer():
 
 def test_store_ring_key_comes_from_the_secret_or_else_through_the_store(monkeypatch):
     dist = pytest.importorskip("torch.distributed")
-    from adapter.torch_backend.rendezvous import store_auth
+    from adapter.rendezvous.store_ring import store_auth
     monkeypatch.delenv("JACKLRING_SECRET", raising=False)
     monkeypatch.delenv("JACKLRING_SECRET_FILE", raising=False)
     store = dist.HashStore()

@@ -1,5 +1,5 @@
 """The job secret derived for single-host jobs without one (transport.local_secret, and the
-policy in torch_backend.store_secret), without Slurm: file modes, refusals, the Slurm rules."""
+policy in rendezvous.store_secret), without Slurm: file modes, refusals, the Slurm rules."""
 from __future__ import annotations
 
 import os
@@ -13,7 +13,7 @@ import pytest
 
 from adapter.backends.transport import local_secret
 from adapter.errors import ConfigError
-from adapter.torch_backend import store_secret
+from adapter.rendezvous import store_secret
 
 ROOT = Path(__file__).resolve().parents[2]
 

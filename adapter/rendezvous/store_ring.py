@@ -1,0 +1,132 @@
+"""A ring formed through a key-value store (torch's TCPStore, under torchrun, Slurm or a torch
+process group): every rank publishes its listening address in an authenticated record and reads
+everyone's (store_records), under a key derived from a secret outsiders cannot read where the
+job gives one (store_secret). Needs a torch store object, not torch.distributed itself."""
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+import socket
+
+from .. import config
+from ..backends.base import Backend
+from ..backends.transport import auth, tcp
+from ..errors import ConfigError, DistributedError, IntegrityError
+from . import store_records, store_secret
+
+log = logging.getLogger("jacklring.torch")
+
+KEY_PREFIX = "jacklring/addr/"
+ENV_HOST = "JACKLRING_TORCH_HOST"
+
+
+def store_ring(store, rank: int, size: int, timeout_s: float, scope: str = "") -> Backend:
+    """Every rank listens on a free port, publishes ip:port in the store, reads everyone's.
+
+    Each rank's record is MACed under the job key and bound to its key name, so a value an
+    outsider wrote is reported as tampering (store_records). The ring's connections prove the
+    job secret (JACKLRING_SECRET / _FILE) when one is set; otherwise rank 0 of the group draws
+    a random key and hands it over through the store, so the store is the trust root: whoever
+    can read it can join (docs/security.md). scope names the group on this store (the same on
+    every member); the formation's keys are tagged without any counter in the store."""
+    from ..backends.ring.backend import RingBackend
+    from ..config import connect_timeout
+
+    host = listen_host(store)
+    listener = tcp.Listener(host, 0)  # TCP, plus a Unix socket that same-host peers use
+    try:
+        mine = tcp.format_address(listener.getsockname()[:2])
+        # A store can outlive a group (torch keeps one TCPStore server per port in a process and
+        # names the groups of a new init like the old ones; torchrun's agent keeps its store over
+        # restarts), so every formation's keys carry a tag every rank derives on its own.
+        tag = store_records.formation_tag(f"{scope}/{size}")
+        prefix = f"{KEY_PREFIX}{tag}/"
+        wait_s = min(timeout_s, connect_timeout())
+        try:
+            job = store_auth(store, prefix, rank, wait_s, host)
+            book = store_records.RecordBook(store, prefix, job, rank, size)
+            records = book.gather(book.publish(mine), wait_s)
+        except (DistributedError, ConfigError):
+            raise
+        except Exception as exc:  # the store itself is gone (its server's process ended)
+            raise DistributedError(f"rank {rank}: jacklring rendezvous: the store closed while this rank "
+                                   f"waited for every rank's address ({exc})") from None
+        addresses = [[r.address] for r in records]
+        log.info("rank %d: jacklring ring addresses %s (formation %s)", rank, addresses, tag)
+        return RingBackend(rank, addresses, [listener], timeout_s, wait_s, job=job)
+    except BaseException:
+        listener.close()
+        raise
+
+
+def store_auth(store, prefix: str, rank: int, wait_s: float = 120.0, listen_host: str = "127.0.0.1") -> auth.Auth:
+    """The job secret when configured, else one derived from a 0600 file when every rank shares
+    this host (store_secret), else a random key drawn by rank 0 and shared through the store
+    (which every rank has already trusted with the rendezvous; a warning says so once when the
+    ring listens beyond loopback)."""
+    job = store_secret.auth_for_store_ring(store_address(store))
+    if job is not None:
+        return job
+    if config.get("JACKLRING_REQUIRE_AUTH"):
+        raise ConfigError("JACKLRING_REQUIRE_AUTH=1 but no job secret is set: a key shared through torch's "
+                          "store is only as safe as the store (which has no authentication); set "
+                          "JACKLRING_SECRET or JACKLRING_SECRET_FILE on every rank")
+    store_secret.warn_store_key(listen_host)
+    key = f"{prefix}key"
+    if rank == 0:
+        store.set(key, auth.generate_secret())
+    text = store_records.wait_for(store, key, wait_s, rank, "group key from rank 0")
+    try:
+        value = bytes.fromhex(text.decode())
+    except ValueError:
+        value = b""
+    if len(value) != auth.SECRET_BYTES:
+        raise IntegrityError(f"rank {rank}: jacklring rendezvous: the store value at key {key!r} (rank 0's "
+                             f"group key) was tampered with: not {auth.SECRET_BYTES} bytes of hex")
+    return auth.auth_from_secret(value)
+
+
+def listen_host(store) -> str:
+    """JACKLRING_TORCH_HOST, else 127.0.0.1 when the rendezvous host is loopback, else the local
+    address this machine uses to reach the rendezvous host."""
+    explicit = config.get(ENV_HOST)
+    if explicit:
+        return explicit
+    master = _rendezvous_host(store)
+    if master is None:
+        return "127.0.0.1"
+    try:
+        infos = socket.getaddrinfo(master, None, socket.AF_INET, socket.SOCK_STREAM)
+        ip = infos[0][4][0]
+    except OSError:
+        return "127.0.0.1"
+    if ipaddress.ip_address(ip).is_loopback:
+        return "127.0.0.1"
+    # Connecting a UDP socket sends nothing; it only asks the kernel for the route's source address.
+    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        probe.connect((ip, 9))
+        return probe.getsockname()[0]
+    except OSError:
+        return socket.gethostbyname(socket.gethostname())
+    finally:
+        probe.close()
+
+
+def _rendezvous_host(store) -> str | None:
+    address = store_address(store)
+    return address[0] if address is not None else (os.environ.get("MASTER_ADDR") or None)
+
+
+def store_address(store) -> tuple[str, int] | None:
+    """(host, port) of the TCPStore under any PrefixStores, or None (a FileStore, HashStore)."""
+    seen = 0
+    while store is not None and seen < 16:
+        host = getattr(store, "host", None)
+        if isinstance(host, str) and host:
+            port = getattr(store, "port", None)
+            return host, int(port) if isinstance(port, int) else 0
+        store = getattr(store, "underlying_store", None)
+        seen += 1
+    return None
