@@ -1,7 +1,9 @@
 """Running one rank: here as a subprocess, or on another host through Fabric.
 
-Both kinds report to one queue: ("output", rank, fd, bytes) and, once their output is
-drained, ("exit", index, code) with code = exit status or 128 + signal number.
+Both kinds report to one queue: ("output", rank, fd, bytes), ("exit", index, code, signum)
+as soon as the process has ended (code = exit status or 128 + signal number), whether or
+not its output has been delivered yet (the launcher's reader may be stalled), and
+("drained", index) once all of its output is.
 """
 
 from __future__ import annotations
@@ -136,8 +138,9 @@ class LocalRank(RankProcess):
     def _wait(self, readers) -> None:
         code = self.proc.wait()
         self.kill()  # the rank's leftovers (same process group) end with it, as remotely
-        self._join_readers(readers, OUTPUT_DRAIN_TIMEOUT)
         self.events.put(("exit", self.index, exit_code(code), -code if code < 0 else None))
+        self._join_readers(readers, OUTPUT_DRAIN_TIMEOUT)
+        self.events.put(("drained", self.index))
 
     def _feed_stdin(self) -> None:
         pipe = self.proc.stdin
@@ -220,10 +223,12 @@ class RemoteRank(RankProcess):
         self._start_thread(self._wait, readers)
 
     def _wait(self, readers) -> None:
-        for t in readers:
-            t.join()
+        # sshd sends the status after the output, so this still waits for a stalled reader
         status = self.channel.recv_exit_status()  # -1: session closed without a status
         self.events.put(("exit", self.index, status if status >= 0 else 255, None))
+        for t in readers:
+            t.join()
+        self.events.put(("drained", self.index))
 
     def _send(self, frame: bytes) -> None:
         with self.send_lock:
