@@ -14,6 +14,7 @@ import queue
 import shlex
 import signal
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -99,6 +100,37 @@ class RankProcess:
     def cleanup(self) -> None: ...
 
 
+class TempDirReaper:
+    """Removes the ranks' temporary directories however the launcher ends, kill -9 included:
+    a small process in a session of its own reads their paths from a pipe whose other end
+    only the launcher holds, and removes them when the pipe closes (the launcher's exit, which
+    the kernel closes it at; the ranks die with the launcher through PDEATHSIG)."""
+
+    CODE = ("import shutil,sys\n"
+            "paths=[line.rstrip('\\n') for line in sys.stdin]\n"
+            "for path in paths: shutil.rmtree(path,ignore_errors=True)\n")
+
+    def __init__(self) -> None:
+        self.proc: Optional[subprocess.Popen] = None
+        self.lock = threading.Lock()
+
+    def register(self, path: str) -> None:
+        with self.lock:
+            try:
+                if self.proc is None:
+                    self.proc = subprocess.Popen(
+                        [sys.executable, "-c", self.CODE], stdin=subprocess.PIPE,
+                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                        start_new_session=True, text=True)
+                self.proc.stdin.write(path + "\n")
+                self.proc.stdin.flush()
+            except OSError:
+                pass  # best effort: cleanup() still removes the directories on a normal end
+
+
+_reaper = TempDirReaper()
+
+
 class LocalRank(RankProcess):
     """A subprocess in its own session, so the rank and its children die together."""
 
@@ -116,6 +148,7 @@ class LocalRank(RankProcess):
         env.update(self.env)
         if self.files:
             self.tmpdir = tempfile.mkdtemp(prefix=f"launcher-rank{self.rank}-")
+            _reaper.register(self.tmpdir)
             for name, content in self.files.items():
                 path = Path(self.tmpdir) / f"{name.lower()}.json"
                 path.write_text(content)
