@@ -221,8 +221,12 @@ def get(name: str, environ: Mapping[str, str] | None = None) -> Any:
         raise ConfigError(f"{name}={raw!r} {exc}") from None
 
 
-def env_rank(world_size: int | None = None) -> int:
-    """MLX_RANK as an int, checked against the world size when one is known."""
+def env_rank(world_size: int | None = None, layout: str | None = None) -> int:
+    """MLX_RANK as an int, checked against the world size when one is known. `layout` names
+    where that size comes from (`MLX_HOSTFILE '/path'`): then a launcher's own count of the
+    ranks it started (WORLD_SIZE beside RANK = MLX_RANK, as our launcher sets them) must
+    agree, so that a layout with fewer entries than started ranks fails on every rank, not
+    only on the ranks beyond it (rank 0 would otherwise run alone as a group of one)."""
     raw = os.environ.get("MLX_RANK")
     if raw is None:
         raise ConfigError("MLX_RANK is not set")
@@ -230,10 +234,28 @@ def env_rank(world_size: int | None = None) -> int:
         rank = int(raw)
     except ValueError:
         raise ConfigError(f"MLX_RANK={raw!r} is not an integer") from None
+    started = _launcher_world_size(rank)
+    where = f": {layout} lists {world_size} rank{'s' if world_size != 1 else ''}" if layout else ""
+    if layout and started is not None:
+        where += f", the launcher started {started} (WORLD_SIZE={started})"
     if rank < 0 or (world_size is not None and rank >= world_size):
-        bound = f" (world size {world_size})" if world_size is not None else ""
+        bound = f" (world size {world_size}{where})" if world_size is not None else ""
         raise ConfigError(f"MLX_RANK={rank} is out of range{bound}")
+    if layout and started is not None and started != world_size:
+        raise ConfigError(f"rank {rank}: the launcher started {started} ranks (WORLD_SIZE={started}) but "
+                          f"{layout} lists {world_size}: every rank needs its own entry")
     return rank
+
+
+def _launcher_world_size(rank: int) -> int | None:
+    """WORLD_SIZE when the same launcher set it: RANK is set and equals MLX_RANK."""
+    raw_size, raw_rank = os.environ.get("WORLD_SIZE"), os.environ.get("RANK")
+    if raw_size is None or raw_rank != str(rank):
+        return None
+    try:
+        return int(raw_size)
+    except ValueError:
+        return None  # torchrun's own variables are checked where torchrun's engine is chosen
 
 
 def op_timeout(explicit: float | None = None) -> float:

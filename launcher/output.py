@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import os
 import select
+import threading
 import time
+from collections import deque
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 PARTIAL_LINE_DELAY = 0.1
 
@@ -57,6 +59,75 @@ def _is_terminal(fd: int) -> bool:
         return False
 
 
+def write_all(fd: int, data: bytes) -> bool:
+    """Write all of data to fd; False when fd is broken (a closed terminal, `| head`)."""
+    view = memoryview(data)
+    while view:
+        try:
+            view = view[os.write(fd, view):]
+        except BlockingIOError:  # an O_NONBLOCK terminal shared with another program
+            select.select([], [fd], [], 1.0)
+        except OSError:
+            return False
+    return True
+
+
+class FdWriter:
+    """The writes to one target fd, on a thread of their own: a stdout that nobody reads
+    (`| less` paused) holds back neither stderr nor the launcher. put() never blocks; the
+    caller bounds what is queued (after() tells it when its bytes are out)."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.items: deque = deque()  # bytes, or a callable to run once all before it is out
+        self.queued = 0              # bytes put but not written yet
+        self.written = 0             # bytes written so far (progress, for the supervisor)
+        self.broken = False
+        self.closed = False
+        self.cond = threading.Condition()
+        self.thread = threading.Thread(target=self._run, daemon=True, name=f"write-fd{fd}")
+        self.thread.start()
+
+    def put(self, data: bytes) -> None:
+        if data:
+            with self.cond:
+                self.items.append(data)
+                self.queued += len(data)
+                self.cond.notify()
+
+    def after(self, callback: Callable[[], None]) -> None:
+        with self.cond:
+            self.items.append(callback)
+            self.cond.notify()
+
+    def close(self) -> None:
+        """Write what is queued, then end the thread."""
+        with self.cond:
+            self.closed = True
+            self.cond.notify()
+
+    def join(self, timeout: float) -> bool:
+        self.thread.join(timeout)
+        return not self.thread.is_alive()
+
+    def _run(self) -> None:
+        while True:
+            with self.cond:
+                while not self.items and not self.closed:
+                    self.cond.wait()
+                if not self.items:
+                    return
+                item = self.items.popleft()
+            if callable(item):
+                item()
+                continue
+            if not self.broken and not write_all(self.fd, item):
+                self.broken = True  # a closed terminal or `| head` must not stop the job
+            with self.cond:
+                self.queued -= len(item)
+                self.written += len(item)
+
+
 class _Stream:
     """Line assembly for one (rank, stdout|stderr) pair."""
 
@@ -76,6 +147,7 @@ class OutputRouter:
         # `| less`) when the launcher exits, and a buffered object's lock would then abort
         # interpreter shutdown.
         self.targets = {1: stdout_fd, 2: stderr_fd}
+        self.writers: dict[int, FdWriter] = {}  # set by use_writers(): writes off this thread
         # A terminal shows carriage-return updates in place; a pipe or file gets only the
         # final state of each line.
         self.terminal = {fd: _is_terminal(target) for fd, target in self.targets.items()}
@@ -89,6 +161,13 @@ class OutputRouter:
         self.open_line: dict[int, Optional[tuple]] = {1: None, 2: None}  # who is mid-line
         if self.log_dir:
             self.log_dir.mkdir(parents=True, exist_ok=True)
+
+    def use_writers(self) -> dict[int, FdWriter]:
+        """From now on write through one FdWriter per target (one for both when stdout and
+        stderr are the same file, which keeps their lines in order). Returns {1: w, 2: w}."""
+        first = FdWriter(self.targets[1])
+        self.writers = {1: first, 2: first if self.same_target else FdWriter(self.targets[2])}
+        return self.writers
 
     def start_logs(self, ranks) -> None:
         """Create (truncate) every rank's log now: each run overwrites the previous run's
@@ -209,17 +288,13 @@ class OutputRouter:
         return f"[{rank}] ".encode()
 
     def _emit(self, fd: int, data: bytes) -> None:
+        if fd in self.writers:
+            self.writers[fd].put(data)
+            return
         if fd in self.broken:
             return
-        view = memoryview(data)
-        while view:
-            try:
-                view = view[os.write(self.targets[fd], view):]
-            except BlockingIOError:  # an O_NONBLOCK terminal shared with another program
-                select.select([], [self.targets[fd]], [], 1.0)
-            except OSError:
-                self.broken.add(fd)  # a closed terminal or `| head` must not stop the job
-                return
+        if not write_all(self.targets[fd], data):
+            self.broken.add(fd)  # a closed terminal or `| head` must not stop the job
 
     # ---- --log-dir files --------------------------------------------------------------------
 

@@ -1,7 +1,9 @@
 """Running one rank: here as a subprocess, or on another host through Fabric.
 
-Both kinds report to one queue: ("output", rank, fd, bytes) and, once their output is
-drained, ("exit", index, code) with code = exit status or 128 + signal number.
+Both kinds report to one queue: ("output", rank, fd, bytes), ("exit", index, code, signum)
+as soon as the process has ended (code = exit status or 128 + signal number), whether or
+not its output has been delivered yet (the launcher's reader may be stalled), and
+("drained", index) once all of its output is.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import queue
 import shlex
 import signal
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -97,6 +100,37 @@ class RankProcess:
     def cleanup(self) -> None: ...
 
 
+class TempDirReaper:
+    """Removes the ranks' temporary directories however the launcher ends, kill -9 included:
+    a small process in a session of its own reads their paths from a pipe whose other end
+    only the launcher holds, and removes them when the pipe closes (the launcher's exit, which
+    the kernel closes it at; the ranks die with the launcher through PDEATHSIG)."""
+
+    CODE = ("import shutil,sys\n"
+            "paths=[line.rstrip('\\n') for line in sys.stdin]\n"
+            "for path in paths: shutil.rmtree(path,ignore_errors=True)\n")
+
+    def __init__(self) -> None:
+        self.proc: Optional[subprocess.Popen] = None
+        self.lock = threading.Lock()
+
+    def register(self, path: str) -> None:
+        with self.lock:
+            try:
+                if self.proc is None:
+                    self.proc = subprocess.Popen(
+                        [sys.executable, "-c", self.CODE], stdin=subprocess.PIPE,
+                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                        start_new_session=True, text=True)
+                self.proc.stdin.write(path + "\n")
+                self.proc.stdin.flush()
+            except OSError:
+                pass  # best effort: cleanup() still removes the directories on a normal end
+
+
+_reaper = TempDirReaper()
+
+
 class LocalRank(RankProcess):
     """A subprocess in its own session, so the rank and its children die together."""
 
@@ -114,6 +148,7 @@ class LocalRank(RankProcess):
         env.update(self.env)
         if self.files:
             self.tmpdir = tempfile.mkdtemp(prefix=f"launcher-rank{self.rank}-")
+            _reaper.register(self.tmpdir)
             for name, content in self.files.items():
                 path = Path(self.tmpdir) / f"{name.lower()}.json"
                 path.write_text(content)
@@ -136,8 +171,9 @@ class LocalRank(RankProcess):
     def _wait(self, readers) -> None:
         code = self.proc.wait()
         self.kill()  # the rank's leftovers (same process group) end with it, as remotely
-        self._join_readers(readers, OUTPUT_DRAIN_TIMEOUT)
         self.events.put(("exit", self.index, exit_code(code), -code if code < 0 else None))
+        self._join_readers(readers, OUTPUT_DRAIN_TIMEOUT)
+        self.events.put(("drained", self.index))
 
     def _feed_stdin(self) -> None:
         pipe = self.proc.stdin
@@ -220,10 +256,12 @@ class RemoteRank(RankProcess):
         self._start_thread(self._wait, readers)
 
     def _wait(self, readers) -> None:
-        for t in readers:
-            t.join()
+        # sshd sends the status after the output, so this still waits for a stalled reader
         status = self.channel.recv_exit_status()  # -1: session closed without a status
         self.events.put(("exit", self.index, status if status >= 0 else 255, None))
+        for t in readers:
+            t.join()
+        self.events.put(("drained", self.index))
 
     def _send(self, frame: bytes) -> None:
         with self.send_lock:

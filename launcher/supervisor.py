@@ -17,23 +17,27 @@ from .ranks import RankProcess, StartError
 GRACE = 3.0       # SIGTERM -> SIGKILL
 GIVE_UP = 4.0     # after SIGKILL, how long to wait for ranks (e.g. a dead ssh link) to report
 TICK = 0.05
-OUTPUT_BACKLOG = 256  # chunks (<= 64 KiB each) read from ranks but not yet written out
+OUTPUT_BACKLOG = 256  # chunks (<= 64 KiB each) per stream read from ranks but not yet written out
+OUTPUT_PATIENCE = 1.0  # after an interruption, how long output may make no progress
 
 
 class EventSink:
-    """What ranks report into. Output goes to the writer thread through a bounded queue,
-    everything else (exits) to the control loop, so a slow terminal (`| less`) delays
-    neither a failure's stop nor Ctrl-C, and a fast rank cannot fill our memory: when the
-    backlog is full its reader waits and the rank's own writes block, as without us."""
+    """What ranks report into. Output goes to the writer thread through a bounded backlog
+    per stream, everything else (exits) to the control loop, so a slow terminal (`| less`)
+    delays neither a failure's stop nor Ctrl-C, a stalled stdout does not hold back stderr,
+    and a fast rank cannot fill our memory: when a stream's backlog is full its reader waits
+    and the rank's own writes block, as without us. A chunk's slot is freed once its bytes
+    are written out (FdWriter.after)."""
 
     def __init__(self) -> None:
         self.control: queue.Queue = queue.Queue()
         self.output: queue.Queue = queue.Queue()
-        self.slots = threading.BoundedSemaphore(OUTPUT_BACKLOG)
+        self.slots = {1: threading.BoundedSemaphore(OUTPUT_BACKLOG),
+                      2: threading.BoundedSemaphore(OUTPUT_BACKLOG)}
 
     def put(self, event: tuple) -> None:
         if event[0] == "output":
-            self.slots.acquire()
+            self.slots[event[2]].acquire()
             self.output.put(event)
         else:
             self.control.put(event)
@@ -44,16 +48,16 @@ class EventSink:
 
 
 def _write_output(sink: EventSink, output: OutputRouter) -> None:
-    """The writer thread: the only one that touches `output`. It never dies of an error in
-    the output path: a dead writer would leave every rank blocked on a full pipe."""
+    """The router thread: the only one that touches `output`. The writes themselves happen
+    on its FdWriters, so it never waits on a reader. It never dies of an error in the output
+    path: a dead router would leave every rank blocked on a full pipe."""
+    writers = output.writers
     while True:
         try:
             event = sink.output.get(timeout=TICK)
         except queue.Empty:
             event = None
         kind = event[0] if event else None
-        if kind == "output":
-            sink.slots.release()
         try:
             if kind == "output":
                 output.write(*event[1:])
@@ -64,9 +68,13 @@ def _write_output(sink: EventSink, output: OutputRouter) -> None:
             output.flush_partials()
         except Exception as e:  # a bug here must cost output, not the job
             output.failures.append(f"output error: {type(e).__name__}: {e}")
+        if kind == "output":
+            writers[event[2]].after(sink.slots[event[2]].release)
         for message in output.take_failures():
             sink.control.put(("log-failed", message))
         if kind == "close":
+            for writer in set(writers.values()):
+                writer.close()
             return
 
 
@@ -123,7 +131,9 @@ class Supervisor:
         self.sink = EventSink()
         self.events = self.sink.control
         self.pending_signal: Optional[int] = None
-        self.running: set[int] = set()
+        self.running: set[int] = set()   # processes not yet ended
+        self.draining: set[int] = set()  # ranks whose output is not all read yet
+        self.late_log_failures: list[str] = []
 
     def _on_signal(self, signum, frame) -> None:
         # Only a flag: queue.put from a signal handler could deadlock with the main loop.
@@ -143,6 +153,7 @@ class Supervisor:
         first_end: Optional[tuple[RankProcess, str, int]] = None  # before any stop of ours
         log_error: Optional[str] = None
         interrupted: Optional[int] = None
+        self.output.use_writers()
         writer = threading.Thread(target=_write_output, args=(self.sink, self.output),
                                   daemon=True)
         writer.start()
@@ -155,6 +166,7 @@ class Supervisor:
                 failure = (proc, 255, f"could not start: {e}", len(self.running))
                 break
             self.running.add(proc.index)
+            self.draining.add(proc.index)
         if _can_read_stdin():
             threading.Thread(target=_stdin_reader, args=(self.events,), daemon=True).start()
 
@@ -193,17 +205,18 @@ class Supervisor:
             elif kind == "exit":
                 _, index, code, signum = event
                 self.running.discard(index)
-                self.sink.after_output(("end", self.ranks[index].rank))
                 if first_end is None and stop_at is None:
                     first_end = (self.ranks[index], describe_exit(code, signum), len(self.running))
                 if code != 0 and failure is None and stop_at is None:
                     failure = (self.ranks[index], code, describe_exit(code, signum),
                                len(self.running))
                     stop_at = self._stop(signal.SIGTERM)
+            elif kind == "drained":
+                self._drained(event[1])
 
         for proc in self.ranks:
             proc.cleanup()
-        self._finish_output(writer)
+        self._finish_output(writer, interrupted is not None)
         late = self._late_log_failures()  # while writing the ranks' last output
         if late and self.stop_on_log_error and log_error is None:
             log_error = late[0]
@@ -223,7 +236,7 @@ class Supervisor:
 
     def _late_log_failures(self) -> list[str]:
         """Log failures the writer reported after the control loop ended: said here, once."""
-        late = []
+        late, self.late_log_failures = self.late_log_failures, []
         while True:
             try:
                 event = self.events.get_nowait()
@@ -248,14 +261,46 @@ class Supervisor:
             else:
                 proc.close_stdin()
 
-    def _finish_output(self, writer: threading.Thread) -> None:
-        """Let the writer show what the ranks printed. A reader that never reads on (a
-        paused pager) can hold us here; a signal then gives up on the rest."""
-        self.sink.after_output(("close",))
-        while writer.is_alive():
-            writer.join(TICK)
-            if self.pending_signal is not None:
+    def _drained(self, index: int) -> None:
+        """All of a rank's output is read: its unfinished lines can be closed after it."""
+        self.draining.discard(index)
+        self.sink.after_output(("end", self.ranks[index].rank))
+
+    def _finish_output(self, router: threading.Thread, interrupted: bool) -> None:
+        """Let the writers show what the ranks printed, however long a slow reader takes. A
+        reader that never reads on (a paused pager) could hold us here forever: a signal gives
+        up on the rest at once, and after an interruption so does a second without progress.
+        What is given up is said once."""
+        writers = set(self.output.writers.values())
+        closed, progress, idle_since = False, -1, time.monotonic()
+        while True:
+            if not closed and not (self.draining - self.running):  # ranks given up on: not awaited
+                self.sink.after_output(("close",))
+                closed = True
+            if closed and not router.is_alive() and all(w.join(0) for w in writers):
                 return
+            now = time.monotonic()
+            done = sum(w.written for w in writers) + sum(p.delivered for p in self.ranks)
+            if done != progress:
+                progress, idle_since = done, now
+            elif interrupted and now - idle_since > OUTPUT_PATIENCE:
+                break
+            if self.pending_signal is not None:
+                break
+            try:
+                event = self.events.get(timeout=TICK)
+            except queue.Empty:
+                continue
+            if event[0] == "drained":
+                self._drained(event[1])
+            elif event[0] == "log-failed":
+                self.log(event[1])
+                self.late_log_failures.append(event[1])
+        left = {w.fd: w.queued for w in writers if w.queued}
+        where = " and ".join(f"{n} bytes for {'stdout' if fd == self.output.targets[1] else 'stderr'}"
+                             for fd, n in left.items())
+        self.log(f"gave up on the ranks' output not yet written ({where or 'what was still being read'}): "
+                 f"nothing read it")
 
     def _summarize(self, failure, interrupted: Optional[int]) -> int:
         unresponsive = [p.describe() for p in self._running_procs()]

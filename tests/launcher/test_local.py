@@ -238,6 +238,28 @@ def test_local_ranks_die_when_the_launcher_is_killed(tmp_path):
     assert_all_dead(pids)
 
 
+def test_rank_temp_dirs_go_when_the_launcher_is_killed(tmp_path):
+    """kill -9 of the launcher: nothing of it runs its cleanup, yet the ranks' hostfile
+    directories (launcher-rankN-*) must not stay behind."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    pid_dir = tmp_path / "pids"
+    pid_dir.mkdir()
+    env = base_env(PID_DIR=str(pid_dir), TMPDIR=str(tmp))
+    proc = start_launcher("-n", 2, "--backend", "ring", "behave.py", "--sleep", 120, env=env)
+    try:
+        pids = wait_for_pids(pid_dir, 2)
+        assert sorted(p.name[:14] for p in tmp.iterdir()) == ["launcher-rank0", "launcher-rank1"]
+    finally:
+        proc.kill()
+        proc.communicate(timeout=10)
+    assert_all_dead(pids)
+    deadline = time.monotonic() + 5
+    while list(tmp.iterdir()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not list(tmp.iterdir())
+
+
 @pytest.mark.timeout(90)
 def test_ring_backend_end_to_end():
     r = launch("-n", 3, "ring_sum.py", timeout=80)

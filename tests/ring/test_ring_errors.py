@@ -156,3 +156,49 @@ def test_port_in_use_names_the_rank_and_address():
     with pytest.raises(PeerError, match=f"rank 0: cannot listen on 127.0.0.1:{port}"):
         RingBackend.from_addresses(0, [[f"127.0.0.1:{port}"], [f"127.0.0.1:{free_ports(1)[0]}"]])
     blocker.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_hostfile_shorter_than_the_started_ranks_fails_on_every_rank(tmp_path):
+    """Two ranks started (RANK/WORLD_SIZE as the launcher sets them), a hostfile of one entry:
+    rank 0 used to run alone as a group of one while rank 1 failed."""
+    hostfile = tmp_path / "hosts.json"
+    hostfile.write_text(json.dumps([[f"127.0.0.1:{free_ports(1)[0]}"]]))
+    code = "import adapter; g = adapter.init(backend='ring'); print('SIZE', g.size())"
+    procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True,
+                              env=dict(os.environ, MLX_HOSTFILE=str(hostfile), MLX_RANK=str(r), RANK=str(r),
+                                       WORLD_SIZE="2", PYTHONPATH=ROOT))
+             for r in range(2)]
+    out = [p.communicate(timeout=30) for p in procs]
+    assert [p.returncode for p in procs] == [1, 1], out
+    assert "ConfigError: rank 0: the launcher started 2 ranks (WORLD_SIZE=2) but MLX_HOSTFILE" in out[0][1], out
+    assert "lists 1: every rank needs its own entry" in out[0][1], out
+    assert ("ConfigError: MLX_RANK=1 is out of range (world size 1: MLX_HOSTFILE " in out[1][1]
+            and "lists 1 rank, the launcher started 2 (WORLD_SIZE=2))" in out[1][1]), out
+
+
+@pytest.mark.parametrize("rank", ["2", "-1"])
+def test_mlx_rank_out_of_range_names_the_hostfile_and_its_size(rank):
+    hostfile = ring_hostfile(2)
+    env = dict(os.environ, MLX_HOSTFILE=hostfile, MLX_RANK=rank, PYTHONPATH=ROOT)
+    env.pop("RANK", None), env.pop("WORLD_SIZE", None)
+    proc = subprocess.run([sys.executable, "-c", "import adapter; adapter.init(backend='ring')"],
+                          env=env, capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 1
+    assert (f"ConfigError: MLX_RANK={rank} is out of range (world size 2: MLX_HOSTFILE {hostfile!r} "
+            f"lists 2 ranks)") in proc.stderr, proc.stderr
+
+
+def test_world_size_of_another_launcher_is_not_taken_for_ours(tmp_path):
+    """WORLD_SIZE only counts when RANK names the same rank as MLX_RANK."""
+    from adapter import config
+    from adapter.errors import ConfigError
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MLX_RANK", "0")
+        mp.setenv("WORLD_SIZE", "8")
+        mp.setenv("RANK", "3")
+        assert config.env_rank(2, "MLX_HOSTFILE 'x'") == 0
+        mp.setenv("RANK", "0")
+        with pytest.raises(ConfigError, match=r"started 8 ranks \(WORLD_SIZE=8\) but MLX_HOSTFILE 'x' lists 2"):
+            config.env_rank(2, "MLX_HOSTFILE 'x'")

@@ -424,10 +424,14 @@ class SharedGroup:
                     return
                 now = time.monotonic()
                 if now >= self.deadline:
-                    raise CollectiveTimeout(
+                    late = CollectiveTimeout(
                         f"rank {self.names[self.rank]}: {self.what} timed out: rank {self.names[q]} "
                         f"(pid {self.pids[q]}) is alive "
                         f"but has not reached step {step} (it is at {v}) of this collective (shared memory)")
+                    # The rank waited for is to blame, not this one: passed on by mark_broken, so
+                    # the peers this rank's exit fails name the stalled rank too, never this live one.
+                    late.culprit = self.names[q]
+                    raise late
                 wait = self.deadline - now
                 if stall_at is not None:
                     if now >= stall_at:

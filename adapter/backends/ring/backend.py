@@ -95,7 +95,7 @@ def create(timeout: float | None = None) -> "RingBackend":
     global _incarnations
     path = os.environ["MLX_HOSTFILE"]
     addresses = load_ring_hostfile(path)
-    rank = env_rank(len(addresses))
+    rank = env_rank(len(addresses), f"MLX_HOSTFILE {path!r}")
     _incarnations += 1
     return RingBackend.from_addresses(rank, addresses, timeout=timeout, incarnation=_incarnations)
 

@@ -16,6 +16,7 @@ host pass the culprit in shared memory instead (local/shm.py, mark_broken).
 from __future__ import annotations
 
 import socket
+import threading
 import time
 from typing import TYPE_CHECKING
 
@@ -84,15 +85,29 @@ def notify_outer(ring: "RingBackend", culprit: int) -> None:
 
 
 def _send_notices(ring: "RingBackend", culprit: int, skip: set) -> None:
+    """Best effort, SEND_S at most in all: each notice goes on a thread of its own, and a
+    neighbour that accepts but does not answer (a stopped process: the kernel accepts for it)
+    is left to its thread, which the handshake's own timeout ends; the error is not held
+    back for it."""
     deadline = time.monotonic() + SEND_S
-    for q in sorted({link.peer for link in ring.right + ring.left} - skip):
-        if not _listening(ring._addresses[q][0]):
-            continue  # gone (tcp.connect would retry until the deadline)
-        hello = tcp.Hello(PURPOSE_NOTICE, ring.rank(), q, culprit, ring._token)
-        try:
-            tcp.connect(tcp.parse_address(ring._addresses[q][0]), hello, deadline, f"rank {q}", ring._auth).close()
-        except (DistributedError, OSError):
-            pass  # it is gone too: its own neighbours will see that
+    senders = [threading.Thread(target=_send_notice, args=(ring, q, culprit, deadline), daemon=True,
+                                name=f"abort-notice-{q}")
+               for q in sorted({link.peer for link in ring.right + ring.left} - skip)]
+    for sender in senders:
+        sender.start()
+    for sender in senders:
+        sender.join(max(0.0, deadline - time.monotonic()))
+
+
+def _send_notice(ring: "RingBackend", q: int, culprit: int, deadline: float) -> None:
+    address = ring._addresses[q][0]
+    if not _listening(address):
+        return  # gone (tcp.connect would retry until the deadline)
+    hello = tcp.Hello(PURPOSE_NOTICE, ring.rank(), q, culprit, ring._token)
+    try:
+        tcp.connect(tcp.parse_address(address), hello, deadline, f"rank {q}", ring._auth).close()
+    except (DistributedError, OSError):
+        pass  # it is gone too: its own neighbours will see that
 
 
 def _notice_from(ring: "RingBackend", peer: int) -> int | None:
