@@ -8,6 +8,9 @@ Transport: RDMA through pyverbs when every rank has its devices, else the TCP me
 together by all ranks over the side channel with one log line. JACKLRING_JACCL_TRANSPORT=tcp
 forces TCP; =rdma requires RDMA (and fails, naming the rank and reason, without it).
 
+Ranks that all share a host run the collectives over shared memory (local.py) unless
+JACKLRING_LOCAL_TRANSPORT is unix or tcp; send/recv always take the transport.
+
 JACKLRING_VERIFY=1 adds a CRC-32C to every frame (=mac is refused), checked on receipt; JACKLRING_STALL_REPORT
 (seconds, default 30, 0 turns it off) logs once when an operation waits that long.
 """
