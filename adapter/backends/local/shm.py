@@ -323,15 +323,26 @@ class SharedGroup:
         if sleepers:
             self._ring(sleepers)
         plain, index = words.plain, self._counter_word
-        for q in self.peers:
-            if plain[index[q]] < step or words.load(self._counter_addr[q], ACQUIRE) < step:
-                self._wait(q, step)
-        if header is not None:
+        try:
             for q in self.peers:
-                at = self._header_at[q][parity]
-                if self._ctrl[at:at + HEADER_BYTES] != header:
-                    raise MismatchError(self._mismatch(header, bytes(self._ctrl[at:at + HEADER_BYTES]), q))
+                if plain[index[q]] < step or words.load(self._counter_addr[q], ACQUIRE) < step:
+                    self._wait(q, step)
+        except PeerError:
+            # A peer that left after seeing a mismatch: say the mismatch too, when a peer that
+            # published this step called something else (not only that the group broke).
+            if header is not None:
+                self._check_headers(header, parity, [q for q in self.peers
+                                                     if words.load(self._counter_addr[q], ACQUIRE) >= step])
+            raise
+        if header is not None:
+            self._check_headers(header, parity, self.peers)
         return parity
+
+    def _check_headers(self, header: bytes, parity: int, peers: list[int]) -> None:
+        for q in peers:
+            at = self._header_at[q][parity]
+            if self._ctrl[at:at + HEADER_BYTES] != header:
+                raise MismatchError(self._mismatch(header, bytes(self._ctrl[at:at + HEADER_BYTES]), q))
 
     def _mismatch(self, mine: bytes, theirs: bytes, q: int) -> str:
         me, peer = self.names[self.rank], self.names[q]
