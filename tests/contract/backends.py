@@ -100,9 +100,13 @@ def _two_addresses(folder: Path, n: int) -> list[str]:
 
 VARIANTS = [
     Variant("ring", "ring", (2, 3, 4), torch_size=3),
-    Variant("jaccl", "jaccl", (2, 3, 4), torch_size=3),  # no hostfile: a device matrix of nulls, the TCP mesh
-    Variant("jaccl-ring", "jaccl-ring", (3, 4), group_backend="jaccl", env={"JACKLRING_JACCL_TRANSPORT": "tcp"},
-            hostfile=_ring_links_only),
+    # No hostfile: a device matrix of nulls, the TCP mesh; on one host the collectives run over
+    # shared memory (jaccl/local.py), send/recv over the mesh.
+    Variant("jaccl", "jaccl", (2, 3, 4), torch_size=3, env={"CONTRACT_SHARED_MEMORY": "1"}),
+    # JACKLRING_LOCAL_TRANSPORT=tcp keeps the collectives on the mesh (JACCL's own algorithms).
+    Variant("jaccl-mesh", "jaccl", (2, 3, 4), env={"JACKLRING_LOCAL_TRANSPORT": "tcp", "CONTRACT_SHARED_MEMORY": "0"}),
+    Variant("jaccl-ring", "jaccl-ring", (3, 4), group_backend="jaccl",
+            env={"JACKLRING_JACCL_TRANSPORT": "tcp", "JACKLRING_LOCAL_TRANSPORT": "tcp"}, hostfile=_ring_links_only),
     Variant("mpi", "mpi", (2, 3, 4), missing=_mpirun_missing, torch_size=3),
     Variant("nccl", "nccl", (2,), missing=_gpus_missing, torch_size=2),
     # --- backend-specific settings -------------------------------------------------------------

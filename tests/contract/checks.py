@@ -101,6 +101,10 @@ def init_returns_the_launched_backend(c: Context) -> None:
     c.expect(launched_as is None or int(launched_as) == c.rank, f"rank {c.rank}, launched as rank {launched_as}")
     x = adapter.all_sum(np.ones(10))  # the spec's example
     c.same(x, np.full(10, float(c.n)), "all_sum(ones(10))")
+    on_shm = os.environ.get("CONTRACT_SHARED_MEMORY")  # "1"/"0": whether the collectives use it (JACCL)
+    if on_shm:
+        said = getattr(c.group.backend, "shared_memory", None)
+        c.expect(said == (on_shm == "1"), f"backend.shared_memory is {said}, expected {on_shm == '1'}")
     shared = os.environ.get("CONTRACT_SHARED_HOST")  # a variant's ranks that share a host
     if shared:
         staged = getattr(c.group.backend, "_hier", None)

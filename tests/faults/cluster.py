@@ -52,8 +52,11 @@ def rank_envs(backend: str, n: int, tmp: Path, hosts: list[str] | None = None) -
         devices = tmp / "jaccl-devices.json"
         devices.write_text(json.dumps(mesh_matrix(n)))
         port = free_ports(1)[0] if hosts[0] == "127.0.0.1" else 41100
+        # The ranks share a host: JACKLRING_LOCAL_TRANSPORT=tcp keeps the collectives on the TCP
+        # mesh these faults are aimed at (a test of JACCL over shared memory passes auto).
         return [{"MLX_RANK": str(r), "MLX_IBV_DEVICES": str(devices), "JACKLRING_JACCL_TRANSPORT": "tcp",
-                 "MLX_JACCL_COORDINATOR": f"{hosts[0]}:{port}"} for r in range(n)]
+                 "JACKLRING_LOCAL_TRANSPORT": "tcp", "MLX_JACCL_COORDINATOR": f"{hosts[0]}:{port}"}
+                for r in range(n)]
     if backend == "torch":
         port = free_ports(1)[0]
         return [{"RANK": str(r), "WORLD_SIZE": str(n), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}

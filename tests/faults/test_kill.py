@@ -35,12 +35,21 @@ def loop_body(count: int) -> str:
     return LOOP.replace("COUNT", str(count))
 
 
-def kill_mid_all_sum(backend: str, n: int, tmp_path, count: int, ready_timeout: float) -> dict[int, float]:
-    """Kill rank 1 while every rank loops all_sum; returns {survivor: seconds until it raised}."""
-    procs = start(backend, n, loop_body(count), tmp_path)
+def kill_mid_all_sum(backend: str, n: int, tmp_path, count: int, ready_timeout: float,
+                     env: dict[str, str] | None = None,
+                     shared_memory: bool | None = None) -> tuple[dict[int, float], list[str]]:
+    """Kill rank 1 while every rank loops all_sum; returns {survivor: seconds until it raised}
+    and the survivors' messages. shared_memory: what every rank's JACCL group must say of itself."""
+    body = loop_body(count)
+    if shared_memory is not None:
+        body = 'say("SHM", group.backend.shared_memory)\n' + body
+    procs = start(backend, n, body, tmp_path, env=env)
     try:
         for p in procs:
             p.wait_line("READY", ready_timeout)
+        if shared_memory is not None:
+            said = [p.wait_line("SHM", 1)[2] for p in procs]
+            assert said == [str(shared_memory)] * n, said
         time.sleep(0.5)  # well inside a multi-megabyte all_sum
         killed_at = procs[1].kill(signal.SIGKILL)
         detection = {}
@@ -62,7 +71,7 @@ def kill_mid_all_sum(backend: str, n: int, tmp_path, count: int, ready_timeout: 
     named = ["rank 1 " in m + " " for m in messages]
     assert all(named), messages
     print(f"{backend} n={n}: detection after kill -9 (s): {detection}; messages: {messages}")
-    return detection
+    return detection, messages
 
 
 @pytest.mark.timeout(90)
@@ -74,6 +83,16 @@ def test_ring_kill9_mid_all_sum(tmp_path):
 @pytest.mark.parametrize("n, count", [(3, 8 << 20), (4, 16 << 10)], ids=["3-ring-order", "4-mesh-order"])
 def test_jaccl_kill9_mid_all_sum(tmp_path, n, count):
     kill_mid_all_sum("jaccl", n, tmp_path, count, 30)
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("count", [8 << 20, 4], ids=["8M-floats", "4-floats"])
+def test_jaccl_over_shared_memory_kill9_mid_all_sum(tmp_path, count):
+    """The ranks share a host and JACKLRING_LOCAL_TRANSPORT=auto: the all_sums run over shared
+    memory, whose wait watches the peers' pidfds and mesh sockets."""
+    _, messages = kill_mid_all_sum("jaccl", 3, tmp_path, count, 30, env={"JACKLRING_LOCAL_TRANSPORT": "auto"},
+                                   shared_memory=True)
+    assert all("all_reduce(sum, float32" in m for m in messages), messages
 
 
 @pytest.mark.timeout(120)

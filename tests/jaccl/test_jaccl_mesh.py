@@ -1,5 +1,7 @@
 """JACCL over the TCP mesh transport: real rank processes on 127.0.0.1 with the MLX environment
-contract (MLX_RANK, MLX_JACCL_COORDINATOR, MLX_IBV_DEVICES with fake device names)."""
+contract (MLX_RANK, MLX_JACCL_COORDINATOR, MLX_IBV_DEVICES with fake device names). The ranks
+share a host, so JACKLRING_LOCAL_TRANSPORT=tcp keeps their collectives on the mesh; the tests at
+the end let them run over shared memory (the default on one host)."""
 from __future__ import annotations
 
 import json
@@ -40,7 +42,7 @@ def run_ranks(tmp_path: Path, matrix: list, scenarios: str, extra_env: dict | No
     for rank in range(len(matrix)):
         env = dict(os.environ, MLX_RANK=str(rank), MLX_JACCL_COORDINATOR=f"127.0.0.1:{port}",
                    MLX_IBV_DEVICES=str(devices), PYTHONPATH=str(REPO), JACKLRING_TIMEOUT="30",
-                   JACKLRING_CONNECT_TIMEOUT="30")
+                   JACKLRING_CONNECT_TIMEOUT="30", JACKLRING_LOCAL_TRANSPORT="tcp")
         env.pop("JACKLRING_JACCL_TRANSPORT", None)
         env.update(extra_env or {})
         procs.append(subprocess.Popen([sys.executable, str(WORKER), scenarios, str(tmp_path)], env=env,
@@ -153,3 +155,45 @@ def test_a_second_thread_gets_a_clear_error_and_the_group_goes_on(tmp_path):
     threads' calls overlap is up to the scheduler)."""
     reports = run_ranks(tmp_path, mesh_matrix(2), "second_thread", timeout=60)
     assert all(r["second_thread"] == "ok" for r in reports)
+
+
+# ---- ranks on one host over shared memory (JACKLRING_LOCAL_TRANSPORT=auto, the default) -----------
+
+SHM = {"JACKLRING_LOCAL_TRANSPORT": "auto"}
+
+
+@pytest.mark.timeout(120)
+def test_ranks_on_one_host_run_collectives_over_shared_memory(tmp_path):
+    """Every collective, p2p over the mesh beside them, and split sub-groups with memory of their own."""
+    reports = run_ranks(tmp_path, mesh_matrix(4), "ops,p2p,split", SHM, timeout=100)
+    assert all(r["shared_memory"] and r["split_shared_memory"] for r in reports), reports
+    assert all(r["ops"] == "ok" and r["p2p"] == "ok" for r in reports)
+    assert_identical_reductions(reports)
+
+
+@pytest.mark.timeout(60)
+def test_told_tcp_the_collectives_stay_on_the_mesh(tmp_path):
+    reports = run_ranks(tmp_path, mesh_matrix(2), "p2p", timeout=45)
+    assert not any(r["shared_memory"] for r in reports)
+
+
+@pytest.mark.timeout(60)
+def test_collective_mismatch_over_shared_memory_is_worded_as_on_the_mesh(tmp_path):
+    reports = run_ranks(tmp_path, mesh_matrix(3), "mismatch", SHM, timeout=45)
+    for rank in (0, 1):
+        error = reports[rank]["error"]
+        assert error and error.startswith("MismatchError") and "[shared memory]" in error, error
+        assert "all_reduce(sum) of 16 bytes (float32)" in error and "all_gather of 16 bytes (float32)" in error
+    assert "rank 0: mismatched operations with rank 1" in reports[0]["error"]
+    assert "rank 1: mismatched operations with rank" in reports[1]["error"]
+
+
+@pytest.mark.timeout(60)
+def test_dead_peer_over_shared_memory_is_named_within_seconds(tmp_path):
+    reports = run_ranks(tmp_path, mesh_matrix(3), "dead_peer", SHM, timeout=45, expect_ok=False)
+    for rank in (0, 2):
+        error = reports[rank]["error"]
+        assert reports[rank]["shared_memory"]
+        assert error and error.startswith("PeerError") and "rank 1" in error, error
+        # its pidfd or its mesh socket, watched while waiting; not the deadline (JACKLRING_TIMEOUT is 30)
+        assert reports[rank]["seconds"] < 5, error

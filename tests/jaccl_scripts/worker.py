@@ -253,6 +253,7 @@ def run_split(b, report: dict) -> None:
     y = np.ones(3, np.float32)
     b.all_reduce(y, y, ReduceOp.SUM)
     assert (y == n).all()
+    report["split_shared_memory"] = getattr(sub, "shared_memory", False)  # a group of one has none
     sub.close()
     report["split"] = members
 
@@ -347,7 +348,8 @@ def main() -> None:
     scenarios, out_dir = sys.argv[1].split(","), sys.argv[2]
     b = jaccl.create()
     report = {"rank": b.rank(), "size": b.size(), "mode": b.mode, "transport": b.transport_kind, "digests": {},
-              "families": sorted({s.sock.family.name for s in b._transport._by_fd.values()})}
+              "families": sorted({s.sock.family.name for s in b._transport._by_fd.values()}),
+              "shared_memory": b.shared_memory}
     for name in scenarios:
         SCENARIOS[name](b, report)
     with open(os.path.join(out_dir, f"rank{b.rank()}.json"), "w") as fh:

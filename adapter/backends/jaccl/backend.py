@@ -8,6 +8,9 @@ Transport: RDMA through pyverbs when every rank has its devices, else the TCP me
 together by all ranks over the side channel with one log line. JACKLRING_JACCL_TRANSPORT=tcp
 forces TCP; =rdma requires RDMA (and fails, naming the rank and reason, without it).
 
+Ranks that all share a host run the collectives over shared memory (local.py) unless
+JACKLRING_LOCAL_TRANSPORT is unix or tcp; send/recv always take the transport.
+
 JACKLRING_VERIFY=1 adds a CRC-32C to every frame (=mac is refused), checked on receipt; JACKLRING_STALL_REPORT
 (seconds, default 30, 0 turns it off) logs once when an operation waits that long.
 """
@@ -31,9 +34,11 @@ from ..transport import auth, tcp, tcp_mesh, verbs
 from ..transport.names import check_resolvable
 from ..transport.slots import Transport
 from . import config as jaccl_config
+from . import local
 from .algorithms import MeshAlgorithms, RingAlgorithms
 from .config import MESH, RING, DeviceMatrix
 from .exchange import FrameExchange
+from .local import SharedCollectives
 from .side_channel import SideChannel
 
 log = logging.getLogger("jacklring.jaccl")
@@ -98,7 +103,9 @@ def create(timeout: float | None = None) -> "Backend":
         raise
     finally:
         side.close()
-    return JacclBackend(transport, cfg.devices, cfg.mode, kind, host, token, op_timeout, checks, job)
+    backend = JacclBackend(transport, cfg.devices, cfg.mode, kind, host, token, op_timeout, checks, job)
+    backend.attach_shared_memory()
+    return backend
 
 
 class Checks(NamedTuple):
@@ -161,10 +168,38 @@ class JacclBackend(Backend):
         self._algorithms: MeshAlgorithms | RingAlgorithms = (
             MeshAlgorithms(self._link, transport.size, shared_link=transport_kind == "tcp") if mode == MESH
             else RingAlgorithms(self._link, transport.size))
+        self._local: SharedCollectives | None = None  # set by attach_shared_memory on one host
+
+    def attach_shared_memory(self) -> None:
+        """When every rank is on this host (and JACKLRING_LOCAL_TRANSPORT allows it), run the
+        collectives over shared memory from now on (local.py). A collective over the mesh: every
+        rank of the group calls it once, right after forming; on failure the group is closed."""
+        try:
+            group = local.attach(self.rank(), self.size(), self._gather_records, self._transport)
+        except BaseException:
+            self.close()
+            raise
+        if group is not None:
+            self._local = SharedCollectives(group, self._timeout, self.failure, self._busy, self._busy_error,
+                                            config.get("JACKLRING_SHM_SMALL_BYTES"))
+
+    @property
+    def shared_memory(self) -> bool:
+        """Whether this group's collectives run over same-host shared memory."""
+        return self._local is not None
+
+    def _gather_records(self, record: bytes) -> list[bytes]:
+        """All-gather of one fixed-size record per rank over the mesh (shared memory's set-up)."""
+        n, width = self.size(), len(record)
+        out = np.empty(n * width, np.uint8)
+        self.all_gather(np.frombuffer(record, np.uint8), out)
+        return [out[q * width:(q + 1) * width].tobytes() for q in range(n)]
 
     def set_timeout(self, seconds: float) -> None:
         self._timeout = config.check_seconds(float(seconds), "timeout")
         self._link.set_timeout(self._timeout)
+        if self._local is not None:
+            self._local.timeout = self._timeout
 
     def rank(self) -> int:
         return self._transport.rank
@@ -181,32 +216,47 @@ class JacclBackend(Backend):
         a second thread gets a clear error instead (the ring and MPI allow it; here each thread
         needs a group of its own, from split())."""
         if not self._busy.acquire(blocking=False):
-            raise DistributedError(f"rank {self.rank()}: {what} was called while another thread runs an operation "
-                                   f"on the same JACCL group; JACCL groups take one operation at a time: give "
-                                   f"each thread its own group (group.split)")
+            raise self._busy_error(what)
         try:
             self._link.op_seq += 1
             yield
         finally:
             self._busy.release()
 
+    def _busy_error(self, what: str) -> DistributedError:
+        return DistributedError(f"rank {self.rank()}: {what} was called while another thread runs an operation "
+                                f"on the same JACCL group; JACCL groups take one operation at a time: give "
+                                f"each thread its own group (group.split)")
+
+    # The collectives go over shared memory when the group has it (local.py takes the lock itself).
+
     def all_reduce(self, src: np.ndarray, dst: np.ndarray, op: ReduceOp) -> None:
+        if self._local is not None:
+            return self._local.all_reduce(src, dst, op)
         with self._one_thread("all_reduce"):
             self._algorithms.all_reduce(src, dst, op)
 
     def all_gather(self, src: np.ndarray, dst: np.ndarray) -> None:
+        if self._local is not None:
+            return self._local.all_gather(src, dst)
         with self._one_thread("all_gather"):
             self._algorithms.all_gather(src, dst)
 
     def reduce_scatter(self, src: np.ndarray, dst: np.ndarray, op: ReduceOp) -> None:
+        if self._local is not None:
+            return self._local.reduce_scatter(src, dst, op)
         with self._one_thread("reduce_scatter"):
             self._algorithms.reduce_scatter(src, dst, op)
 
     def broadcast(self, buf: np.ndarray, root: int) -> None:
+        if self._local is not None:
+            return self._local.broadcast(buf, root)
         with self._one_thread("broadcast"):
             self._algorithms.broadcast(buf, root)
 
     def barrier(self) -> None:
+        if self._local is not None:
+            return self._local.barrier()
         with self._one_thread("barrier"):
             self._algorithms.barrier()
 
@@ -275,8 +325,10 @@ class JacclBackend(Backend):
                 raise
             raise type(exc)(f"rank {me}: split(color={color}): {exc}") from None
         self._confirm_split(color, colors, keys, transport)
-        return JacclBackend(transport, devices, mode, self.transport_kind, self._host, token, self._timeout,
-                            self._checks, job)
+        sub = JacclBackend(transport, devices, mode, self.transport_kind, self._host, token, self._timeout,
+                           self._checks, job)
+        sub.attach_shared_memory()
+        return sub
 
     def _member_text(self, p: int, colors: np.ndarray, keys: np.ndarray) -> str:
         same = split_members(colors, keys, colors[p])
@@ -315,3 +367,5 @@ class JacclBackend(Backend):
     def close(self) -> None:
         self.failure.mark("the group was closed")
         self._transport.close()
+        if self._local is not None:
+            self._local.close()

@@ -15,7 +15,7 @@ has finished reading. Every step is a full barrier, which is what makes that arg
 
 Waiting spins briefly, then spins calling sched_yield() (so that a peer waiting for this CPU
 runs at once), then sleeps in poll() on a doorbell (an abstract Unix datagram socket),
-the peers' pidfds (readable the moment a peer exits) and the ring sockets (a neighbour that
+the peers' pidfds (readable the moment a peer exits) and the backend's sockets (a peer that
 closed them broke the group). A waiter announces its sleep in a shared bit mask (seq_cst
 fetch_or), re-checks, then sleeps; a publisher stores its counter (seq_cst) and rings the bell
 of every rank whose bit is set: with both sides sequentially consistent, either the waiter sees
@@ -123,14 +123,17 @@ class Placement:
 
 
 def form(rank: int, size: int, gather: Callable[[bytes], list[bytes]], chunk_bytes: int,
-         wanted: bool, describe: Callable[[bytes], str] = bytes.hex) -> Placement:
+         wanted: bool, describe: Callable[[bytes], str] = bytes.hex,
+         mismatch: Callable[[int, int, bytes, bytes], str] | None = None) -> Placement:
     """Collectively decide whether the ranks that are on one host share memory and, if so,
     attach them: one segment per host with several ranks, created by its first rank.
 
     gather(record) exchanges RECORD_BYTES-byte records among all ranks (every rank calls form with
     the same arguments). The decision is the same on every rank: all hosts share memory or none
     does (shared=False, no group anywhere) when any rank cannot or does not want to.
-    describe(header) words a collective's header in mismatch messages: the backend's format."""
+    describe(header) words a collective's header in mismatch messages: the backend's format;
+    mismatch(rank, peer, mine, theirs), when given, words the whole message instead (ranks of
+    the whole group, both headers)."""
     why = None if wanted else "not wanted"
     why = why or unusable_here()
     ident = host_identity()
@@ -174,7 +177,7 @@ def form(rank: int, size: int, gather: Callable[[bytes], list[bytes]], chunk_byt
                 bells = [bytes.fromhex(second[q]["bell"]) for q in members]
                 group = SharedGroup(local, len(members), chunk_bytes, first["path"] if local else fd,
                                     (bell, bells), [second[q]["pid"] for q in members], members,
-                                    describe)
+                                    describe, mismatch)
                 bell = None  # the group owns it now
             except Exception as exc:  # whatever it is, every rank must still reach the last exchange
                 why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
@@ -239,7 +242,8 @@ class SharedGroup:
     def __init__(self, rank: int, size: int, chunk_bytes: int, segment: int | str,
                  doorbells: tuple[socket.socket, list[bytes]],
                  pids: list[int], names: list[int] | None = None,
-                 describe: Callable[[bytes], str] = bytes.hex) -> None:
+                 describe: Callable[[bytes], str] = bytes.hex,
+                 mismatch: Callable[[int, int, bytes, bytes], str] | None = None) -> None:
         """rank and size count the segment's members; names[q] is member q's rank in the whole
         group (what every message and culprit uses: a host's segment may hold some ranks only).
         doorbells: this rank's bound doorbell (bind_doorbell) and every member's doorbell name;
@@ -247,6 +251,7 @@ class SharedGroup:
         self.rank, self.size, self.chunk_bytes = rank, size, chunk_bytes
         self.pids = pids
         self._describe = describe
+        self._mismatch_text = mismatch
         self.names = list(range(size)) if names is None else list(names)
         self._member = {name: q for q, name in enumerate(self.names)}
         total = self.segment_bytes(size, chunk_bytes)
@@ -305,8 +310,8 @@ class SharedGroup:
 
     def watch(self, fd: int, label: str, peer: int = -1) -> None:
         """Also wake up and fail when this socket's peer (rank `peer` of the whole group) hangs
-        up (a ring link). Only for a segment of the whole group: a rank on another host may
-        finish a collective and leave while this host's ranks are still at it."""
+        up (a ring link, a JACCL mesh connection). Only for a segment of the whole group: a rank
+        on another host may finish a collective and leave while this host's ranks are still at it."""
         self._watched[fd] = (label, peer)
         self._poll.register(fd, select.POLLRDHUP)
 
@@ -350,18 +355,31 @@ class SharedGroup:
         if sleepers:
             self._ring(sleepers)
         plain, index = words.plain, self._counter_word
-        for q in self.peers:
-            if plain[index[q]] < step or words.load(self._counter_addr[q], ACQUIRE) < step:
-                self._wait(q, step)
-        if header is not None:
+        try:
             for q in self.peers:
-                at = self._header_at[q][parity]
-                if self._ctrl[at:at + HEADER_BYTES] != header:
-                    raise MismatchError(self._mismatch(header, bytes(self._ctrl[at:at + HEADER_BYTES]), q))
+                if plain[index[q]] < step or words.load(self._counter_addr[q], ACQUIRE) < step:
+                    self._wait(q, step)
+        except PeerError:
+            # A peer that left after seeing a mismatch: say the mismatch too, when a peer that
+            # published this step called something else (not only that the group broke).
+            if header is not None:
+                self._check_headers(header, parity, [q for q in self.peers
+                                                     if words.load(self._counter_addr[q], ACQUIRE) >= step])
+            raise
+        if header is not None:
+            self._check_headers(header, parity, self.peers)
         return parity
+
+    def _check_headers(self, header: bytes, parity: int, peers: list[int]) -> None:
+        for q in peers:
+            at = self._header_at[q][parity]
+            if self._ctrl[at:at + HEADER_BYTES] != header:
+                raise MismatchError(self._mismatch(header, bytes(self._ctrl[at:at + HEADER_BYTES]), q))
 
     def _mismatch(self, mine: bytes, theirs: bytes, q: int) -> str:
         me, peer = self.names[self.rank], self.names[q]
+        if self._mismatch_text is not None:
+            return self._mismatch_text(me, peer, mine, theirs)
         return (f"rank {me}: collective mismatch with rank {peer}: this rank called "
                 f"{self._describe(mine)} but rank {peer} called {self._describe(theirs)}")
 
@@ -396,7 +414,7 @@ class SharedGroup:
 
     def _peer_error(self, text: str, culprit: int) -> PeerError:
         exc = PeerError(f"rank {self.names[self.rank]}: {self.what}: {text}")
-        exc.culprit = culprit  # the ring passes it on (mark_broken) so every survivor names the same rank
+        exc.culprit = culprit  # the backend passes it on (mark_broken) so every survivor names the same rank
         return exc
 
     def _wait(self, q: int, step: int) -> None:
@@ -463,7 +481,7 @@ class SharedGroup:
             return None
         q = self._pidfds.get(fd)
         label, peer = self._watched.get(fd, (f"fd {fd}", -1)) if q is None else ("", self.names[q])
-        # A peer that raised marked its word before it closed its ring links (or exited): name
+        # A peer that raised marked its word before it closed its links (or exited): name
         # the rank it blamed rather than the peer that passed the failure on.
         member = self._member.get(peer)
         broken = self.words.load(self._broken_addr[member], ACQUIRE) if member is not None else 0
@@ -472,7 +490,7 @@ class SharedGroup:
         if q is not None:
             return (f"rank {self.names[q]} (pid {self.pids[q]}) exited while this rank waited for it "
                     f"(shared memory)"), self.names[q]
-        return f"{label} closed its ring connection (the peer died or raised)", peer
+        return f"{label} closed its connection (the peer died or raised)", peer
 
     def mark_broken(self, culprit: int = -1) -> None:
         """Tell every peer (waiting or not) that this rank left the group after an error, and

@@ -517,6 +517,11 @@ class TcpMeshTransport(Transport):
             self._poller.modify(state.fd, mask)
         state.mask = mask
 
+    def links(self) -> list[tuple[int, str, int]]:
+        """(file descriptor, label, peer) of every connection, for a watcher that must notice a
+        peer hanging up (shared memory's wait: local/shm.py SharedGroup.watch)."""
+        return [(state.fd, state.label, state.rank) for state in self._by_fd.values()]
+
     def closed_peers(self) -> list[int]:
         """Peers whose connection has ended (end of file or error), without consuming any data."""
         ended = []

@@ -1,0 +1,140 @@
+"""JACCL's collectives over same-host shared memory: when every rank of a JACCL group is on this
+host (and JACKLRING_LOCAL_TRANSPORT is auto or shm), all_reduce, reduce_scatter, all_gather,
+broadcast and barrier run through local/algorithms.py over one segment formed with the group;
+send/recv stay on the mesh (TCP or RDMA), whose connections the segment also watches.
+
+Each collective opens with a 24-byte header in the layout of JACCL's frame header
+(exchange.HEADER: kind, reduce op, dtype code, phase 0, the group's collective count, frame 0,
+extra (a broadcast's root), byte count), so ranks that disagree raise MismatchError worded by
+protocol.mismatch_message, as on the mesh. A group spanning hosts keeps the mesh for everything.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Callable
+
+import numpy as np
+
+from ...errors import DistributedError
+from ..base import GroupFailure, ReduceOp
+from ..elements import DTYPE_CODES, dtype_code
+from ..local import algorithms, use
+from ..local.shm import SharedGroup
+from ..protocol import OP_CODES, REDUCE_CODES, Request, mismatch_message
+from ..transport.slots import Transport
+from .exchange import HEADER, SEQ_MASK
+
+log = logging.getLogger("jacklring.jaccl")
+
+ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, BROADCAST, BARRIER = (
+    OP_CODES[name] for name in ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "barrier"))
+
+
+def header_request(raw: bytes) -> tuple[Request, int]:
+    """The request a shared-memory header carries, and the collective count it was sent at."""
+    kind, reduce, dtype, _phase, seq, _frame, extra, nbytes = HEADER.unpack(raw)
+    return Request(kind, reduce, dtype, nbytes, extra), seq
+
+
+def describe(raw: bytes) -> str:
+    request, seq = header_request(raw)
+    return request.label(seq)
+
+
+def mismatch(rank: int, peer: int, mine: bytes, theirs: bytes) -> str:
+    (a, seq_a), (b, seq_b) = header_request(mine), header_request(theirs)
+    counts = "" if seq_a == seq_b else f" (collective #{seq_a} here, #{seq_b} on rank {peer})"
+    return mismatch_message(rank, peer, a, b, f"{counts} [shared memory]")
+
+
+class _Described:
+    """Formats a header only when an error message needs it (off the hot path)."""
+
+    __slots__ = ("header",)
+
+    def __init__(self, header: bytes) -> None:
+        self.header = header
+
+    def __str__(self) -> str:
+        return describe(self.header)
+
+
+def attach(rank: int, size: int, gather: Callable[[bytes], list[bytes]], transport: Transport) -> SharedGroup | None:
+    """The segment of a group whose ranks are all on this host, or None (the mesh carries the
+    collectives). A collective: every rank calls it, gather all-gathers over the mesh."""
+    placement = use.attach(rank, size, gather, describe, mismatch)
+    group = placement.group
+    if group is None:
+        return None
+    if len(placement.hosts) > 1:
+        # The group spans hosts: staging (each host's memory, then the mesh) is not written for
+        # JACCL, so every rank keeps the mesh.
+        group.close()
+        log.info("rank %d: JACCL group spans %d hosts: collectives over the mesh", rank, len(placement.hosts))
+        return None
+    links = getattr(transport, "links", None)  # the TCP mesh's sockets; verbs has none to watch
+    if links is not None:
+        for fd, label, peer in links():
+            group.watch(fd, label, peer)
+    log.info("rank %d: JACCL collectives over shared memory (%d ranks on this host)", rank, size)
+    return group
+
+
+class SharedCollectives:
+    """One JACCL group's collectives over its segment: one at a time (the group's lock),
+    numbered, under the group's timeout, fatal to the group on error."""
+
+    def __init__(self, group: SharedGroup, timeout: float, failure: GroupFailure, busy: threading.Lock,
+                 refuse: Callable[[str], DistributedError], small_bytes: int) -> None:
+        self.group = group
+        self.timeout = timeout
+        self._failure = failure
+        self._busy = busy
+        self._refuse = refuse
+        self._small = small_bytes
+        self._seq = 0
+
+    def _run(self, what: str, kind: int, reduce: int, arr: np.ndarray | None, extra: int, body, *args) -> None:
+        if not self._busy.acquire(blocking=False):
+            raise self._refuse(what)
+        try:
+            if self._failure.why is not None:
+                self._failure.check()
+            self._seq += 1
+            if arr is None:
+                header = HEADER.pack(kind, 0, 0, 0, self._seq & SEQ_MASK, 0, 0, 0)
+            else:
+                code = DTYPE_CODES.get(arr.dtype) or dtype_code(arr.dtype)
+                header = HEADER.pack(kind, reduce, code, 0, self._seq & SEQ_MASK, 0, extra, arr.nbytes)
+            try:
+                use.run(self.group, time.monotonic() + self.timeout, _Described(header), body, header, *args)
+            except BaseException as exc:
+                self._failure.mark(f"{type(exc).__name__}: {exc}")
+                raise
+        finally:
+            self._busy.release()
+
+    def all_reduce(self, src: np.ndarray, dst: np.ndarray, op: ReduceOp) -> None:
+        self._run("all_reduce", ALL_REDUCE, REDUCE_CODES[op], src, 0, algorithms.all_reduce, src, dst, op,
+                  self._small)
+
+    def reduce_scatter(self, src: np.ndarray, dst: np.ndarray, op: ReduceOp) -> None:
+        self._run("reduce_scatter", REDUCE_SCATTER, REDUCE_CODES[op], src, 0, algorithms.reduce_scatter,
+                  src, dst, op)
+
+    def all_gather(self, src: np.ndarray, dst: np.ndarray) -> None:
+        self._run("all_gather", ALL_GATHER, 0, src, 0, algorithms.all_gather, src, dst)
+
+    def broadcast(self, buf: np.ndarray, root: int) -> None:
+        if not 0 <= root < self.group.size:
+            raise DistributedError(f"rank {self.group.rank}: broadcast root {root} is not a rank of this group "
+                                   f"of size {self.group.size}")
+        self._run("broadcast", BROADCAST, 0, buf, root, algorithms.broadcast, buf, root)
+
+    def barrier(self) -> None:
+        self._run("barrier", BARRIER, 0, None, 0, algorithms.barrier)
+
+    def close(self) -> None:
+        self.group.close()

@@ -1,0 +1,55 @@
+"""How a backend uses shared memory: attach() forms the segment under the JACKLRING_* settings
+that every backend reads alike, run() runs one collective over it under the backend's deadline
+and marks the group broken on any error so that waiting peers fail at once.
+
+JACKLRING_LOCAL_TRANSPORT chooses: auto and shm use shared memory between the ranks of a host
+(shm also logs a warning when they cannot); unix and tcp never do. Ranks that disagree fall back
+to their backend's sockets together, since the decision is collective.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Callable
+
+from ... import config
+from . import shm
+
+log = logging.getLogger("jacklring.shm")
+
+
+def attach(rank: int, size: int, gather: Callable[[bytes], list[bytes]], describe: Callable[[bytes], str],
+           mismatch: Callable[[int, int, bytes, bytes], str] | None = None) -> shm.Placement:
+    """Find which ranks share a host and give each such host a segment (a collective: gather
+    exchanges shm.RECORD_BYTES-byte records among all ranks). placement.shared is False, with no
+    segment anywhere, when the group uses its sockets only."""
+    mode = config.get("JACKLRING_LOCAL_TRANSPORT")
+    chunk = -(-config.get("JACKLRING_SHM_CHUNK_BYTES") // shm.PAGE) * shm.PAGE
+    placement = shm.form(rank, size, gather, chunk, wanted=mode in ("auto", "shm"), describe=describe,
+                         mismatch=mismatch)
+    if not placement.shared:
+        if mode == "shm":
+            log.warning("rank %d: JACKLRING_LOCAL_TRANSPORT=shm but the group cannot share memory; "
+                        "using sockets", rank)
+        return placement
+    group = placement.group
+    if group is not None:
+        # Checking while yielding the CPU costs a system call per check (well under a microsecond)
+        # and never keeps a peer that waits for this CPU off it, whatever else the host runs; pure
+        # busy-spinning measured several times slower on a loaded host, so it is off unless asked for.
+        group.spin_s = (config.get("JACKLRING_SPIN_US") or 0.0) * 1e-6
+        group.yield_s = config.get("JACKLRING_SHM_YIELD_US") * 1e-6
+        group.stall_report_s = config.get("JACKLRING_STALL_REPORT")
+    return placement
+
+
+def run(group: shm.SharedGroup, deadline: float, what: object, body: Callable, *args) -> None:
+    """Run one collective, body(group, *args), with this deadline and description (what: its
+    str() names the collective in errors); on any error tell the peers at once, so those waiting
+    for this rank fail now instead of at the deadline."""
+    group.deadline = deadline
+    group.what = what
+    try:
+        body(group, *args)
+    except BaseException as exc:
+        group.mark_broken(getattr(exc, "culprit", -1))  # whom the peers should blame
+        raise
