@@ -1,13 +1,20 @@
-"""Asynchronous execution for the torch "jacklring" process group.
+"""Execution for the torch "jacklring" process group.
 
-- Collectives run in issue order on one communication thread per process group, so the
-  caller (DDP's autograd hooks) returns at once and backward overlaps communication.
+- A collective the caller waits for at once (torch's `async_op=False`, `opts.asyncOp` False)
+  runs on the calling thread when nothing of its group is queued or running, and its Work is
+  complete when it is returned: no thread hand-off on the synchronous path.
+- Every other collective (`async_op=True`, and every call from torch's C++, such as DDP's
+  bucket all-reduces from the autograd hooks) runs in issue order on one communication thread
+  per process group, so the caller returns at once and backward overlaps communication. An op
+  submitted while others are queued or running joins the queue behind them (issue order holds).
 - Point-to-point sends run on one worker thread per peer (messages to a peer stay in order);
   receives from a peer are matched by tag on an Inbox thread of their own, so an irecv posted
   before the matching isend cannot block the send, and recvs may be posted in any tag order.
-- Futures are completed on a separate completion thread, never on a communication thread:
-  a `.then` callback that issues (and even waits for) a new collective, as PowerSGD does,
-  runs while the communication thread is free to execute it.
+- A future that someone holds (`get_future()` was called) is completed on a separate
+  completion thread, never on a communication thread: a `.then` callback that issues (and even
+  waits for) a new collective, as PowerSGD does, runs while the communication thread is free to
+  execute it. A future nobody holds yet has no callbacks, so the finishing thread completes it
+  itself (`JacklringWork._claim_completion`); a `get_future()` racing with that waits for it.
 - The Work keeps c10d's contract (docs/torch.md, "Work and Future contract"): wait() returns
   only once the future is completed and the callbacks added before have run; the future carries errors the way C++ Future::setError
   does, so DDP's reducer and other C++ callers see a failed future, never a "successful" one
@@ -19,7 +26,6 @@ import atexit
 import collections
 import datetime
 import gc
-import queue
 import threading
 import time
 import weakref
@@ -29,8 +35,6 @@ import torch
 import torch.distributed as dist
 
 from ..errors import CollectiveTimeout, DistributedError
-
-_STOP = object()
 
 
 class JacklringWork(dist.Work):
@@ -50,6 +54,9 @@ class JacklringWork(dist.Work):
         self._error: BaseException | None = None
         self._completed = threading.Event()  # the future is completed and its callbacks have run
         self._completing_thread: int | None = None
+        self._handout_lock = threading.Lock()
+        self._future_handed_out = False  # get_future() was called: callbacks may be attached
+        self._completing_here = False  # the finishing thread claimed the completion
         self._raw: torch.futures.Future = torch.futures.Future()
         self._future = self._raw.then(self._outcome)
 
@@ -58,6 +65,15 @@ class JacklringWork(dist.Work):
     def _finish(self, error: BaseException | None) -> None:
         """Communication is over; the future is completed later, by the completer."""
         self._error = error
+
+    def _claim_completion(self) -> bool:
+        """True when nobody holds the future yet, so it has no callbacks and the finishing
+        thread may complete it itself at no risk; a later get_future() waits until it has."""
+        with self._handout_lock:
+            if self._future_handed_out:
+                return False
+            self._completing_here = True
+            return True
 
     def _complete_future(self) -> None:
         """Complete the future and run the callbacks added so far (as gloo's AsyncWork does
@@ -102,6 +118,11 @@ class JacklringWork(dist.Work):
         return self._result
 
     def get_future(self) -> torch.futures.Future:
+        with self._handout_lock:
+            self._future_handed_out = True
+            claimed = self._completing_here
+        if claimed:  # completed (or about to be) by the finishing thread: callbacks then run here
+            self._completed.wait()
         return self._future
 
     def source_rank(self) -> int:
@@ -177,6 +198,16 @@ class Completer:
         _COMPLETERS.add(self)
 
     def put(self, work: JacklringWork) -> None:
+        if work._claim_completion():  # no callbacks can run: complete it on the finishing thread
+            with self._cond:
+                self._busy += 1  # the exit drain waits for it like for any completion
+            try:
+                self._complete(work)
+            finally:
+                with self._cond:
+                    self._busy -= 1
+                    self._cond.notify_all()
+            return
         with self._cond:
             inline = self._stopped and self._live == 0
             if not inline:
@@ -241,40 +272,80 @@ class Completer:
 
 
 class Executor:
-    """A FIFO of operations run on one daemon thread; each finishes its Work and hands it to
-    the completer. describe_error turns an exception into one that names rank and operation."""
+    """A FIFO of operations run in order on one daemon thread (started on first use); each
+    finishes its Work and hands it to the completer. An op submitted with inline=True while
+    nothing is queued or running runs on the calling thread instead and is complete when
+    submit returns. describe_error turns an exception into one that names rank and operation."""
 
     def __init__(self, name: str, completer: Completer,
                  describe_error: Callable[[str, BaseException], BaseException]) -> None:
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._name = name
+        self._cond = threading.Condition()
+        self._queue: collections.deque = collections.deque()
+        self._running = False  # an op is running, on the thread or inline
+        self._stopped = False
         self._completer = completer
         self._describe_error = describe_error
-        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
-        self._thread.start()
+        self._thread: threading.Thread | None = None
 
-    def submit(self, work: JacklringWork, run: Callable[[], Any]) -> JacklringWork:
-        self._queue.put((work, run))
+    def submit(self, work: JacklringWork, run: Callable[[], Any], inline: bool = False) -> JacklringWork:
+        with self._cond:
+            if inline and not self._running and not self._queue:
+                self._running = True
+            else:
+                inline = False
+                self._queue.append((work, run))
+                if self._thread is None:
+                    self._thread = threading.Thread(target=self._loop, name=self._name, daemon=True)
+                    self._thread.start()
+                self._cond.notify()
+        if not inline:
+            return work
+        try:
+            self._execute(work, run)
+        finally:
+            with self._cond:
+                self._running = False
+                if self._queue:  # queued by another thread meanwhile
+                    self._cond.notify()
+        # Nobody else has seen this Work, so its future has no callbacks yet: complete it here.
+        work._complete_future()
         return work
+
+    def _execute(self, work: JacklringWork, run: Callable[[], Any]) -> None:
+        try:
+            run()
+            error = None
+        except BaseException as exc:  # surfaces in wait() / the future, never lost
+            error = self._describe_error(work._what, exc)
+        work._finish(error)
 
     def _loop(self) -> None:
         while True:
-            item = self._queue.get()
-            if item is _STOP:
-                return
-            work, run = item
+            with self._cond:
+                while (self._running or not self._queue) and not (self._stopped and not self._queue):
+                    self._cond.wait()
+                if not self._queue:
+                    return  # stopped, and everything submitted before stop() has run
+                work, run = self._queue.popleft()
+                self._running = True
             try:
-                run()
-                error = None
-            except BaseException as exc:  # surfaces in wait() / the future, never lost
-                error = self._describe_error(work._what, exc)
-            work._finish(error)
-            item = run = None  # free staging buffers before the Work can complete (see Inbox._finish)
-            self._completer.put(work)
+                self._execute(work, run)
+                run = None  # free staging buffers before the Work can complete (see Inbox._finish)
+                self._completer.put(work)
+            finally:
+                work = None
+                with self._cond:
+                    self._running = False
+                    self._cond.notify()
 
     def stop(self, timeout: float) -> None:
-        self._queue.put(_STOP)
-        if threading.current_thread() is not self._thread:
-            self._thread.join(timeout)
+        with self._cond:
+            self._stopped = True
+            self._cond.notify()
+            thread = self._thread
+        if thread is not None and threading.current_thread() is not thread:
+            thread.join(timeout)
 
 
 class PeerExecutors:
