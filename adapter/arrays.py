@@ -35,6 +35,25 @@ def _torch_to_numpy(t: Any) -> np.ndarray:
     return t.numpy()
 
 
+def out_view(x: Any) -> np.ndarray | None:
+    """The numpy view sharing x's memory, for an out= buffer: x itself for a numpy array, a
+    view of a CPU torch tensor; None for anything else (GPU buffers, lists). Never a copy, so
+    what the caller checks on it (shape, dtype, contiguity) is true of x."""
+    if type(x) is np.ndarray:
+        return x
+    if gpu.library_of(x) != "torch" or x.device.type != "cpu" or x.is_conj() or x.is_neg():
+        return None
+    import torch
+
+    t = x.detach()
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(BFLOAT16)
+    if t.dtype in (torch.uint16, torch.uint32, torch.uint64):
+        signed = {torch.uint16: torch.int16, torch.uint32: torch.int32, torch.uint64: torch.int64}[t.dtype]
+        return t.view(signed).numpy().view(np.dtype(str(t.dtype).replace("torch.", "")))
+    return t.numpy()
+
+
 def numpy_to_torch(arr: np.ndarray, device: Any = None) -> Any:
     import torch
 
