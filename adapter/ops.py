@@ -14,7 +14,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from . import gpu
-from .arrays import as_numpy, flat, numpy_dtype, out_view, result_like
+from .arrays import as_numpy, flat, numpy_dtype, out_view, plain_cpu_tensor_view, plain_tensor_over, result_like
 from .backends.base import ReduceOp
 from .backends.elements import DTYPE_CODES, check_reducible, dtype_code
 from .group import Group, default_group
@@ -91,6 +91,12 @@ def _all_reduce(x: Any, op: ReduceOp, group: Group | None, out: Any = None, what
         else:
             backend.all_reduce(x.reshape(-1), out.reshape(-1), op)
         return out
+    arr = plain_cpu_tensor_view(x)
+    if arr is not None and (arr.dtype, op) in _REDUCIBLE:
+        # A plain contiguous CPU tensor: its numpy view and a tensor over the result, no more.
+        out = np.empty(arr.shape, arr.dtype)
+        backend.all_reduce(arr.reshape(-1), out.reshape(-1), op)
+        return plain_tensor_over(out)
     if _on_device(g, x):
         check_reducible(gpu.numpy_dtype_of(x), op)
         out = gpu.empty_like(x, tuple(x.shape))

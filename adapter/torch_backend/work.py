@@ -14,7 +14,7 @@
   completion thread, never on a communication thread: a `.then` callback that issues (and even
   waits for) a new collective, as PowerSGD does, runs while the communication thread is free to
   execute it. A future nobody holds yet has no callbacks, so the finishing thread completes it
-  itself (`JacklringWork._claim_completion`); a `get_future()` racing with that waits for it.
+  itself (`JacklringWork._complete_unobserved`), and a later `get_future()` makes it completed.
 - The Work keeps c10d's contract (docs/torch.md, "Work and Future contract"): wait() returns
   only once the future is completed and the callbacks added before have run; the future carries errors the way C++ Future::setError
   does, so DDP's reducer and other C++ callers see a failed future, never a "successful" one
@@ -40,11 +40,14 @@ from ..errors import CollectiveTimeout, DistributedError
 class JacklringWork(dist.Work):
     """The handle torch gets back from every operation of the jacklring process group.
 
-    Two futures: `_raw` is completed (always with None) by the completer; the future handed
-    out is `_raw.then(self._outcome)`, which returns the output tensors or raises the error.
-    An exception raised in a `then` callback is stored by C++ with Future::setError, so
-    Python and C++ callers both see a failed future. Every query below reads the handed-out
-    future's state, so they agree with it at every moment."""
+    Two futures, made when someone first asks for one (get_future, from Python or C++): `_raw`
+    is completed (always with None) by the completer; the future handed out is
+    `_raw.then(self._outcome)`, which returns the output tensors or raises the error. An
+    exception raised in a `then` callback is stored by C++ with Future::setError, so Python and
+    C++ callers both see a failed future. Once the future exists every query reads its state, so
+    they agree with it at every moment; before, nobody can hold it, and they read `_done`. A
+    Work whose op ends before anyone asked for its future (every inline op) never pays for
+    futures nobody uses. `_latch` is a lock held until completion: wait() acquires it."""
 
     def __init__(self, what: str, result: list[torch.Tensor], source_rank: int = -1) -> None:
         super().__init__()
@@ -52,13 +55,13 @@ class JacklringWork(dist.Work):
         self._result = result
         self._peer = source_rank
         self._error: BaseException | None = None
-        self._completed = threading.Event()  # the future is completed and its callbacks have run
+        self._done = False  # completed, and the callbacks added before have run
+        self._latch = threading.Lock()
+        self._latch.acquire()  # released on completion
         self._completing_thread: int | None = None
-        self._handout_lock = threading.Lock()
-        self._future_handed_out = False  # get_future() was called: callbacks may be attached
-        self._completing_here = False  # the finishing thread claimed the completion
-        self._raw: torch.futures.Future = torch.futures.Future()
-        self._future = self._raw.then(self._outcome)
+        self._future_lock = threading.Lock()
+        self._raw: torch.futures.Future | None = None
+        self._future: torch.futures.Future | None = None
 
     # ---- called by the executors ----------------------------------------------------------
 
@@ -66,25 +69,31 @@ class JacklringWork(dist.Work):
         """Communication is over; the future is completed later, by the completer."""
         self._error = error
 
-    def _claim_completion(self) -> bool:
-        """True when nobody holds the future yet, so it has no callbacks and the finishing
-        thread may complete it itself at no risk; a later get_future() waits until it has."""
-        with self._handout_lock:
-            if self._future_handed_out:
+    def _complete_unobserved(self) -> bool:
+        """Complete the Work now when nobody holds its future (it has no callbacks, so the
+        finishing thread may do it at no risk); False when the completer must run them."""
+        with self._future_lock:
+            if self._raw is not None:
                 return False
-            self._completing_here = True
-            return True
+            self._mark_done()
+        return True
+
+    def _mark_done(self) -> None:
+        self._done = True
+        self._latch.release()
 
     def _complete_future(self) -> None:
         """Complete the future and run the callbacks added so far (as gloo's AsyncWork does
         before it finishes its Work); only then may wait() return. A thread still inside C++
         completion code when the interpreter shuts down is aborted (std::terminate), so wait()
         must not let the main thread run ahead of it."""
+        if self._complete_unobserved():
+            return
         self._completing_thread = threading.get_ident()
         try:
             self._raw.set_result(None)
         finally:
-            self._completed.set()
+            self._mark_done()
 
     def _outcome(self, _raw: Any) -> list[torch.Tensor]:
         if self._error is not None:
@@ -94,36 +103,46 @@ class JacklringWork(dist.Work):
     # ---- torch's Work interface -----------------------------------------------------------
 
     def wait(self, timeout: datetime.timedelta | float | None = None) -> bool:
-        seconds = _seconds(timeout)
-        if self._completing_thread == threading.get_ident() and self._future.done():
-            pass  # called from one of this future's own callbacks: it is completed
-        elif not self._completed.wait(seconds):
-            raise torch_flavoured(CollectiveTimeout)(
-                f"Timed out waiting {seconds * 1000:.0f}ms for {self._what} to complete (the timeout given to Work.wait)")
+        if not self._done:
+            seconds = _seconds(timeout)
+            future = self._future
+            if self._completing_thread == threading.get_ident() and future is not None and future.done():
+                pass  # called from one of this future's own callbacks: it is completed
+            elif not self._latch.acquire(timeout=-1 if seconds is None else seconds):
+                raise torch_flavoured(CollectiveTimeout)(
+                    f"Timed out waiting {seconds * 1000:.0f}ms for {self._what} to complete (the timeout given to Work.wait)")
+            else:
+                self._latch.release()  # let every other waiter through
         if self._error is not None:
             raise self._error
         return True
 
+    def _is_done(self) -> bool:
+        future = self._future
+        return future.done() if future is not None else self._done
+
     def is_completed(self) -> bool:
-        return self._future.done()
+        return self._is_done()
 
     def is_success(self) -> bool:
-        return self._future.done() and self._error is None
+        return self._is_done() and self._error is None
 
     def exception(self) -> BaseException | None:
-        return self._error if self._future.done() else None
+        return self._error if self._is_done() else None
 
     def result(self) -> list[torch.Tensor]:
         self.wait()
         return self._result
 
     def get_future(self) -> torch.futures.Future:
-        with self._handout_lock:
-            self._future_handed_out = True
-            claimed = self._completing_here
-        if claimed:  # completed (or about to be) by the finishing thread: callbacks then run here
-            self._completed.wait()
-        return self._future
+        with self._future_lock:
+            if self._future is None:
+                raw = torch.futures.Future()
+                future = raw.then(self._outcome)
+                if self._done:  # completed before anyone asked: the future is born completed
+                    raw.set_result(None)
+                self._raw, self._future = raw, future
+            return self._future
 
     def source_rank(self) -> int:
         return self._peer
@@ -139,7 +158,7 @@ class JacklringWork(dist.Work):
         """CPU work has no stream to synchronise with."""
 
     def __repr__(self) -> str:
-        state = "pending" if not self._future.done() else ("ok" if self._error is None else "failed")
+        state = "pending" if not self._is_done() else ("ok" if self._error is None else "failed")
         return f"<JacklringWork {self._what} {state}>"
 
 
@@ -198,15 +217,7 @@ class Completer:
         _COMPLETERS.add(self)
 
     def put(self, work: JacklringWork) -> None:
-        if work._claim_completion():  # no callbacks can run: complete it on the finishing thread
-            with self._cond:
-                self._busy += 1  # the exit drain waits for it like for any completion
-            try:
-                self._complete(work)
-            finally:
-                with self._cond:
-                    self._busy -= 1
-                    self._cond.notify_all()
+        if work._complete_unobserved():  # nobody holds its future: no callbacks to run
             return
         with self._cond:
             inline = self._stopped and self._live == 0
