@@ -11,7 +11,9 @@ its errors surface from Work.wait() / the future, naming rank, group and operati
 from __future__ import annotations
 
 import datetime
+import functools
 import logging
+import sys
 import threading
 import time
 from typing import Any, Sequence
@@ -21,7 +23,7 @@ import torch.distributed as dist
 
 from ..backends.base import Backend
 from ..errors import CollectiveTimeout, DistributedError
-from . import cpp_handles, ops
+from . import cpp_handles, ops, unsupported
 from .work import AnySource, Completer, Executor, Inbox, JacklringWork, PeerExecutors, PostedRecv, torch_flavoured, wrap_error
 
 log = logging.getLogger("jacklring.torch")
@@ -519,3 +521,37 @@ class JacklringProcessGroup(dist.ProcessGroup):
         if big != small * self._size:
             raise ValueError(f"jacklring {what}: the larger tensor has {big} elements, expected "
                              f"{self._size} x {small} (world size x smaller tensor)")
+
+
+# The operations torch calls on a process group. Dynamo (torch.compile) sees a process group as
+# an opaque object: tracing into one of these Python methods fails at the first attribute it
+# reads (torch.compile(DDP(model)) broke in the broadcast of DDP's bucket rebuild). Marked as
+# disabled for Dynamo, they are called, not traced, as c10d's own C++ methods are. Importing
+# torch._dynamo takes seconds, so torch.compiler.disable is applied only once Dynamo is loaded
+# (it is whenever something is being compiled); until then the marked method calls straight on.
+_OPERATIONS = (
+    "allreduce", "allreduce_coalesced", "reduce", "reduce_scatter", "reduce_scatter_single", "_reduce_scatter_base",
+    "reduce_scatter_single_coalesced", "reduce_scatter_tensor_coalesced", "allgather", "allgather_coalesced",
+    "all_gather_single", "_allgather_base", "all_gather_single_coalesced", "allgather_into_tensor_coalesced",
+    "broadcast", "gather", "scatter", "alltoall", "all_to_all_single", "alltoall_base", "barrier",
+    "monitored_barrier", "send", "recv", "recv_anysource", "shutdown", "abort",
+)
+
+
+def _opaque_to_dynamo(method: Any) -> Any:
+    disabled: list = []
+
+    @functools.wraps(method)
+    def operation(*args: Any, **kwargs: Any) -> Any:
+        if "torch._dynamo" not in sys.modules:
+            return method(*args, **kwargs)
+        if not disabled:
+            disabled.append(torch.compiler.disable(method, recursive=True))
+        return disabled[0](*args, **kwargs)
+    operation._torchdynamo_disable = True  # Dynamo's mark: never inline this function
+    return operation
+
+
+for _name in _OPERATIONS:
+    setattr(JacklringProcessGroup, _name, _opaque_to_dynamo(getattr(JacklringProcessGroup, _name)))
+unsupported.install(JacklringProcessGroup)  # dist.shrink_group: a clear refusal (unsupported.py)
