@@ -7,6 +7,7 @@ directly instead (see adapter.ops).
 """
 from __future__ import annotations
 
+import sys
 from typing import Any, Callable
 
 import numpy as np
@@ -33,6 +34,55 @@ def _torch_to_numpy(t: Any) -> np.ndarray:
         unsigned = {torch.uint16: np.uint16, torch.uint32: np.uint32, torch.uint64: np.uint64}[t.dtype]
         return t.view(signed).numpy().view(unsigned)
     return t.numpy()
+
+
+def out_view(x: Any) -> np.ndarray | None:
+    """The numpy view sharing x's memory, for an out= buffer: x itself for a numpy array, a
+    view of a CPU torch tensor; None for anything else (GPU buffers, lists). Never a copy, so
+    what the caller checks on it (shape, dtype, contiguity) is true of x."""
+    if type(x) is np.ndarray:
+        return x
+    if gpu.library_of(x) != "torch" or x.device.type != "cpu" or x.is_conj() or x.is_neg():
+        return None
+    import torch
+
+    t = x.detach()
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(BFLOAT16)
+    if t.dtype in (torch.uint16, torch.uint32, torch.uint64):
+        signed = {torch.uint16: torch.int16, torch.uint32: torch.int32, torch.uint64: torch.int64}[t.dtype]
+        return t.view(signed).numpy().view(np.dtype(str(t.dtype).replace("torch.", "")))
+    return t.numpy()
+
+
+_PLAIN_TENSOR_DTYPES: frozenset = frozenset()  # torch dtypes whose tensors have a numpy view as they are
+_TENSOR_TYPE: type | None = None
+_FROM_NUMPY: Callable[[np.ndarray], Any] | None = None
+
+
+def plain_cpu_tensor_view(x: Any) -> np.ndarray | None:
+    """The numpy view of a plain torch.Tensor on the CPU, contiguous, not needing grad, of a
+    dtype numpy shares (float32, int64, ...), in a few attribute reads; None for anything else,
+    which then takes as_numpy. Never imports torch: without it in sys.modules x is no tensor."""
+    global _TENSOR_TYPE, _PLAIN_TENSOR_DTYPES, _FROM_NUMPY
+    if _TENSOR_TYPE is None:
+        torch = sys.modules.get("torch")
+        if torch is None or not hasattr(torch, "Tensor"):
+            return None
+        _PLAIN_TENSOR_DTYPES = frozenset(
+            getattr(torch, name) for name in ("bool", "int8", "int16", "int32", "int64", "uint8", "float16",
+                                              "float32", "float64", "complex64", "complex128"))
+        _FROM_NUMPY = torch.from_numpy
+        _TENSOR_TYPE = torch.Tensor
+    if (type(x) is not _TENSOR_TYPE or not x.is_cpu or x.requires_grad or x.dtype not in _PLAIN_TENSOR_DTYPES
+            or not x.is_contiguous() or x.is_conj() or x.is_neg()):
+        return None
+    return x.numpy()
+
+
+def plain_tensor_over(arr: np.ndarray) -> Any:
+    """A CPU tensor sharing arr's memory, for results of inputs plain_cpu_tensor_view took."""
+    return _FROM_NUMPY(arr)
 
 
 def numpy_to_torch(arr: np.ndarray, device: Any = None) -> Any:

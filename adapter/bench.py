@@ -3,6 +3,7 @@
     python -m adapter.bench -n 2                       # ring only
     python -m adapter.bench -n 2 --compare gloo,mpi    # + torch gloo and raw mpi4py Allreduce
     python -m adapter.bench -n 4 --backend ring,ring-tcp --compare mpi --sizes 4,4K,1M
+    python -m adapter.bench -n 2 --api numpy,torch     # + adapter.all_sum and dist.all_reduce
 
 All backends live in the same processes and are timed in interleaved rounds (median of
 rounds), so machine noise hits every column alike. With mpi in the list the ranks are
@@ -14,7 +15,8 @@ extra ring groups in the same processes forced onto Unix or TCP sockets, ring-1d
 reductions go one way round the ring only (JACKLRING_RING_DIRECTIONS=1). mpi means both
 mpi-sm (Open MPI's shared-memory BTL) and mpi-tcp (its TCP BTL): a BTL is chosen per job, so
 every MPI variant after the first runs as a job of its own right after the main one (its column
-is then not interleaved with the others).
+is then not interleaved with the others). --api adds numpy-api (adapter.all_sum(src, out=dst) on
+the default group) and torch-api (dist.all_reduce in place on a tensor over dst, jacklring group).
 """
 from __future__ import annotations
 
@@ -39,6 +41,8 @@ RING_VARIANTS = {"ring-unix": {"JACKLRING_LOCAL_TRANSPORT": "unix"},
                  "ring-1dir": {"JACKLRING_RING_DIRECTIONS": "1"}}
 OURS = ("ring", *RING_VARIANTS, "jaccl", "mpi-adapter")
 OTHERS = ("gloo", "mpi-sm", "mpi-tcp", "mlx")
+# --api: the user-facing calls over the configured group, beside the backend's own all_reduce.
+APIS = {"numpy": "numpy-api", "torch": "torch-api"}
 MPI_BTLS = {"mpi-sm": "self,sm", "mpi-tcp": "self,tcp"}
 
 
@@ -99,16 +103,19 @@ class Runner:
                     if value is not None:
                         os.environ[key] = value
             self.fn = lambda src, dst: backend.all_reduce(src, dst, ReduceOp.SUM)
-        elif name == "gloo":
+        elif name == "numpy-api":
+            import adapter
+            adapter.init(strict=True)
+            self.fn = _numpy_api_all_sum(adapter)
+        elif name in ("gloo", "torch-api"):
             import torch
             import torch.distributed as dist
-            if not dist.is_initialized():
-                dist.init_process_group("gloo", rank=rank, world_size=size)
-            def gloo(src, dst):
+            group = _torch_group("gloo" if name == "gloo" else "jacklring", rank, size)
+            def torch_all_reduce(src, dst):  # in place on a tensor over dst, as a training step does
                 t = torch.from_numpy(dst)
                 dst[...] = src
-                dist.all_reduce(t)
-            self.fn = gloo
+                dist.all_reduce(t, group=group)
+            self.fn = torch_all_reduce
         elif name in MPI_BTLS:
             from mpi4py import MPI
             comm = MPI.COMM_WORLD
@@ -127,6 +134,28 @@ class Runner:
             self.fn = mlx
         else:
             raise SystemExit(f"unknown backend {name}")
+
+
+def _numpy_api_all_sum(adapter) -> Callable:
+    """adapter.all_sum into dst (out= where this version has it, else copied into dst)."""
+    probe = np.zeros(1, np.float32)
+    try:
+        adapter.all_sum(probe, out=probe)
+    except TypeError:
+        return lambda src, dst: np.copyto(dst, adapter.all_sum(src))
+    return lambda src, dst: adapter.all_sum(src, out=dst)
+
+
+def _torch_group(backend: str, rank: int, size: int):
+    """The default group when it is of this backend (formed here if none), else a new one."""
+    import torch.distributed as dist
+    if backend == "jacklring":
+        import adapter.torch_backend  # noqa: F401  registers the backend
+    if not dist.is_initialized():
+        dist.init_process_group(backend, rank=rank, world_size=size)
+    if dist.get_backend() == backend:
+        return None
+    return dist.new_group(backend=backend)
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -165,10 +194,9 @@ def worker(args: argparse.Namespace) -> None:
     if rank == 0:
         with open(args.results, "w") as f:
             json.dump([[nbytes, name, res["times"], res["ok"]] for (nbytes, name), res in results.items()], f)
-    for r in runners:
-        if r.name == "gloo":
-            import torch.distributed as dist
-            dist.destroy_process_group()
+    if any(r.name in ("gloo", "torch-api") for r in runners):
+        import torch.distributed as dist
+        dist.destroy_process_group()
 
 
 def report(args: argparse.Namespace, results: dict, n: int, link_rate: float | None = None) -> None:
@@ -320,6 +348,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                     help="our backends to measure, comma separated: ring, ring-unix, ring-tcp, ring-1dir, jaccl, mpi-adapter")
     ap.add_argument("--compare", default="",
                     help="others in the same run, comma separated: gloo, mpi (= mpi-sm,mpi-tcp), mpi-sm, mpi-tcp, mlx")
+    ap.add_argument("--api", default="",
+                    help="the user-facing calls too, comma separated: numpy (adapter.all_sum), "
+                         "torch (dist.all_reduce on a jacklring group, in place)")
     ap.add_argument("--sizes", default=DEFAULT_SIZES, help=f"message sizes in bytes (default {DEFAULT_SIZES})")
     ap.add_argument("--rounds", type=int, default=7, help="interleaved rounds per size (median reported)")
     ap.add_argument("--stat", choices=("median", "min"), default="median",
@@ -333,11 +364,16 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--results", default="", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     args.sizes = list(dict.fromkeys(parse_size(s) for s in args.sizes.split(",") if s))
-    names = args.only.split(",") if args.only else args.backend.split(",") + args.compare.split(",")
+    apis = [a for a in args.api.split(",") if a]
+    for a in apis:
+        if a not in APIS:
+            ap.error(f"unknown api {a!r}; choose from {', '.join(APIS)}")
+    names = (args.only.split(",") if args.only
+             else args.backend.split(",") + [APIS[a] for a in apis] + args.compare.split(","))
     names = [v for b in names if b for v in (("mpi-sm", "mpi-tcp") if b == "mpi" else (b,))]
     args.backends = list(dict.fromkeys(names))
     for b in args.backends:
-        if b not in OURS + OTHERS:
+        if b not in OURS + OTHERS + tuple(APIS.values()):
             ap.error(f"unknown backend {b!r}; choose from {', '.join(OURS + OTHERS)}")
     return args
 

@@ -2,6 +2,10 @@
 
 Each op accepts a numpy array, a torch tensor or a cupy array and returns the same kind.
 In a group of size 1 every collective returns its input unchanged.
+
+The collectives that return an array also take `out=`: a writable C-contiguous numpy array
+(or CPU torch tensor) of the result's shape and dtype, written and returned instead of a new
+array; `out=x` works in place where the result has x's shape (all_reduce family, broadcast).
 """
 from __future__ import annotations
 
@@ -10,7 +14,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from . import gpu
-from .arrays import as_numpy, flat, numpy_dtype, result_like
+from .arrays import as_numpy, flat, numpy_dtype, out_view, plain_cpu_tensor_view, plain_tensor_over, result_like
 from .backends.base import ReduceOp
 from .backends.elements import DTYPE_CODES, check_reducible, dtype_code
 from .group import Group, default_group
@@ -32,9 +36,50 @@ for _dt in DTYPE_CODES:
         _REDUCIBLE.add((_dt, _op))
 
 
-def _all_reduce(x: Any, op: ReduceOp, group: Group | None) -> Any:
+def _checked_out(g: Group, what: str, out: Any, shape: tuple, dtype: np.dtype, source: np.ndarray) -> np.ndarray:
+    """The numpy view of out=, refused unless it can take the result as it is: the result's
+    shape and dtype, C-contiguous, writable, and either x itself or memory apart from it."""
+    arr = out_view(out)
+    if arr is None:
+        raise TypeError(f"rank {g.rank()}: {what}: out= must be a numpy array or a CPU torch tensor, "
+                        f"got {type(out).__name__}")
+    problems = []
+    if tuple(arr.shape) != tuple(shape):
+        problems.append(f"shape {tuple(arr.shape)}")
+    if arr.dtype != dtype:
+        problems.append(f"dtype {arr.dtype}")
+    if not arr.flags.c_contiguous:
+        problems.append("not C-contiguous")
+    if not arr.flags.writeable:
+        problems.append("read-only")
+    if problems:
+        raise ValueError(f"rank {g.rank()}: {what}: out= must be a writable C-contiguous array of shape "
+                         f"{tuple(shape)} and dtype {dtype}, got {', '.join(problems)}")
+    if arr.size and np.may_share_memory(arr, source) and not _same_memory(arr, source):
+        raise ValueError(f"rank {g.rank()}: {what}: out= overlaps the input without being it; pass out=x "
+                         f"for in place or a separate array")
+    return arr
+
+
+def _same_memory(a: np.ndarray, b: np.ndarray) -> bool:
+    return a.__array_interface__["data"][0] == b.__array_interface__["data"][0] and a.nbytes == b.nbytes
+
+
+def _copy_into(dst: np.ndarray, src: np.ndarray) -> None:
+    if not _same_memory(dst, src):
+        flat(dst)[...] = flat(src)
+
+
+def _no_device_out(g: Group, what: str, out: Any) -> None:
+    if out is not None:
+        raise TypeError(f"rank {g.rank()}: {what}: out= is not supported for GPU buffers on the {g.backend.name} backend")
+
+
+def _all_reduce(x: Any, op: ReduceOp, group: Group | None, out: Any = None, what: str = "all_reduce") -> Any:
     g = default_group(group)
     backend = g.backend
+    if out is not None:
+        return _all_reduce_into(g, x, op, out, what)
     if backend.size() == 1:
         return x
     if type(x) is np.ndarray and x.flags.c_contiguous and (x.dtype, op) in _REDUCIBLE:
@@ -46,6 +91,12 @@ def _all_reduce(x: Any, op: ReduceOp, group: Group | None) -> Any:
         else:
             backend.all_reduce(x.reshape(-1), out.reshape(-1), op)
         return out
+    arr = plain_cpu_tensor_view(x)
+    if arr is not None and (arr.dtype, op) in _REDUCIBLE:
+        # A plain contiguous CPU tensor: its numpy view and a tensor over the result, no more.
+        out = np.empty(arr.shape, arr.dtype)
+        backend.all_reduce(arr.reshape(-1), out.reshape(-1), op)
+        return plain_tensor_over(out)
     if _on_device(g, x):
         check_reducible(gpu.numpy_dtype_of(x), op)
         out = gpu.empty_like(x, tuple(x.shape))
@@ -58,24 +109,37 @@ def _all_reduce(x: Any, op: ReduceOp, group: Group | None) -> Any:
     return restore(out)
 
 
-def all_sum(x: Any, *, group: Group | None = None) -> Any:
-    """Elementwise sum of x over every rank of the group."""
-    return _all_reduce(x, ReduceOp.SUM, group)
+def _all_reduce_into(g: Group, x: Any, op: ReduceOp, out: Any, what: str) -> Any:
+    if _on_device(g, x):
+        _no_device_out(g, what, out)
+    arr = x if type(x) is np.ndarray and x.flags.c_contiguous and x.dtype.isnative else as_numpy(x)[0]
+    check_reducible(arr.dtype, op)
+    dst = _checked_out(g, what, out, arr.shape, arr.dtype, arr)
+    if g.size() == 1:
+        _copy_into(dst, arr)
+    else:
+        g.backend.all_reduce(flat(arr), flat(dst), op)
+    return out
 
 
-def all_max(x: Any, *, group: Group | None = None) -> Any:
-    """Elementwise maximum of x over every rank of the group."""
-    return _all_reduce(x, ReduceOp.MAX, group)
+def all_sum(x: Any, *, group: Group | None = None, out: Any = None) -> Any:
+    """Elementwise sum of x over every rank of the group (into out= when given)."""
+    return _all_reduce(x, ReduceOp.SUM, group, out, "all_sum")
 
 
-def all_min(x: Any, *, group: Group | None = None) -> Any:
-    """Elementwise minimum of x over every rank of the group."""
-    return _all_reduce(x, ReduceOp.MIN, group)
+def all_max(x: Any, *, group: Group | None = None, out: Any = None) -> Any:
+    """Elementwise maximum of x over every rank of the group (into out= when given)."""
+    return _all_reduce(x, ReduceOp.MAX, group, out, "all_max")
 
 
-def all_reduce(x: Any, op: ReduceOp | str = ReduceOp.SUM, *, group: Group | None = None) -> Any:
+def all_min(x: Any, *, group: Group | None = None, out: Any = None) -> Any:
+    """Elementwise minimum of x over every rank of the group (into out= when given)."""
+    return _all_reduce(x, ReduceOp.MIN, group, out, "all_min")
+
+
+def all_reduce(x: Any, op: ReduceOp | str = ReduceOp.SUM, *, group: Group | None = None, out: Any = None) -> Any:
     """all_sum / all_max / all_min generalised to every ReduceOp (prod, band, bor, bxor)."""
-    return _all_reduce(x, _reduce_op(op), group)
+    return _all_reduce(x, _reduce_op(op), group, out, "all_reduce")
 
 
 def _reduce_op(op: ReduceOp | str) -> ReduceOp:
@@ -88,9 +152,21 @@ def _reduce_op(op: ReduceOp | str) -> ReduceOp:
         raise ValueError(f"unknown reduce op {op!r}; choose one of {', '.join(o.value for o in ReduceOp)}") from None
 
 
-def all_gather(x: Any, *, group: Group | None = None) -> Any:
-    """Every rank's x concatenated along axis 0, in rank order (a scalar counts as shape (1,))."""
+def all_gather(x: Any, *, group: Group | None = None, out: Any = None) -> Any:
+    """Every rank's x concatenated along axis 0, in rank order (a scalar counts as shape (1,));
+    into out= (of shape (size * x.shape[0], *x.shape[1:])) when given."""
     g = default_group(group)
+    if out is not None:
+        if _on_device(g, x):
+            _no_device_out(g, "all_gather", out)
+        arr = as_numpy(x)[0]
+        arr = arr.reshape(1) if arr.ndim == 0 else arr
+        dst = _checked_out(g, "all_gather", out, (g.size() * arr.shape[0],) + arr.shape[1:], arr.dtype, arr)
+        if g.size() == 1:
+            _copy_into(dst, arr)
+        else:
+            g.backend.all_gather(flat(arr), flat(dst))
+        return out
     if g.size() == 1:
         return x
     if _on_device(g, x):
@@ -106,14 +182,15 @@ def all_gather(x: Any, *, group: Group | None = None) -> Any:
     return restore(out)
 
 
-def sum_scatter(x: Any, *, group: Group | None = None) -> Any:
-    """Sum x over ranks and return this rank's block of the first axis (which size() must divide)."""
-    return _reduce_scatter(x, ReduceOp.SUM, group)
+def sum_scatter(x: Any, *, group: Group | None = None, out: Any = None) -> Any:
+    """Sum x over ranks and return this rank's block of the first axis (which size() must divide);
+    into out= (of shape (x.shape[0] // size, *x.shape[1:])) when given."""
+    return _reduce_scatter(x, ReduceOp.SUM, group, out, "sum_scatter")
 
 
-def _reduce_scatter(x: Any, op: ReduceOp, group: Group | None) -> Any:
+def _reduce_scatter(x: Any, op: ReduceOp, group: Group | None, out: Any = None, what: str = "reduce_scatter") -> Any:
     g = default_group(group)
-    if g.size() == 1:
+    if g.size() == 1 and out is None:
         return x
     n = g.size()
     shape = tuple(x.shape) if hasattr(x, "shape") else np.shape(x)  # arrays, tensors, or lists
@@ -122,26 +199,45 @@ def _reduce_scatter(x: Any, op: ReduceOp, group: Group | None) -> Any:
             f"sum_scatter: the first dimension of shape {shape} must be divisible by the group size {n}"
         )
     if _on_device(g, x):
+        _no_device_out(g, what, out)
         check_reducible(gpu.numpy_dtype_of(x), op)
         out = gpu.empty_like(x, (shape[0] // n,) + shape[1:])
         g.backend.reduce_scatter(gpu.device_buffer(x), gpu.device_buffer(out), op)
         return out
     arr, restore = as_numpy(x)
     check_reducible(arr.dtype, op)
-    out = np.empty((arr.shape[0] // n,) + arr.shape[1:], arr.dtype)
-    g.backend.reduce_scatter(flat(arr), flat(out), op)
-    return restore(out)
+    if out is not None:
+        dst = _checked_out(g, what, out, (arr.shape[0] // n,) + arr.shape[1:], arr.dtype, arr)
+        if n == 1:
+            _copy_into(dst, arr)
+        else:
+            g.backend.reduce_scatter(flat(arr), flat(dst), op)
+        return out
+    result = np.empty((arr.shape[0] // n,) + arr.shape[1:], arr.dtype)
+    g.backend.reduce_scatter(flat(arr), flat(result), op)
+    return restore(result)
 
 
-def reduce_scatter(x: Any, op: ReduceOp | str = ReduceOp.SUM, *, group: Group | None = None) -> Any:
-    """sum_scatter generalised to every ReduceOp."""
-    return _reduce_scatter(x, _reduce_op(op), group)
+def reduce_scatter(x: Any, op: ReduceOp | str = ReduceOp.SUM, *, group: Group | None = None, out: Any = None) -> Any:
+    """sum_scatter generalised to every ReduceOp (into out= when given)."""
+    return _reduce_scatter(x, _reduce_op(op), group, out, "reduce_scatter")
 
 
-def broadcast(x: Any, root: int = 0, *, group: Group | None = None) -> Any:
-    """root's x on every rank (every rank passes an array of the same shape and dtype)."""
+def broadcast(x: Any, root: int = 0, *, group: Group | None = None, out: Any = None) -> Any:
+    """root's x on every rank (every rank passes an array of the same shape and dtype); into
+    out= when given (out=x broadcasts in place)."""
     g = default_group(group)
     _check_peer(g, root, "broadcast root")
+    if out is not None:
+        if _on_device(g, x):
+            _no_device_out(g, "broadcast", out)
+        arr = as_numpy(x)[0]
+        dst = _checked_out(g, "broadcast", out, arr.shape, arr.dtype, arr)
+        if g.rank() == root:
+            _copy_into(dst, arr)
+        if g.size() > 1:
+            g.backend.broadcast(flat(dst), root)
+        return out
     if g.size() == 1:
         return x
     if _on_device(g, x):

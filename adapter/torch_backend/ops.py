@@ -13,7 +13,7 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-from ..arrays import as_numpy
+from ..arrays import as_numpy, plain_cpu_tensor_view
 from ..backends.base import Backend, ReduceOp
 from ..backends.elements import DTYPE_CODES
 from ..backends.protocol import RECV, SEND, Request, mismatch_message
@@ -72,6 +72,10 @@ class Staged:
 
     def __init__(self, tensor: torch.Tensor, fill: bool = True) -> None:
         self.tensor = tensor
+        plain = plain_cpu_tensor_view(tensor)  # the common case, in a few attribute reads
+        if plain is not None:
+            self.copy, self.staged, self.array = tensor, False, plain.reshape(-1)
+            return
         direct = tensor.device.type == "cpu" and tensor.is_contiguous() and not tensor.is_conj() \
             and not tensor.is_neg()
         if direct:

@@ -11,7 +11,9 @@ its errors surface from Work.wait() / the future, naming rank, group and operati
 from __future__ import annotations
 
 import datetime
+import functools
 import logging
+import sys
 import threading
 import time
 from typing import Any, Sequence
@@ -21,7 +23,7 @@ import torch.distributed as dist
 
 from ..backends.base import Backend
 from ..errors import CollectiveTimeout, DistributedError
-from . import cpp_handles, ops
+from . import cpp_handles, ops, unsupported
 from .work import AnySource, Completer, Executor, Inbox, JacklringWork, PeerExecutors, PostedRecv, torch_flavoured, wrap_error
 
 log = logging.getLogger("jacklring.torch")
@@ -139,9 +141,13 @@ class JacklringProcessGroup(dist.ProcessGroup):
         if self._closed:
             raise RuntimeError(f"rank {self._rank}: jacklring {what} on a process group that was shut down")
 
-    def _collective(self, what: str, result: list[torch.Tensor], run) -> JacklringWork:
+    def _collective(self, what: str, result: list[torch.Tensor], run, opts: Any = None) -> JacklringWork:
+        """Queue the op, or run it at once on this thread when the caller waits for it anyway
+        (torch's async_op=False sets opts.asyncOp False; C++ callers and async_op=True keep the
+        default True) and nothing of this group is queued or running (docs/torch.md)."""
         self._check_open(what)
-        return self._collectives.submit(JacklringWork(what, result), run)
+        inline = getattr(opts, "asyncOp", True) is False
+        return self._collectives.submit(JacklringWork(what, result), run, inline=inline)
 
     def _aux_comm(self) -> Backend:
         """A second communicator of the same ranks, created collectively on first use (on the
@@ -165,14 +171,14 @@ class JacklringProcessGroup(dist.ProcessGroup):
         tensors = _as_list(tensors)
         name = _op_name(opts)
         if any(isinstance(t, torch.Tensor) and t.is_sparse for t in tensors):
-            return self._sparse_allreduce(tensors, name)
+            return self._sparse_allreduce(tensors, name, opts)
         self._check_tensors("allreduce", tensors)
         for t in tensors:
             ops.check_reduce_op(name, t)
         return self._collective(f"allreduce({name})", tensors,
-                                lambda: ops.all_reduce(self._comm, tensors, name))
+                                lambda: ops.all_reduce(self._comm, tensors, name), opts)
 
-    def _sparse_allreduce(self, tensors: list[torch.Tensor], name: str) -> JacklringWork:
+    def _sparse_allreduce(self, tensors: list[torch.Tensor], name: str, opts: Any = None) -> JacklringWork:
         if name != "SUM":
             raise ValueError(f"jacklring allreduce: sparse tensors support ReduceOp.SUM only (as gloo), not {name}")
         for t in tensors:
@@ -182,7 +188,7 @@ class JacklringProcessGroup(dist.ProcessGroup):
         def run() -> None:
             for t in tensors:
                 ops.sparse_all_reduce(self._comm, t)
-        return self._collective("allreduce(SUM, sparse)", tensors, run)
+        return self._collective("allreduce(SUM, sparse)", tensors, run, opts)
 
     def allreduce_coalesced(self, tensors: Any, opts: Any = None) -> JacklringWork:
         tensors = _as_list(tensors)
@@ -191,7 +197,7 @@ class JacklringProcessGroup(dist.ProcessGroup):
         for t in tensors:
             ops.check_reduce_op(name, t)
         return self._collective(f"allreduce_coalesced({name})", tensors,
-                                lambda: ops.all_reduce_coalesced(self._comm, tensors, name))
+                                lambda: ops.all_reduce_coalesced(self._comm, tensors, name), opts)
 
     def reduce(self, tensors: Any, opts: Any = None) -> JacklringWork:
         tensors = _as_list(tensors)
@@ -199,7 +205,7 @@ class JacklringProcessGroup(dist.ProcessGroup):
         self._check_root("reduce", root)
         ops.check_reduce_op(name, tensors[0])
         return self._collective(f"reduce({name}, root {root})", tensors,
-                                lambda: ops.reduce(self._comm, tensors[0], root, name))
+                                lambda: ops.reduce(self._comm, tensors[0], root, name), opts)
 
     # ---- reduce-scatter ---------------------------------------------------------------------
 
@@ -213,14 +219,14 @@ class JacklringProcessGroup(dist.ProcessGroup):
         def run() -> None:
             for out, inputs in zip(outputs, input_lists):
                 ops.reduce_scatter_list(self._comm, out, inputs, name)
-        return self._collective(f"reduce_scatter({name})", outputs, run)
+        return self._collective(f"reduce_scatter({name})", outputs, run, opts)
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> JacklringWork:
         name = _op_name(opts)
         ops.check_reduce_op(name, output)
         self._check_multiple("reduce_scatter_tensor", input.numel(), output.numel())
         return self._collective(f"reduce_scatter_tensor({name})", [output],
-                                lambda: ops.reduce_scatter_flat(self._comm, output, input, name))
+                                lambda: ops.reduce_scatter_flat(self._comm, output, input, name), opts)
 
     _reduce_scatter_base = reduce_scatter_single
 
@@ -235,7 +241,7 @@ class JacklringProcessGroup(dist.ProcessGroup):
         def run() -> None:
             for out, inp in zip(outputs, inputs):
                 ops.reduce_scatter_flat(self._comm, out, inp, name)
-        return self._collective(f"reduce_scatter_tensor_coalesced({name})", outputs, run)
+        return self._collective(f"reduce_scatter_tensor_coalesced({name})", outputs, run, opts)
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
 
@@ -251,7 +257,7 @@ class JacklringProcessGroup(dist.ProcessGroup):
         def run() -> None:
             for outs, inp in zip(output_lists, inputs):
                 ops.all_gather_list(self._comm, outs, inp)
-        return self._collective("allgather", [t for outs in output_lists for t in outs], run)
+        return self._collective("allgather", [t for outs in output_lists for t in outs], run, opts)
 
     def allgather_coalesced(self, output_lists: Any, inputs: Any, opts: Any = None) -> JacklringWork:
         """output_lists[q][i] = rank q's inputs[i] (the old all_gather_coalesced layout)."""
@@ -263,12 +269,12 @@ class JacklringProcessGroup(dist.ProcessGroup):
         def run() -> None:
             for i, inp in enumerate(inputs):
                 ops.all_gather_list(self._comm, [output_lists[q][i] for q in range(self._size)], inp)
-        return self._collective("allgather_coalesced", [t for outs in output_lists for t in outs], run)
+        return self._collective("allgather_coalesced", [t for outs in output_lists for t in outs], run, opts)
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> JacklringWork:
         self._check_multiple("all_gather_into_tensor", output.numel(), input.numel())
         return self._collective("all_gather_into_tensor", [output],
-                                lambda: ops.all_gather_flat(self._comm, output, input))
+                                lambda: ops.all_gather_flat(self._comm, output, input), opts)
 
     _allgather_base = all_gather_single
 
@@ -281,7 +287,7 @@ class JacklringProcessGroup(dist.ProcessGroup):
         def run() -> None:
             for out, inp in zip(outputs, inputs):
                 ops.all_gather_flat(self._comm, out, inp)
-        return self._collective("all_gather_into_tensor_coalesced", outputs, run)
+        return self._collective("all_gather_into_tensor_coalesced", outputs, run, opts)
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced
 
@@ -295,7 +301,7 @@ class JacklringProcessGroup(dist.ProcessGroup):
         def run() -> None:
             for t in tensors:  # on CPU torch passes one tensor per rank
                 ops.broadcast(self._comm, t, root)
-        return self._collective(f"broadcast(root {root})", tensors, run)
+        return self._collective(f"broadcast(root {root})", tensors, run, opts)
 
     def gather(self, output_lists: Any, inputs: Any, opts: Any = None) -> JacklringWork:
         inputs = _as_list(inputs)
@@ -312,7 +318,7 @@ class JacklringProcessGroup(dist.ProcessGroup):
                                      f"not match the input ({inputs[0].dtype}, {inputs[0].numel()} elements)")
         result = outputs if outputs is not None else []
         return self._collective(f"gather(root {root})", result,
-                                lambda: ops.gather(self._aux_comm(), outputs, inputs[0], root))
+                                lambda: ops.gather(self._aux_comm(), outputs, inputs[0], root), opts)
 
     def scatter(self, outputs: Any, input_lists: Any, opts: Any = None) -> JacklringWork:
         outputs = _as_list(outputs)
@@ -328,7 +334,7 @@ class JacklringProcessGroup(dist.ProcessGroup):
                     raise ValueError(f"jacklring scatter: input tensor {q} ({t.dtype}, {t.numel()} elements) does "
                                      f"not match the output ({outputs[0].dtype}, {outputs[0].numel()} elements)")
         return self._collective(f"scatter(root {root})", outputs,
-                                lambda: ops.scatter(self._aux_comm(), outputs[0], inputs, root))
+                                lambda: ops.scatter(self._aux_comm(), outputs[0], inputs, root), opts)
 
     def alltoall(self, outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor],
                  opts: Any = None) -> JacklringWork:
@@ -337,19 +343,19 @@ class JacklringProcessGroup(dist.ProcessGroup):
             raise ValueError(f"jacklring all_to_all: expected {self._size} input and output tensors, got "
                              f"{len(inputs)} and {len(outputs)}")
         return self._collective("all_to_all", outputs,
-                                lambda: ops.all_to_all(self._aux_comm(), outputs, inputs))
+                                lambda: ops.all_to_all(self._aux_comm(), outputs, inputs), opts)
 
     def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor, output_splits: Sequence[int] = (),
                           input_splits: Sequence[int] = (), opts: Any = None) -> JacklringWork:
         outs = ops.split_dim0(output, list(output_splits or ()), self._size, "output")
         ins = ops.split_dim0(input, list(input_splits or ()), self._size, "input")
         return self._collective("all_to_all_single", [output],
-                                lambda: ops.all_to_all(self._aux_comm(), outs, ins))
+                                lambda: ops.all_to_all(self._aux_comm(), outs, ins), opts)
 
     alltoall_base = all_to_all_single
 
     def barrier(self, opts: Any = None) -> JacklringWork:
-        return self._collective("barrier", [], self._comm.barrier)
+        return self._collective("barrier", [], self._comm.barrier, opts)
 
     def monitored_barrier(self, opts: Any = None, wait_all_ranks: bool = False) -> None:
         """gloo's monitored barrier: every rank reports to rank 0, which waits for each in turn
@@ -515,3 +521,37 @@ class JacklringProcessGroup(dist.ProcessGroup):
         if big != small * self._size:
             raise ValueError(f"jacklring {what}: the larger tensor has {big} elements, expected "
                              f"{self._size} x {small} (world size x smaller tensor)")
+
+
+# The operations torch calls on a process group. Dynamo (torch.compile) sees a process group as
+# an opaque object: tracing into one of these Python methods fails at the first attribute it
+# reads (torch.compile(DDP(model)) broke in the broadcast of DDP's bucket rebuild). Marked as
+# disabled for Dynamo, they are called, not traced, as c10d's own C++ methods are. Importing
+# torch._dynamo takes seconds, so torch.compiler.disable is applied only once Dynamo is loaded
+# (it is whenever something is being compiled); until then the marked method calls straight on.
+_OPERATIONS = (
+    "allreduce", "allreduce_coalesced", "reduce", "reduce_scatter", "reduce_scatter_single", "_reduce_scatter_base",
+    "reduce_scatter_single_coalesced", "reduce_scatter_tensor_coalesced", "allgather", "allgather_coalesced",
+    "all_gather_single", "_allgather_base", "all_gather_single_coalesced", "allgather_into_tensor_coalesced",
+    "broadcast", "gather", "scatter", "alltoall", "all_to_all_single", "alltoall_base", "barrier",
+    "monitored_barrier", "send", "recv", "recv_anysource", "shutdown", "abort",
+)
+
+
+def _opaque_to_dynamo(method: Any) -> Any:
+    disabled: list = []
+
+    @functools.wraps(method)
+    def operation(*args: Any, **kwargs: Any) -> Any:
+        if "torch._dynamo" not in sys.modules:
+            return method(*args, **kwargs)
+        if not disabled:
+            disabled.append(torch.compiler.disable(method, recursive=True))
+        return disabled[0](*args, **kwargs)
+    operation._torchdynamo_disable = True  # Dynamo's mark: never inline this function
+    return operation
+
+
+for _name in _OPERATIONS:
+    setattr(JacklringProcessGroup, _name, _opaque_to_dynamo(getattr(JacklringProcessGroup, _name)))
+unsupported.install(JacklringProcessGroup)  # dist.shrink_group: a clear refusal (unsupported.py)

@@ -1,13 +1,20 @@
-"""Asynchronous execution for the torch "jacklring" process group.
+"""Execution for the torch "jacklring" process group.
 
-- Collectives run in issue order on one communication thread per process group, so the
-  caller (DDP's autograd hooks) returns at once and backward overlaps communication.
+- A collective the caller waits for at once (torch's `async_op=False`, `opts.asyncOp` False)
+  runs on the calling thread when nothing of its group is queued or running, and its Work is
+  complete when it is returned: no thread hand-off on the synchronous path.
+- Every other collective (`async_op=True`, and every call from torch's C++, such as DDP's
+  bucket all-reduces from the autograd hooks) runs in issue order on one communication thread
+  per process group, so the caller returns at once and backward overlaps communication. An op
+  submitted while others are queued or running joins the queue behind them (issue order holds).
 - Point-to-point sends run on one worker thread per peer (messages to a peer stay in order);
   receives from a peer are matched by tag on an Inbox thread of their own, so an irecv posted
   before the matching isend cannot block the send, and recvs may be posted in any tag order.
-- Futures are completed on a separate completion thread, never on a communication thread:
-  a `.then` callback that issues (and even waits for) a new collective, as PowerSGD does,
-  runs while the communication thread is free to execute it.
+- A future that someone holds (`get_future()` was called) is completed on a separate
+  completion thread, never on a communication thread: a `.then` callback that issues (and even
+  waits for) a new collective, as PowerSGD does, runs while the communication thread is free to
+  execute it. A future nobody holds yet has no callbacks, so the finishing thread completes it
+  itself (`JacklringWork._complete_unobserved`), and a later `get_future()` makes it completed.
 - The Work keeps c10d's contract (docs/torch.md, "Work and Future contract"): wait() returns
   only once the future is completed and the callbacks added before have run; the future carries errors the way C++ Future::setError
   does, so DDP's reducer and other C++ callers see a failed future, never a "successful" one
@@ -19,7 +26,6 @@ import atexit
 import collections
 import datetime
 import gc
-import queue
 import threading
 import time
 import weakref
@@ -30,17 +36,18 @@ import torch.distributed as dist
 
 from ..errors import CollectiveTimeout, DistributedError
 
-_STOP = object()
-
 
 class JacklringWork(dist.Work):
     """The handle torch gets back from every operation of the jacklring process group.
 
-    Two futures: `_raw` is completed (always with None) by the completer; the future handed
-    out is `_raw.then(self._outcome)`, which returns the output tensors or raises the error.
-    An exception raised in a `then` callback is stored by C++ with Future::setError, so
-    Python and C++ callers both see a failed future. Every query below reads the handed-out
-    future's state, so they agree with it at every moment."""
+    Two futures, made when someone first asks for one (get_future, from Python or C++): `_raw`
+    is completed (always with None) by the completer; the future handed out is
+    `_raw.then(self._outcome)`, which returns the output tensors or raises the error. An
+    exception raised in a `then` callback is stored by C++ with Future::setError, so Python and
+    C++ callers both see a failed future. Once the future exists every query reads its state, so
+    they agree with it at every moment; before, nobody can hold it, and they read `_done`. A
+    Work whose op ends before anyone asked for its future (every inline op) never pays for
+    futures nobody uses. `_latch` is a lock held until completion: wait() acquires it."""
 
     def __init__(self, what: str, result: list[torch.Tensor], source_rank: int = -1) -> None:
         super().__init__()
@@ -48,10 +55,13 @@ class JacklringWork(dist.Work):
         self._result = result
         self._peer = source_rank
         self._error: BaseException | None = None
-        self._completed = threading.Event()  # the future is completed and its callbacks have run
+        self._done = False  # completed, and the callbacks added before have run
+        self._latch = threading.Lock()
+        self._latch.acquire()  # released on completion
         self._completing_thread: int | None = None
-        self._raw: torch.futures.Future = torch.futures.Future()
-        self._future = self._raw.then(self._outcome)
+        self._future_lock = threading.Lock()
+        self._raw: torch.futures.Future | None = None
+        self._future: torch.futures.Future | None = None
 
     # ---- called by the executors ----------------------------------------------------------
 
@@ -59,16 +69,31 @@ class JacklringWork(dist.Work):
         """Communication is over; the future is completed later, by the completer."""
         self._error = error
 
+    def _complete_unobserved(self) -> bool:
+        """Complete the Work now when nobody holds its future (it has no callbacks, so the
+        finishing thread may do it at no risk); False when the completer must run them."""
+        with self._future_lock:
+            if self._raw is not None:
+                return False
+            self._mark_done()
+        return True
+
+    def _mark_done(self) -> None:
+        self._done = True
+        self._latch.release()
+
     def _complete_future(self) -> None:
         """Complete the future and run the callbacks added so far (as gloo's AsyncWork does
         before it finishes its Work); only then may wait() return. A thread still inside C++
         completion code when the interpreter shuts down is aborted (std::terminate), so wait()
         must not let the main thread run ahead of it."""
+        if self._complete_unobserved():
+            return
         self._completing_thread = threading.get_ident()
         try:
             self._raw.set_result(None)
         finally:
-            self._completed.set()
+            self._mark_done()
 
     def _outcome(self, _raw: Any) -> list[torch.Tensor]:
         if self._error is not None:
@@ -78,31 +103,46 @@ class JacklringWork(dist.Work):
     # ---- torch's Work interface -----------------------------------------------------------
 
     def wait(self, timeout: datetime.timedelta | float | None = None) -> bool:
-        seconds = _seconds(timeout)
-        if self._completing_thread == threading.get_ident() and self._future.done():
-            pass  # called from one of this future's own callbacks: it is completed
-        elif not self._completed.wait(seconds):
-            raise torch_flavoured(CollectiveTimeout)(
-                f"Timed out waiting {seconds * 1000:.0f}ms for {self._what} to complete (the timeout given to Work.wait)")
+        if not self._done:
+            seconds = _seconds(timeout)
+            future = self._future
+            if self._completing_thread == threading.get_ident() and future is not None and future.done():
+                pass  # called from one of this future's own callbacks: it is completed
+            elif not self._latch.acquire(timeout=-1 if seconds is None else seconds):
+                raise torch_flavoured(CollectiveTimeout)(
+                    f"Timed out waiting {seconds * 1000:.0f}ms for {self._what} to complete (the timeout given to Work.wait)")
+            else:
+                self._latch.release()  # let every other waiter through
         if self._error is not None:
             raise self._error
         return True
 
+    def _is_done(self) -> bool:
+        future = self._future
+        return future.done() if future is not None else self._done
+
     def is_completed(self) -> bool:
-        return self._future.done()
+        return self._is_done()
 
     def is_success(self) -> bool:
-        return self._future.done() and self._error is None
+        return self._is_done() and self._error is None
 
     def exception(self) -> BaseException | None:
-        return self._error if self._future.done() else None
+        return self._error if self._is_done() else None
 
     def result(self) -> list[torch.Tensor]:
         self.wait()
         return self._result
 
     def get_future(self) -> torch.futures.Future:
-        return self._future
+        with self._future_lock:
+            if self._future is None:
+                raw = torch.futures.Future()
+                future = raw.then(self._outcome)
+                if self._done:  # completed before anyone asked: the future is born completed
+                    raw.set_result(None)
+                self._raw, self._future = raw, future
+            return self._future
 
     def source_rank(self) -> int:
         return self._peer
@@ -118,7 +158,7 @@ class JacklringWork(dist.Work):
         """CPU work has no stream to synchronise with."""
 
     def __repr__(self) -> str:
-        state = "pending" if not self._future.done() else ("ok" if self._error is None else "failed")
+        state = "pending" if not self._is_done() else ("ok" if self._error is None else "failed")
         return f"<JacklringWork {self._what} {state}>"
 
 
@@ -177,6 +217,8 @@ class Completer:
         _COMPLETERS.add(self)
 
     def put(self, work: JacklringWork) -> None:
+        if work._complete_unobserved():  # nobody holds its future: no callbacks to run
+            return
         with self._cond:
             inline = self._stopped and self._live == 0
             if not inline:
@@ -241,40 +283,80 @@ class Completer:
 
 
 class Executor:
-    """A FIFO of operations run on one daemon thread; each finishes its Work and hands it to
-    the completer. describe_error turns an exception into one that names rank and operation."""
+    """A FIFO of operations run in order on one daemon thread (started on first use); each
+    finishes its Work and hands it to the completer. An op submitted with inline=True while
+    nothing is queued or running runs on the calling thread instead and is complete when
+    submit returns. describe_error turns an exception into one that names rank and operation."""
 
     def __init__(self, name: str, completer: Completer,
                  describe_error: Callable[[str, BaseException], BaseException]) -> None:
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._name = name
+        self._cond = threading.Condition()
+        self._queue: collections.deque = collections.deque()
+        self._running = False  # an op is running, on the thread or inline
+        self._stopped = False
         self._completer = completer
         self._describe_error = describe_error
-        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
-        self._thread.start()
+        self._thread: threading.Thread | None = None
 
-    def submit(self, work: JacklringWork, run: Callable[[], Any]) -> JacklringWork:
-        self._queue.put((work, run))
+    def submit(self, work: JacklringWork, run: Callable[[], Any], inline: bool = False) -> JacklringWork:
+        with self._cond:
+            if inline and not self._running and not self._queue:
+                self._running = True
+            else:
+                inline = False
+                self._queue.append((work, run))
+                if self._thread is None:
+                    self._thread = threading.Thread(target=self._loop, name=self._name, daemon=True)
+                    self._thread.start()
+                self._cond.notify()
+        if not inline:
+            return work
+        try:
+            self._execute(work, run)
+        finally:
+            with self._cond:
+                self._running = False
+                if self._queue:  # queued by another thread meanwhile
+                    self._cond.notify()
+        # Nobody else has seen this Work, so its future has no callbacks yet: complete it here.
+        work._complete_future()
         return work
+
+    def _execute(self, work: JacklringWork, run: Callable[[], Any]) -> None:
+        try:
+            run()
+            error = None
+        except BaseException as exc:  # surfaces in wait() / the future, never lost
+            error = self._describe_error(work._what, exc)
+        work._finish(error)
 
     def _loop(self) -> None:
         while True:
-            item = self._queue.get()
-            if item is _STOP:
-                return
-            work, run = item
+            with self._cond:
+                while (self._running or not self._queue) and not (self._stopped and not self._queue):
+                    self._cond.wait()
+                if not self._queue:
+                    return  # stopped, and everything submitted before stop() has run
+                work, run = self._queue.popleft()
+                self._running = True
             try:
-                run()
-                error = None
-            except BaseException as exc:  # surfaces in wait() / the future, never lost
-                error = self._describe_error(work._what, exc)
-            work._finish(error)
-            item = run = None  # free staging buffers before the Work can complete (see Inbox._finish)
-            self._completer.put(work)
+                self._execute(work, run)
+                run = None  # free staging buffers before the Work can complete (see Inbox._finish)
+                self._completer.put(work)
+            finally:
+                work = None
+                with self._cond:
+                    self._running = False
+                    self._cond.notify()
 
     def stop(self, timeout: float) -> None:
-        self._queue.put(_STOP)
-        if threading.current_thread() is not self._thread:
-            self._thread.join(timeout)
+        with self._cond:
+            self._stopped = True
+            self._cond.notify()
+            thread = self._thread
+        if thread is not None and threading.current_thread() is not thread:
+            thread.join(timeout)
 
 
 class PeerExecutors:

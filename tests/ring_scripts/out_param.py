@@ -1,0 +1,67 @@
+"""out= on the numpy API collectives, 2 ranks of a local ring: results written into the
+caller's array (and returned), in place with out=x, and the argument errors."""
+import numpy as np
+import torch
+
+import adapter
+
+g = adapter.init(strict=True)
+rank, n = g.rank(), g.size()
+base = np.arange(6, dtype=np.float32).reshape(2, 3)
+x = base + rank
+expected_sum = base * n + n * (n - 1) / 2
+
+out = np.empty_like(x)
+assert adapter.all_sum(x, out=out) is out and np.array_equal(out, expected_sum)
+assert adapter.all_max(x, out=out) is out and np.array_equal(out, base + n - 1)
+assert adapter.all_min(x, out=out) is out and np.array_equal(out, base)
+assert adapter.all_reduce(x, "prod", out=out) is out and np.array_equal(out, base * (base + 1))
+inplace = x.copy()
+assert adapter.all_sum(inplace, out=inplace) is inplace and np.array_equal(inplace, expected_sum)
+
+gathered = np.empty((2 * n, 3), np.float32)
+assert adapter.all_gather(x, out=gathered) is gathered
+assert np.array_equal(gathered, np.concatenate([base + q for q in range(n)]))
+
+rows = np.arange(4 * n, dtype=np.int64).reshape(2 * n, 2) + rank
+block = np.empty((2, 2), np.int64)
+assert adapter.sum_scatter(rows, out=block) is block
+full = np.arange(4 * n, dtype=np.int64).reshape(2 * n, 2) * n + n * (n - 1) // 2
+assert np.array_equal(block, full[2 * rank:2 * rank + 2])
+assert adapter.reduce_scatter(rows, "max", out=block) is block
+assert np.array_equal(block, np.arange(4 * n, dtype=np.int64).reshape(2 * n, 2)[2 * rank:2 * rank + 2] + n - 1)
+
+b = x.copy()
+assert adapter.broadcast(b, root=1, out=b) is b and np.array_equal(b, base + 1)
+into = np.zeros_like(x)
+assert adapter.broadcast(x, root=0, out=into) is into and np.array_equal(into, base)
+
+t = torch.from_numpy(x.copy())  # a CPU tensor as out=: written in place
+assert adapter.all_sum(t, out=t) is t and np.array_equal(t.numpy(), expected_sum)
+
+
+def refused(call, error, words):
+    try:
+        call()
+    except error as exc:
+        text = str(exc)
+        assert all(w in text for w in words) and f"rank {rank}" in text, text
+        return
+    raise AssertionError(f"{call} was accepted")
+
+
+refused(lambda: adapter.all_sum(x, out=np.empty((3, 2), np.float32)), ValueError, ["all_sum", "shape (3, 2)", "(2, 3)"])
+refused(lambda: adapter.all_sum(x, out=np.empty((2, 3), np.float64)), ValueError, ["dtype float64", "float32"])
+refused(lambda: adapter.all_max(x, out=np.empty((3, 2), np.float32).T), ValueError, ["not C-contiguous"])
+ro = np.empty_like(x)
+ro.flags.writeable = False
+refused(lambda: adapter.all_min(x, out=ro), ValueError, ["read-only"])
+refused(lambda: adapter.all_gather(x, out=np.empty_like(x)), ValueError, ["all_gather", f"({2 * n}, 3)"])
+refused(lambda: adapter.sum_scatter(rows, out=rows), ValueError, ["sum_scatter", "shape"])
+refused(lambda: adapter.broadcast(x, out=[0.0] * 6), TypeError, ["broadcast", "numpy array or a CPU torch tensor"])
+wide = np.zeros(12, np.float32)
+refused(lambda: adapter.all_sum(wide[:6], out=wide[3:9]), ValueError, ["overlaps"])
+# The group is still in step after the refusals (they raise before any byte moves).
+assert np.array_equal(adapter.all_sum(x), expected_sum)
+print("OUT OK", flush=True)
+adapter.shutdown()

@@ -1,0 +1,42 @@
+"""torch.compile(DDP(model)) on the given backend: prints each step's loss (argv extra: backend,
+then "shrink" to check that dist.shrink_group is refused clearly)."""
+from __future__ import annotations
+
+import sys
+
+import torch
+import torch.distributed as dist
+from common import extra, init
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+def main() -> None:
+    backend = next((a for a in sys.argv[1:] if a in ("jacklring", "gloo")), "jacklring")
+    rank, world = init(backend=backend)
+    args = extra()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    ddp = torch.compile(DDP(model), backend="eager")
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+    gen = torch.Generator().manual_seed(100 + rank)
+    for step in range(4):
+        x, y = torch.randn(16, 8, generator=gen), torch.randn(16, 1, generator=gen)
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(ddp(x), y)
+        loss.backward()
+        opt.step()
+        total = loss.detach().clone()
+        dist.all_reduce(total)
+        print(f"LOSS {step} {total.item():.7f}", flush=True)
+    if "shrink" in args:
+        try:
+            dist.shrink_group([world - 1])
+        except TypeError as exc:
+            assert "jacklring" in str(exc) and "shrink" in str(exc), exc
+            print(f"SHRINK REFUSED {exc}", flush=True)
+    print("COMPILED OK", flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,69 @@
+"""Inline execution (docs/torch.md, "Execution model"): a synchronous collective runs on the
+calling thread and is complete when it returns; async ones keep the communication thread and
+issue order; a .then callback that issues collectives works before and after completion."""
+from __future__ import annotations
+
+import threading
+
+import torch
+import torch.distributed as dist
+from common import init
+
+
+def helper_threads() -> list[str]:
+    return sorted(t.name for t in threading.enumerate() if t.name.endswith("-comm") or "-complete" in t.name)
+
+
+def main() -> None:
+    rank, world = init()
+    pg = dist.distributed_c10d._get_default_group()
+    t = torch.ones(4)
+    for _ in range(10):
+        dist.all_reduce(t)
+    out = torch.empty(4 * world)
+    dist.all_gather_into_tensor(out, t)
+    dist.broadcast(t, 0)
+    dist.barrier()
+    assert torch.equal(t, torch.full((4,), float(world) ** 10)), t
+    assert helper_threads() == [], f"synchronous collectives started threads: {helper_threads()}"
+
+    opts = dist.AllreduceOptions()
+    opts.asyncOp = False
+    work = pg.allreduce([t], opts)
+    assert work.is_completed() and work.get_future().done() and work.is_success(), work
+
+    # Issue order: a synchronous op behind a queued async one waits its turn.
+    big = torch.ones(1 << 20)
+    first = dist.all_reduce(big, async_op=True)
+    dist.all_reduce(big)
+    assert torch.equal(big, torch.full_like(big, float(world) ** 2)), big[:4]
+    first.wait()
+    assert any(name.endswith("-comm") for name in helper_threads()), "async op ran without the thread"
+
+    # A callback added after completion runs at once on this thread and may issue collectives.
+    y = torch.ones(2)
+    done = dist.all_reduce(y, async_op=True)
+    done.wait()
+    chained = done.get_future().then(lambda f: (dist.all_reduce(f.value()[0]), f.value()[0])[1])
+    assert torch.equal(chained.wait(), torch.full((2,), float(world) ** 2))
+
+    # One added before completion runs on a completion thread, which runs the nested op inline.
+    z = torch.ones(2)
+    pending = dist.all_reduce(z, async_op=True)
+    nested = pending.get_future().then(lambda f: (dist.all_reduce(f.value()[0]), f.value()[0])[1])
+    assert torch.equal(nested.wait(), torch.full((2,), float(world) ** 2))
+    pending.wait()
+
+    # An error of an inline op surfaces from wait(), after the Work is complete.
+    try:
+        dist.all_reduce(torch.ones(3 + rank))  # ranks disagree on the size
+    except RuntimeError as exc:
+        assert "rank" in str(exc), exc
+    else:
+        raise AssertionError("mismatched sizes did not raise")
+    print("INLINE ALL OK", flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
