@@ -15,8 +15,8 @@ extra ring groups in the same processes forced onto Unix or TCP sockets, ring-1d
 reductions go one way round the ring only (JACKLRING_RING_DIRECTIONS=1). mpi means both
 mpi-sm (Open MPI's shared-memory BTL) and mpi-tcp (its TCP BTL): a BTL is chosen per job, so
 every MPI variant after the first runs as a job of its own right after the main one (its column
-is then not interleaved with the others). --api adds numpy-api (adapter.all_sum(src, out=dst) on
-the default group) and torch-api (dist.all_reduce in place on a tensor over dst, jacklring group).
+is then not interleaved with the others). --api adds numpy-api (dst[...] = src, then adapter.all_sum(dst, out=dst)
+on the default group) and torch-api (dist.all_reduce in place on a tensor over dst, jacklring group).
 """
 from __future__ import annotations
 
@@ -137,13 +137,18 @@ class Runner:
 
 
 def _numpy_api_all_sum(adapter) -> Callable:
-    """adapter.all_sum into dst (out= where this version has it, else copied into dst)."""
+    """adapter.all_sum in place on dst after copying src there, as the torch column does (out=
+    where this version has it; else the result is copied into dst)."""
     probe = np.zeros(1, np.float32)
     try:
         adapter.all_sum(probe, out=probe)
     except TypeError:
         return lambda src, dst: np.copyto(dst, adapter.all_sum(src))
-    return lambda src, dst: adapter.all_sum(src, out=dst)
+
+    def in_place(src: np.ndarray, dst: np.ndarray) -> None:
+        dst[...] = src
+        adapter.all_sum(dst, out=dst)
+    return in_place
 
 
 def _torch_group(backend: str, rank: int, size: int):

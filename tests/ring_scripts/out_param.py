@@ -36,6 +36,14 @@ assert adapter.broadcast(b, root=1, out=b) is b and np.array_equal(b, base + 1)
 into = np.zeros_like(x)
 assert adapter.broadcast(x, root=0, out=into) is into and np.array_equal(into, base)
 
+# Plain CPU tensors (the fast view) and the ones that take the general path give the same sums.
+for tensor in (torch.from_numpy(x.copy()), torch.tensor(float(rank)), torch.arange(5) + rank,
+               torch.from_numpy(x.copy()).requires_grad_(), torch.from_numpy(x.copy()).T, torch.ones(3, dtype=torch.bfloat16)):
+    got = adapter.all_sum(tensor)
+    want = adapter.all_sum(tensor.detach().float().contiguous().numpy())
+    assert isinstance(got, torch.Tensor) and got.shape == tensor.shape and got.dtype == tensor.dtype, (got, tensor)
+    assert np.allclose(got.float().numpy(), want), (got, want)
+
 t = torch.from_numpy(x.copy())  # a CPU tensor as out=: written in place
 assert adapter.all_sum(t, out=t) is t and np.array_equal(t.numpy(), expected_sum)
 
