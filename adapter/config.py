@@ -142,7 +142,8 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
             "mac: a keyed BLAKE3 tag with the job secret (attackers too)"),
     # authentication (docs/security.md)
     Setting("JACKLRING_SECRET", text, None,
-            "the job secret (hex or any passphrase of 16+ bytes), the same on every rank; the launcher sets it"),
+            'the job secret (hex of 16+ bytes, or a passphrase of 16+ bytes and an estimated 80+ bits: '
+            'docs/security.md), the same on every rank; the launcher sets it'),
     Setting("JACKLRING_SECRET_FILE", text, None,
             "path of a file (mode 0600) holding the job secret, when JACKLRING_SECRET is not set"),
     Setting("JACKLRING_REQUIRE_AUTH", flag, False,
@@ -163,9 +164,10 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
     Setting("JACKLRING_RING_DIRECTIONS", integer(1, 2), 2,
             "run large reductions over both ring directions (2) or one (1)"),
     Setting("JACKLRING_LOCAL_TRANSPORT", choice("auto", "shm", "unix", "tcp"), "auto",
-            "how ranks on one host connect: auto/shm (collectives over shared memory between the ranks of "
-            "a host, in stages when the group spans hosts; Unix sockets for the rest), unix (abstract Unix "
-            "sockets on Linux) or tcp; JACCL's TCP mesh uses Unix sockets only with unix"),
+            'how ranks on one host connect: auto/shm (collectives over shared memory between the ranks of a host:'
+            " the ring's in stages when the group spans hosts, JACCL's when all its ranks share one host; Unix "
+            "sockets for the rest), unix (abstract Unix sockets on Linux) or tcp; JACCL's TCP mesh uses Unix "
+            'sockets only with unix, and its collectives stay on the mesh with unix or tcp'),
     Setting("JACKLRING_SHM_CHUNK_BYTES", byte_size, 2 << 20,
             "shared-memory buffer per rank and step (the segment is 2 x ranks x this)"),
     Setting("JACKLRING_SHM_YIELD_US", microseconds, 1000.0,
