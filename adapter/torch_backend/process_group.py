@@ -31,7 +31,10 @@ cpp_handles.install()  # DDP join's forward-pass Work outlives its Python object
 
 BACKEND_NAME = "jacklring"
 _STOP_TIMEOUT_S = 5.0
-MONITORED_BARRIER_TAG = -0x4A4C4D42  # reserved tag of monitored_barrier's messages (users' tags are >= 0)
+# Reserved tags of monitored_barrier's messages (users' tags are >= 0): the n-th barrier of a
+# group uses MONITORED_BARRIER_TAG - n, so a late rank's message of a barrier that timed out can
+# never be taken for one of a later barrier.
+MONITORED_BARRIER_TAG = -0x4A4C4D42
 
 
 def _as_list(tensors: Any) -> list[torch.Tensor]:
@@ -85,6 +88,7 @@ class JacklringProcessGroup(dist.ProcessGroup):
         self._inboxes: dict[int, Inbox] = {}  # recvs, matched by tag, one per peer
         self._closed = False
         self._close_lock = threading.Lock()
+        self._monitored_barriers = 0  # how many this rank entered: the next one's tag
 
     # ---- identity ---------------------------------------------------------------------------
 
@@ -362,11 +366,17 @@ class JacklringProcessGroup(dist.ProcessGroup):
         until the deadline and raises naming the first rank that did not arrive (every such
         rank with wait_all_ranks), else releases them all. Runs over tagged point-to-point
         messages, so it works while a collective is stuck. opts: a BarrierOptions or a timeout
-        (timedelta or seconds); by default the group's deadline."""
+        (timedelta or seconds); by default the group's deadline.
+
+        A barrier that fails leaves the group usable: its receives that got nothing are
+        withdrawn, and each barrier has a tag of its own, so a late rank's message of a failed
+        one is dropped when it comes instead of passing (or starving) a later barrier."""
         self._check_open("monitored_barrier")
         seconds = _barrier_seconds(opts, self._timeout_s)
         if self._size == 1:
             return
+        self._monitored_barriers += 1
+        tag = MONITORED_BARRIER_TAG - self._monitored_barriers
         deadline = time.monotonic() + seconds
         ms = f"{seconds * 1000:.0f} ms"
         token = torch.zeros(1, dtype=torch.uint8)
@@ -374,14 +384,28 @@ class JacklringProcessGroup(dist.ProcessGroup):
             # gloo's wording for a rank that arrived but was not released: rank 0 names the culprit.
             failure = (f"Rank {self._rank} successfully reached monitoredBarrier, but received errors while waiting "
                        f"for send/recv from rank 0. Please check rank 0 logs for faulty rank")
-            self._monitored_step(self.send([token], 0, MONITORED_BARRIER_TAG), deadline,
-                                 f"{failure} (it could not report to rank 0)")
-            self._monitored_step(self.recv([torch.zeros(1, dtype=torch.uint8)], 0, MONITORED_BARRIER_TAG),
-                                 deadline, f"{failure} (not released within {ms}: another rank is missing or "
-                                 f"rank 0 is stuck)")
+            self._monitored_step(self.send([token], 0, tag), deadline, f"{failure} (it could not report to rank 0)")
+            release = self.recv([torch.zeros(1, dtype=torch.uint8)], 0, tag)
+            try:
+                self._monitored_step(release, deadline, f"{failure} (not released within {ms}: another rank is "
+                                     f"missing or rank 0 is stuck)")
+            finally:
+                self._withdraw(0, release)
             return
-        arrivals = {q: self.recv([torch.zeros(1, dtype=torch.uint8)], q, MONITORED_BARRIER_TAG)
-                    for q in range(1, self._size)}
+        arrivals = {q: self.recv([torch.zeros(1, dtype=torch.uint8)], q, tag) for q in range(1, self._size)}
+        try:
+            self._await_arrivals(arrivals, seconds, deadline, wait_all_ranks)
+        finally:
+            for q, work in arrivals.items():
+                self._withdraw(q, work)
+        for q in range(1, self._size):
+            self._monitored_step(self.send([token], q, tag), deadline,
+                                 f"Rank 0 could not release rank {q} in monitoredBarrier")
+
+    def _await_arrivals(self, arrivals: dict[int, JacklringWork], seconds: float, deadline: float,
+                        wait_all_ranks: bool) -> None:
+        """Rank 0's half of monitored_barrier: raise naming the ranks whose report did not come."""
+        ms = f"{seconds * 1000:.0f} ms"
         missing: list[int] = []
         reasons: list[str] = []
         passed: list[int] = []
@@ -407,9 +431,13 @@ class JacklringProcessGroup(dist.ProcessGroup):
             raise torch_flavoured(CollectiveTimeout)(
                 f"rank 0: jacklring monitored_barrier (group {self._group_id or 'default'!r}): {who} failed to pass "
                 f"monitoredBarrier in {ms} (Timed out waiting {ms} for them; {'; '.join(reasons)})")
-        for q in range(1, self._size):
-            self._monitored_step(self.send([token], q, MONITORED_BARRIER_TAG), deadline,
-                                 f"Rank 0 could not release rank {q} in monitoredBarrier")
+
+    def _withdraw(self, src: int, work: JacklringWork) -> None:
+        """A monitored barrier's recv from src that it stopped waiting for: taken back, its
+        message dropped if it still comes (a no-op once the recv completed)."""
+        if not work.is_completed():
+            self._inbox(src).abandon(work, f"rank {self._rank}: jacklring monitored_barrier stopped waiting for "
+                                           f"rank {src} (the barrier timed out)")
 
     @staticmethod
     def _monitored_step(work: JacklringWork, deadline: float, failure: str) -> None:

@@ -447,6 +447,7 @@ class Inbox:
         self._stash: dict[int, collections.deque] = {}
         self._broken: BaseException | None = None
         self._failed: list[PostedRecv] = []
+        self._dropped_tags: set[int] = set()  # tags of abandoned recvs: their late messages are read and dropped
         self._stopped = False
         self._thread: threading.Thread | None = None
 
@@ -485,6 +486,21 @@ class Inbox:
             envelope, payload = stashed.popleft()
         self._deliver_stashed(entry, envelope, payload)
         return "taken"
+
+    def abandon(self, work: JacklringWork, reason: str) -> bool:
+        """Give up on a posted recv whose tag is never used again (a monitored barrier's): it
+        fails with `reason`, and a message with its tag that arrives later is read and dropped,
+        so it can neither complete a later recv nor wait in the stash. False when a message
+        had already been matched to it (it completes as usual)."""
+        with self._cond:
+            entry = next((e for e in self._posted if e.work is work), None)
+            if entry is None:
+                return False
+            self._posted.remove(entry)
+            self._dropped_tags.add(entry.tag)
+            self._stash.pop(entry.tag, None)
+        self._finish(entry, DistributedError(reason))
+        return True
 
     def _append(self, entry: PostedRecv) -> None:
         """Called with the lock held."""
@@ -551,7 +567,8 @@ class Inbox:
             with self._cond:  # a recv for this tag may have been posted meanwhile
                 entry = self._take_posted(envelope.tag)
                 if entry is None:
-                    self._stash.setdefault(envelope.tag, collections.deque()).append((envelope, payload))
+                    if envelope.tag not in self._dropped_tags:
+                        self._stash.setdefault(envelope.tag, collections.deque()).append((envelope, payload))
                     return None
             self._deliver_stashed(entry, envelope, payload)
             return entry
