@@ -70,7 +70,7 @@ def create_backend(store, rank: int, size: int, timeout_s: float, choice: str,
         if from_env is not None:
             return from_env, "environment"
     elif choice not in ("auto", "ring", "any"):
-        log.info("jacklring: subgroup of %d ranks uses a store ring (%s serves the default group only)", size, choice)
+        log.debug("jacklring: subgroup of %d ranks uses a store ring (%s serves the default group only)", size, choice)
     return store_ring(store, rank, size, timeout_s, scope=f"pg/{group_id}"), "store"
 
 

@@ -72,13 +72,13 @@ def attach(rank: int, size: int, gather: Callable[[bytes], list[bytes]], transpo
         # The group spans hosts: staging (each host's memory, then the mesh) is not written for
         # JACCL, so every rank keeps the mesh.
         group.close()
-        log.info("rank %d: JACCL group spans %d hosts: collectives over the mesh", rank, len(placement.hosts))
+        log.debug("rank %d: JACCL group spans %d hosts: collectives over the mesh", rank, len(placement.hosts))
         return None
     links = getattr(transport, "links", None)  # the TCP mesh's sockets; verbs has none to watch
     if links is not None:
         for fd, label, peer in links():
             group.watch(fd, label, peer)
-    log.info("rank %d: JACCL collectives over shared memory (%d ranks on this host)", rank, size)
+    log.debug("rank %d: JACCL collectives over shared memory (%d ranks on this host)", rank, size)
     return group
 
 
