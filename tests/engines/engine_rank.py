@@ -13,12 +13,21 @@ elastic          torchrun --max-restarts: in the first attempt rank 1 fails afte
 elastic-early    torchrun --max-restarts: in the first attempt rank 1 exits 1 before it joins
                  (rank 0 already waits in adapter.init); the restarted workers form the group
 elastic-early-pg the same with init_process_group("jacklring") and a torch all_reduce
+elastic-at       torchrun --max-restarts: in the first attempt rank 1 dies (os._exit) at the moment
+                 ENGINE_TEST_DIE_AT names: "forming" (inside init_process_group("jacklring"): it
+                 read every rank's address, rank 0 is connecting to it) or "formed" (after the
+                 first all_reduce, while rank 0 runs the next). Every line carries time.time()
+                 stamps: rank 1's "DIED" line, and each result's start ("t0") and end ("t1"), and the
+                 seconds init_process_group took ("forming_s")
 """
 import json
 import os
 import sys
+import time
 
-import numpy as np
+STARTED = time.time()  # before the heavy imports: the process's start, for the restart timings
+
+import numpy as np  # noqa: E402
 
 
 def result(**fields) -> None:
@@ -42,6 +51,43 @@ def ddp_step(rank: int, size: int) -> bool:
     gathered = [torch.zeros_like(flat) for _ in range(size)]
     dist.all_gather(gathered, flat)
     return all(torch.equal(gathered[0], t) for t in gathered)
+
+
+def elastic_at(moment: str) -> None:
+    import torch
+    import torch.distributed as dist
+
+    import adapter.torch_backend  # noqa: F401  (registers "jacklring")
+    from adapter.rendezvous import store_records
+
+    attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+    sys.stdout.write(f"START {STARTED:.3f} attempt {attempt} rank {os.environ['RANK']}\n")
+    dies = attempt == 0 and os.environ["RANK"] == "1"
+
+    def die() -> None:
+        sys.stdout.write(f"DIED {time.time():.3f} at {moment}\n")
+        sys.stdout.flush()
+        os._exit(1)
+
+    if dies and moment == "forming":
+        gather = store_records.RecordBook.gather
+
+        def gather_then_die(self, mine, wait_s):
+            gather(self, mine, wait_s)  # every address is in: rank 0 goes on to connect to this rank
+            time.sleep(0.5)
+            die()
+        store_records.RecordBook.gather = gather_then_die
+    joined = time.time()
+    dist.init_process_group("jacklring")
+    formed = time.time()
+    rank, size = dist.get_rank(), dist.get_world_size()
+    t = torch.tensor([float(rank)])
+    dist.all_reduce(t)
+    if dies and moment == "formed":
+        die()
+    dist.all_reduce(t)  # rank 0 of the first attempt meets the death here (or is stopped by torchrun)
+    dist.destroy_process_group()
+    result(rank=rank, size=size, sum=float(t[0]), attempt=attempt, t0=STARTED, forming_s=formed - joined, t1=time.time())
 
 
 def main(mode: str) -> None:
@@ -83,6 +129,9 @@ def main(mode: str) -> None:
             total = float(t[0])
             dist.destroy_process_group()
         result(rank=rank, size=size, sum=total, attempt=attempt)
+        return
+    if mode == "elastic-at":
+        elastic_at(os.environ["ENGINE_TEST_DIE_AT"])
         return
     if mode == "all":
         import torch

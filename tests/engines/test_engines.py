@@ -68,6 +68,37 @@ def test_torchrun_restart_after_a_rank_died_before_joining(mode):
     assert elapsed < 25 + 5, f"the restart took {elapsed:.1f} s: it waited out a connect timeout"
 
 
+def _rendezvous_args(rdzv: str) -> list[str]:
+    port = str(free_ports(1)[0])
+    if rdzv == "c10d":
+        return ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}"]
+    return ["--master-port", port]  # torchrun's default: the static rendezvous
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("rdzv, moment", [("c10d", "forming"), ("c10d", "formed"), ("static", "forming")])
+def test_torchrun_restart_after_a_rank_died_while_or_after_forming(rdzv, moment):
+    """Rank 1 dies (os._exit) in the first attempt inside init_process_group("jacklring"),
+    once it has read every address and rank 0 is connecting to it ("forming"), or after the
+    first all_reduce ("formed"). The restart must cost no more than its own time plus 5 s:
+    torchrun starts the second attempt within 5 s of the death, and its formation waits out
+    no deadline (it takes a fraction of the 20 s connect timeout)."""
+    proc = run([TORCHRUN, "--nproc-per-node", "2", "--max-restarts", "1", "--monitor-interval", "0.2",
+                *_rendezvous_args(rdzv), RANK_SCRIPT, "elastic-at"],
+               clean_env(ENGINE_TEST_DIE_AT=moment, JACKLRING_CONNECT_TIMEOUT="20", JACKLRING_TIMEOUT="20"),
+               timeout=140)
+    assert proc.returncode == 0, describe([proc])
+    found = results(proc.stdout)
+    assert [(r["rank"], r["size"], r["sum"], r["attempt"]) for r in found] == \
+        [(0, 2, 2.0, 1), (1, 2, 2.0, 1)], proc.stdout
+    died = [float(line.split()[1]) for line in proc.stdout.splitlines() if line.startswith("DIED ")]
+    assert len(died) == 1 and f"at {moment}" in proc.stdout, proc.stdout
+    restarted, done = min(r["t0"] for r in found), max(r["t1"] for r in found)
+    recovery, own = done - died[0], done - restarted
+    assert recovery <= own + 5, f"recovered {recovery:.1f} s after the death, the attempt itself took {own:.1f} s"
+    assert max(r["forming_s"] for r in found) < 10, found
+
+
 @pytest.mark.timeout(60)
 def test_plain_torch_variables_three_ranks():
     procs = spawn_ranks(3, "numpy", plain_torch_env(3))
