@@ -1,7 +1,9 @@
 """Installing jacklring must not change other programs: `import torch` loads its
 "torch.backends" entry point in every program of the environment (gloo's too), and that must
-register "jacklring" and nothing else: the same environment and threads as with the entry point
-switched off (TORCH_DEVICE_BACKEND_AUTOLOAD=0), under mpirun and under torchrun."""
+register "jacklring" and nothing else: the same environment, threads (Python's and the process's
+own) and sockets as with the entry point switched off (TORCH_DEVICE_BACKEND_AUTOLOAD=0: torch
+then loads no plugin, as if jacklring were not installed), under mpirun and under torchrun; and
+`import torch` itself opens no socket and starts no Python thread."""
 from __future__ import annotations
 
 import importlib.metadata
@@ -36,9 +38,11 @@ def assert_import_changes_nothing(cmd: list[str]) -> None:
     assert all("jacklring" in r["backends"] for r in with_plugin)  # the entry point did run
     assert all("jacklring" not in r["backends"] for r in without)
     for ours, theirs in zip(with_plugin, without):
-        for what in ("env_added", "env_changed", "env_removed", "threads_added"):
+        for what in ("env_added", "env_changed", "env_removed", "threads_added", "native_threads_added",
+                     "sockets_added"):
             assert ours[what] == theirs[what], (what, ours, theirs)
         assert ours["env_added"] == {} and ours["env_changed"] == {}, ours
+        assert ours["threads_added"] == [] and ours["sockets_added"] == 0, ours
 
 
 @pytest.mark.timeout(120)
