@@ -13,6 +13,7 @@ elastic          torchrun --max-restarts: in the first attempt rank 1 fails afte
 elastic-early    torchrun --max-restarts: in the first attempt rank 1 exits 1 before it joins
                  (rank 0 already waits in adapter.init); the restarted workers form the group
 elastic-early-pg the same with init_process_group("jacklring") and a torch all_reduce
+                 (both: rank 1's "DIED" line and the results carry the stamps elastic-at's do)
 elastic-at       torchrun --max-restarts: in the first attempt rank 1 dies (os._exit) at the moment
                  ENGINE_TEST_DIE_AT names: "forming" (inside init_process_group("jacklring"): it
                  read every rank's address, rank 0 is connecting to it) or "formed" (after the
@@ -100,20 +101,20 @@ def main(mode: str) -> None:
         if attempt == 0 and g.rank() == 1:
             raise SystemExit("rank 1 fails in the first attempt")
         if attempt == 0:
-            import time
-
             time.sleep(30)  # torchrun stops this worker when rank 1 fails
         result(rank=g.rank(), size=g.size(), sum=total, attempt=attempt)
         return
     if mode in ("elastic-early", "elastic-early-pg"):
-        import time
-
         attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
         if attempt == 0 and os.environ["RANK"] == "1":
             time.sleep(5)  # rank 0 is waiting for this rank's address by now
+            sys.stdout.write(f"DIED {time.time():.3f} at joining\n")
+            sys.stdout.flush()
             raise SystemExit(1)
         if mode == "elastic-early":
+            joined = time.time()
             g = adapter.init(strict=True)
+            formed = time.time()
             rank, size = g.rank(), g.size()
             total = float(adapter.all_sum(np.array([float(rank)]))[0])
         else:
@@ -122,13 +123,16 @@ def main(mode: str) -> None:
 
             import adapter.torch_backend  # noqa: F401  (registers "jacklring")
 
+            joined = time.time()
             dist.init_process_group("jacklring")
+            formed = time.time()
             rank, size = dist.get_rank(), dist.get_world_size()
             t = torch.tensor([float(rank)])
             dist.all_reduce(t)
             total = float(t[0])
             dist.destroy_process_group()
-        result(rank=rank, size=size, sum=total, attempt=attempt)
+        result(rank=rank, size=size, sum=total, attempt=attempt, t0=STARTED, forming_s=formed - joined,
+               t1=time.time())
         return
     if mode == "elastic-at":
         elastic_at(os.environ["ENGINE_TEST_DIE_AT"])

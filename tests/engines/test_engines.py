@@ -57,15 +57,26 @@ def test_torchrun_restart_after_a_rank_died_before_joining(mode):
     torchrun agent keeps its store over the restart; with a joins counter in it the ranks of
     the second attempt computed different generations and waited out the connect timeout
     ("ranks [1] did not publish"). Formations are tagged by the restart attempt now."""
-    start = time.monotonic()
     proc = run([TORCHRUN, "--nproc-per-node", "2", "--max-restarts", "1", "--monitor-interval", "0.2",
                 "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_ports(1)[0]}", RANK_SCRIPT, mode],
                clean_env(JACKLRING_CONNECT_TIMEOUT="25"), timeout=80)
-    elapsed = time.monotonic() - start
     assert proc.returncode == 0, describe([proc])
     assert [(r["rank"], r["size"], r["sum"], r["attempt"]) for r in results(proc.stdout)] == \
         [(0, 2, 1.0, 1), (1, 2, 1.0, 1)], proc.stdout
-    assert elapsed < 25 + 5, f"the restart took {elapsed:.1f} s: it waited out a connect timeout"
+    _assert_quick_recovery(proc.stdout, "joining")
+
+
+def _assert_quick_recovery(stdout: str, moment: str) -> None:
+    """The restart costs its own time plus at most 5 s (torchrun's reaction to the death), and
+    the new attempt's formation waits out no deadline (a fraction of the connect timeout). Both
+    measured from the ranks' own clock stamps, so a loaded machine's slow imports do not count."""
+    found = results(stdout)
+    died = [float(line.split()[1]) for line in stdout.splitlines() if line.startswith("DIED ")]
+    assert len(died) == 1 and f"at {moment}" in stdout, stdout
+    restarted, done = min(r["t0"] for r in found), max(r["t1"] for r in found)
+    recovery, own = done - died[0], done - restarted
+    assert recovery <= own + 5, f"recovered {recovery:.1f} s after the death, the attempt itself took {own:.1f} s"
+    assert max(r["forming_s"] for r in found) < 10, f"the new attempt waited out a deadline: {found}"
 
 
 def _rendezvous_args(rdzv: str) -> list[str]:
@@ -80,9 +91,7 @@ def _rendezvous_args(rdzv: str) -> list[str]:
 def test_torchrun_restart_after_a_rank_died_while_or_after_forming(rdzv, moment):
     """Rank 1 dies (os._exit) in the first attempt inside init_process_group("jacklring"),
     once it has read every address and rank 0 is connecting to it ("forming"), or after the
-    first all_reduce ("formed"). The restart must cost no more than its own time plus 5 s:
-    torchrun starts the second attempt within 5 s of the death, and its formation waits out
-    no deadline (it takes a fraction of the 20 s connect timeout)."""
+    first all_reduce ("formed"). The restart must cost no more than its own time plus 5 s."""
     proc = run([TORCHRUN, "--nproc-per-node", "2", "--max-restarts", "1", "--monitor-interval", "0.2",
                 *_rendezvous_args(rdzv), RANK_SCRIPT, "elastic-at"],
                clean_env(ENGINE_TEST_DIE_AT=moment, JACKLRING_CONNECT_TIMEOUT="20", JACKLRING_TIMEOUT="20"),
@@ -91,12 +100,7 @@ def test_torchrun_restart_after_a_rank_died_while_or_after_forming(rdzv, moment)
     found = results(proc.stdout)
     assert [(r["rank"], r["size"], r["sum"], r["attempt"]) for r in found] == \
         [(0, 2, 2.0, 1), (1, 2, 2.0, 1)], proc.stdout
-    died = [float(line.split()[1]) for line in proc.stdout.splitlines() if line.startswith("DIED ")]
-    assert len(died) == 1 and f"at {moment}" in proc.stdout, proc.stdout
-    restarted, done = min(r["t0"] for r in found), max(r["t1"] for r in found)
-    recovery, own = done - died[0], done - restarted
-    assert recovery <= own + 5, f"recovered {recovery:.1f} s after the death, the attempt itself took {own:.1f} s"
-    assert max(r["forming_s"] for r in found) < 10, found
+    _assert_quick_recovery(proc.stdout, moment)
 
 
 @pytest.mark.timeout(60)
