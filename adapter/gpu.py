@@ -25,7 +25,8 @@ import numpy as np
 from .backends.elements import BFLOAT16, DTYPE_CODES
 
 # Device facts live with the NCCL backend (a backend must not import this upper layer).
-from .backends.nccl.device import DeviceBuffer, cuda_visible_reason, device_count
+from .backends.base import DeviceBuffer
+from .backends.nccl.device import cuda_visible_reason, device_count
 
 __all__ = ["library_of", "is_cuda_array", "array_kind", "cuda_visible_reason", "device_count", "numpy_dtype_of",
            "DeviceBuffer", "device_buffer", "empty_like", "copy_of", "PinnedPool", "pinned_pool", "stage_to_host",

@@ -1,14 +1,16 @@
 """The small interface every backend implements.
 
 Buffers are 1-D, C-contiguous numpy arrays of the logical dtype (ml_dtypes.bfloat16
-included). The ops layer does all conversion from torch / cupy and all shape checks;
-a backend only moves and reduces elements.
+included), or DeviceBuffers for a backend that sets takes_device_buffers (NCCL). The ops
+layer does all conversion from torch / cupy and all shape checks; a backend only moves and
+reduces elements.
 """
 from __future__ import annotations
 
 import abc
 import enum
-from typing import Sequence
+from dataclasses import dataclass
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -27,6 +29,26 @@ class ReduceOp(enum.Enum):
     # Members are singletons compared by identity: hash them in C (Enum's own __hash__ is Python,
     # and a small collective looks an op up in a few dicts).
     __hash__ = object.__hash__
+
+
+@dataclass(frozen=True)
+class DeviceBuffer:
+    """`count` contiguous elements of `dtype` at device address `ptr` on CUDA device `device`.
+
+    `stream` is the raw CUDA stream handle the owner's pending work is ordered on (0 = the
+    legacy default stream); NCCL runs there, so no extra synchronisation is needed. `owner`
+    (a cupy array or torch tensor) keeps the memory alive while the buffer is in use."""
+
+    ptr: int
+    count: int
+    dtype: np.dtype
+    device: int
+    stream: int = 0
+    owner: Any = None
+
+    @property
+    def nbytes(self) -> int:
+        return self.count * np.dtype(self.dtype).itemsize
 
 
 class GroupFailure:

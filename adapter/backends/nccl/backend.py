@@ -7,7 +7,7 @@ device: JACKLRING_CUDA_DEVICE, else local rank modulo the visible device count.
 Two kinds of buffers, in every method of the Backend interface:
   - numpy arrays (the interface's contract): copied to the device, reduced by NCCL, copied
     back. Correct everywhere, and what CPU-side callers get.
-  - DeviceBuffer (adapter.backends.nccl.device): memory already on this rank's device, a
+  - DeviceBuffer (adapter.backends.base): memory already on this rank's device, a
     cupy array or CUDA torch tensor described by adapter.gpu.device_buffer(). NCCL reads and
     writes it in place on the caller's stream: no copies. `takes_device_buffers = True`
     tells the ops layer and the torch process group to use this path.
@@ -37,7 +37,8 @@ from ...errors import CollectiveTimeout, ConfigError, DistributedError, PeerErro
 from ..base import Backend, ReduceOp
 from ..transport import tcp
 from . import bootstrap as nccl_bootstrap
-from .device import DeviceBuffer, choose_device, cuda_visible_reason, device_count
+from ..base import DeviceBuffer
+from .device import choose_device, cuda_visible_reason, device_count
 from .types import NCCL_INT32, NCCL_SUM, NCCL_UINT8, ReducePlan, reduce_plan
 
 log = logging.getLogger("jacklring.nccl")

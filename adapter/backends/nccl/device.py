@@ -1,5 +1,6 @@
 """CUDA devices as the NCCL backend sees them: is one visible, how many, which one this rank
-uses, and DeviceBuffer, the description of device memory the backend's device path takes.
+uses. (DeviceBuffer, the description of device memory a backend takes, is part of the backend
+contract: adapter.backends.base.)
 
 Imports neither cupy nor torch at module level: probe() runs on every init() of a CPU job.
 """
@@ -9,10 +10,7 @@ import glob
 import os
 import shutil
 import sys
-from dataclasses import dataclass
-from typing import Any, Mapping
-
-import numpy as np
+from typing import Mapping
 
 from ... import config
 from ...errors import ConfigError
@@ -80,23 +78,3 @@ def choose_device(rank: int, count: int, environ: Mapping[str, str] | None = Non
                 raise ConfigError(f"{name}={raw!r} is not an integer") from None
             break
     return local % count
-
-
-@dataclass(frozen=True)
-class DeviceBuffer:
-    """`count` contiguous elements of `dtype` at device address `ptr` on CUDA device `device`.
-
-    `stream` is the raw CUDA stream handle the owner's pending work is ordered on (0 = the
-    legacy default stream); NCCL runs there, so no extra synchronisation is needed. `owner`
-    (a cupy array or torch tensor) keeps the memory alive while the buffer is in use."""
-
-    ptr: int
-    count: int
-    dtype: np.dtype
-    device: int
-    stream: int = 0
-    owner: Any = None
-
-    @property
-    def nbytes(self) -> int:
-        return self.count * np.dtype(self.dtype).itemsize
