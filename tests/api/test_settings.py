@@ -91,20 +91,25 @@ def test_malformed_settings_break_neither_import_nor_is_available_only_init(tmp_
 
 
 TORCH_TIMEOUT_SCRIPT = """
-import datetime, sys, time
+import datetime, os, sys, time
 import torch, torch.distributed as dist
 import adapter, adapter.torch_backend
 adapter.init()  # the numpy API's group first, with the default deadline; torch's group splits from it
 adapter.torch_backend.register_backend()
 dist.init_process_group("jacklring", timeout=datetime.timedelta(seconds=2))
+raised = os.path.join(os.path.dirname(os.path.abspath(__file__)), "raised")
 if dist.get_rank() == 1:
-    time.sleep(8)
+    # Absent for 8 s (rank 0 waiting out a longer deadline would see it leave then), or until rank 0 raised.
+    until = time.monotonic() + 8
+    while not os.path.exists(raised) and time.monotonic() < until:
+        time.sleep(0.05)
     sys.exit(0)
 start = time.monotonic()
 try:
     dist.all_reduce(torch.ones(3))
 except Exception as exc:
     print(f"RAISED after {time.monotonic() - start:.1f} s: {type(exc).__name__}: {exc}", flush=True)
+open(raised, "w").close()
 """
 
 

@@ -64,12 +64,17 @@ def test_mismatched_collectives_raise_on_both_sides(case, expected):
 
 @pytest.mark.timeout(60)
 def test_operation_deadline():
-    body = ("if r == 1: time.sleep(4)\n"
+    # Rank 1 is 4 s late, or late until rank 0 has raised (a file beside the hostfile says so).
+    body = ("raised = os.environ['MLX_HOSTFILE'] + '.raised'\n"
+            "until = time.monotonic() + 4\n"
+            "while r == 1 and not os.path.exists(raised) and time.monotonic() < until:\n"
+            "    time.sleep(0.05)\n"
             "t = time.monotonic()\n"
             "try:\n"
             "    adapter.all_sum(np.ones(10))\n"
             "except adapter.CollectiveTimeout as e:\n"
             "    print('TIMEOUT', round(time.monotonic() - t, 1), e)\n"
+            "    open(raised, 'w').close()\n"
             "    sys.exit(3)\n")
     res = run(2, EXEC, [program(body)], env={"JACKLRING_TIMEOUT": "1"}, timeout=50)
     assert res[0].returncode == 3 and "TIMEOUT" in res[0].stdout

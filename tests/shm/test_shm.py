@@ -148,17 +148,22 @@ def test_kill_9_mid_collective_survivors_raise_within_a_second_and_nothing_is_le
 
 @pytest.mark.timeout(60)
 def test_a_rank_that_never_arrives_gives_a_deadline_error_naming_it():
-    body = ("import numpy as np, sys, time, adapter\n"
+    # Rank 2 stays away for 4 s, or until ranks 0 and 1 have raised (files beside the hostfile say so).
+    body = ("import numpy as np, os, sys, time, adapter\n"
             "g = adapter.init(strict=True)\n"
             "assert g.backend._shm is not None\n"
+            "raised = os.environ['MLX_HOSTFILE'] + '.raised'\n"
             "if g.rank() == 2:\n"
-            "    time.sleep(4)\n"
+            "    until = time.monotonic() + 4\n"
+            "    while not all(os.path.exists(f'{raised}{q}') for q in (0, 1)) and time.monotonic() < until:\n"
+            "        time.sleep(0.05)\n"
             "    sys.exit(0)\n"
             "t = time.monotonic()\n"
             "try:\n"
             "    adapter.all_sum(np.ones(10, np.float32))\n"
             "except adapter.DistributedError as e:\n"
             "    print(round(time.monotonic() - t, 2), type(e).__name__, e)\n"
+            "    open(f'{raised}{g.rank()}', 'w').close()\n"
             "    sys.exit(3)\n")
     res = run(3, "ring_scripts/exec.py", [body], timeout=50, env=dict(SHM, JACKLRING_TIMEOUT="1"))
     for r in res[:2]:

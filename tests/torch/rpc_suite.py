@@ -7,10 +7,12 @@ process group on jacklring and on gloo, and print the counts side by side.
     python tests/torch/rpc_suite.py --runs 5              # runs alternate jacklring / gloo
     python tests/torch/rpc_suite.py -k comparison         # tests whose name contains a word
     python tests/torch/rpc_suite.py --list
+    python tests/torch/rpc_suite.py --start spawn         # ranks spawned, as torch's CI does (default: forked)
 
 torch's test module hard-codes the process-group backend: every test calls
 `dist.init_process_group(backend="gloo", ...)` through its module global `dist`. In the child
-process of one backend (and in every rank torch spawns from it, which re-import this module) that
+process of one backend (and in every rank torch starts from it: forked by default, or spawned with
+`--start spawn`, when they re-import this module) that
 global is replaced by `_SwitchedDist`, a stand-in for torch.distributed whose
 `init_process_group` swaps backend "gloo" for $RPC_SUITE_BACKEND; every other attribute is
 torch.distributed's own. Nothing else is patched: RPC (TensorPipe), distributed autograd, DDP and
@@ -73,8 +75,24 @@ def define_suites(backend: str) -> dict[str, type]:
     import adapter.torch_backend  # noqa: F401  registers "jacklring"
 
     module.dist = _SwitchedDist(dist, backend)
-    return generate_tests("TensorPipe", TensorPipeRpcAgentTestFixture,
-                          [module.DdpComparisonTest, module.DdpUnderDistAutogradTest], __name__)
+    suites = generate_tests("TensorPipe", TensorPipeRpcAgentTestFixture,
+                            [module.DdpComparisonTest, module.DdpUnderDistAutogradTest], __name__)
+    if os.environ.get("RPC_SUITE_START", "fork") == "fork":
+        suites = {name: _forking(cls) for name, cls in suites.items()}
+    return suites
+
+
+def _forking(cls: type) -> type:
+    """cls, its ranks forked from this process instead of spawned: a spawned rank re-imports torch
+    and the test module (seconds of CPU each, 4 ranks a test); torch's RPC tests spawn by default
+    only because CUDA needs it, and these tests are CPU-only."""
+    import torch.multiprocessing
+
+    def _spawn_processes(self) -> None:
+        self._start_processes(torch.multiprocessing.get_context("fork").Process)
+
+    return type(cls.__name__, (cls,), {"_spawn_processes": _spawn_processes, "__module__": cls.__module__,
+                                       "__qualname__": cls.__qualname__})
 
 
 if os.environ.get("RPC_SUITE_BACKEND"):
@@ -96,9 +114,10 @@ def child(names: list[str]) -> None:
     print("RESULT " + json.dumps({"passed": passed, "failed": failed, "skipped": skipped}), flush=True)
 
 
-def run_backend(backend: str, names: list[str], timeout: float) -> dict:
+def run_backend(backend: str, names: list[str], timeout: float, start: str = "fork") -> dict:
     with tempfile.TemporaryDirectory() as temp:
-        env = dict(os.environ, RPC_SUITE_BACKEND=backend, TEMP_DIR=temp, PYTHONPATH=ROOT, OMP_NUM_THREADS="1")
+        env = dict(os.environ, RPC_SUITE_BACKEND=backend, RPC_SUITE_START=start, TEMP_DIR=temp, PYTHONPATH=ROOT,
+                   OMP_NUM_THREADS="1")
         try:
             done = subprocess.run([sys.executable, __file__, "--child", *names], env=env, cwd=ROOT,
                                   capture_output=True, text=True, timeout=timeout)
@@ -126,6 +145,8 @@ def main() -> int:
     parser.add_argument("--backends", default="jacklring,gloo")
     parser.add_argument("--timeout", type=float, default=900)
     parser.add_argument("--list", action="store_true")
+    parser.add_argument("--start", choices=("fork", "spawn"), default="fork",
+                        help="how torch's harness starts ranks (torch's own CI spawns)")
     parser.add_argument("names", nargs="*")
     args = parser.parse_args()
     if args.child:
@@ -141,7 +162,7 @@ def main() -> int:
     for run in range(args.runs):
         for backend in backends:  # interleaved, so both see the same machine load
             start = time.monotonic()
-            result = run_backend(backend, names, args.timeout)
+            result = run_backend(backend, names, args.timeout, args.start)
             seconds[backend].append(time.monotonic() - start)
             for key in table[backend]:
                 table[backend][key].append(len(result[key]))

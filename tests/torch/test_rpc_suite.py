@@ -1,5 +1,5 @@
 """torch's own DDP + distributed autograd comparison tests (TensorPipe RPC) on jacklring, through
-tests/torch/rpc_suite.py: the subset that runs in about half a minute on a quiet 2-core machine.
+tests/torch/rpc_suite.py, its ranks forked (spawned ranks each re-import torch: about 3x the CPU).
 test_ddp_comparison failed here with "Work::getFuture not implemented" before DDP's reducer got a
 C++ Work for the forward pass's join all-reduce (adapter/torch_backend/cpp_handles.py)."""
 from __future__ import annotations

@@ -27,6 +27,7 @@ utilities import it).
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
 import os
 import re
@@ -161,11 +162,37 @@ def _last_line(trace: str) -> str:
 
 
 def run_backend(backend: str, names: list[str], world_size: int, timeout: float, start: str = "fork",
-                gates: str = "gloo", test_timeout: int = 120, log_file: str | None = None) -> dict:
+                gates: str = "gloo", test_timeout: int = 120, log_file: str | None = None, shards: int = 1) -> dict:
     """Runs `names` of torch's DistributedTest on `backend` in a child process: {"passed": [names],
     "failed": {name: error}, "skipped": {name: reason}, "log": the child's last output}. A test
     that hangs fails after `test_timeout` seconds (torch's harness kills its ranks, logging their
-stacks). log_file: the child's whole output is appended there."""
+stacks). log_file: the child's whole output is appended there. shards > 1: that many children at
+once, each with every shards-th name (one child keeps about one core busy: its ranks mostly take
+turns), the results merged."""
+    if shards > 1:
+        parts = [names[i::shards] for i in range(shards) if names[i::shards]]
+        with concurrent.futures.ThreadPoolExecutor(len(parts)) as pool:
+            results = list(pool.map(lambda part: _run_child(backend, part, world_size, timeout, start, gates,
+                                                            test_timeout, log_file), parts))
+        return _merged(results)
+    return _run_child(backend, names, world_size, timeout, start, gates, test_timeout, log_file)
+
+
+def _merged(results: list[dict]) -> dict:
+    merged: dict = {"passed": [], "failed": {}, "skipped": {}, "seconds": {}, "log": ""}
+    for result in results:
+        merged["passed"] += result["passed"]
+        merged["skipped"].update(result["skipped"])
+        merged["seconds"].update(result.get("seconds", {}))
+        for name, why in result["failed"].items():  # "(the run)" may come from several children
+            merged["failed"][name] = f"{merged['failed'][name]}; {why}" if name in merged["failed"] else why
+        if result.get("log") and (result["failed"] or not merged["log"]):
+            merged["log"] = result["log"]
+    return merged
+
+
+def _run_child(backend: str, names: list[str], world_size: int, timeout: float, start: str, gates: str,
+               test_timeout: int, log_file: str | None) -> dict:
     with tempfile.TemporaryDirectory() as temp:
         env = dict(os.environ, BACKEND=backend, WORLD_SIZE=str(world_size), TEMP_DIR=temp,
                    PYTHONPATH=ROOT, OMP_NUM_THREADS="1", TORCHSUITE_START=start, TORCHSUITE_GATES=gates,

@@ -1,6 +1,7 @@
 """torch.distributed features that gloo offers and jacklring must too (3 ranks unless noted).
 
-argv extra: MODE
+argv extra: MODE[,MODE...] (run in order on one group; monitored, which leaves failed barriers
+behind, only alone)
   anysource  recv / irecv from any source (src=None): the sender is reported, messages that
              arrived before the recv was posted are taken, directed recvs keep working after.
   monitored  adapter.torch_backend.monitored_barrier: passes when all arrive; names the missing
@@ -9,7 +10,7 @@ argv extra: MODE
   batch      batch_isend_irecv in a ring and in both directions; every future done.
   join       DDP join() with uneven inputs (2+ ranks), dividing by the initial world size and by
              the ranks still training: parameters equal gloo's.
-Prints "<MODE> OK".
+Prints "<MODE> OK" after each.
 """
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import adapter.torch_backend
 
-MODE = sys.argv[4]
+MODES = sys.argv[4].split(",")
+assert "monitored" not in MODES or MODES == ["monitored"], "monitored runs in a launch of its own"
 rank, world = init(timeout_s=20.0)
 
 
@@ -144,7 +146,8 @@ def join() -> None:
         assert all(torch.equal(g, ours[0]) for g in gathered), "ranks disagree after join"
 
 
-{"anysource": anysource, "monitored": monitored, "batch": batch, "join": join}[MODE]()
-if MODE != "monitored":
+for mode in MODES:
+    {"anysource": anysource, "monitored": monitored, "batch": batch, "join": join}[mode]()
+    print(f"{mode} OK", flush=True)
+if MODES != ["monitored"]:
     dist.destroy_process_group()
-print(f"{MODE} OK", flush=True)
