@@ -63,16 +63,16 @@ def store_ring(store, rank: int, size: int, timeout_s: float, scope: str = "") -
 def store_auth(store, prefix: str, rank: int, wait_s: float = 120.0, listen_host: str = "127.0.0.1") -> auth.Auth:
     """The job secret when configured, else one derived from a 0600 file when every rank shares
     this host (store_secret), else a random key drawn by rank 0 and shared through the store
-    (which every rank has already trusted with the rendezvous; a warning says so once when the
-    ring listens beyond loopback)."""
-    job = store_secret.auth_for_store_ring(store_address(store))
+    (which every rank has already trusted with the rendezvous). That last one only where the
+    ring listens on loopback or JACKLRING_ALLOW_UNAUTHENTICATED=1: a group spanning hosts
+    without a secret is refused (ConfigError saying how to set one)."""
+    job = store_secret.auth_for_store_ring(store_address(store), listen_host)
     if job is not None:
         return job
     if config.get("JACKLRING_REQUIRE_AUTH"):
         raise ConfigError("JACKLRING_REQUIRE_AUTH=1 but no job secret is set: a key shared through torch's "
                           "store is only as safe as the store (which has no authentication); set "
                           "JACKLRING_SECRET or JACKLRING_SECRET_FILE on every rank")
-    store_secret.warn_store_key(listen_host)
     key = f"{prefix}key"
     if rank == 0:
         store.set(key, auth.generate_secret())
