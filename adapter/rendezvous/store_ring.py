@@ -46,7 +46,8 @@ def store_ring(store, rank: int, size: int, timeout_s: float, scope: str = "") -
         try:
             job = store_auth(store, prefix, rank, wait_s, host)
             book = store_records.RecordBook(store, prefix, job, rank, size)
-            records = book.gather(book.publish(mine), wait_s)
+            record = book.publish(mine)
+            records = book.gather(record, wait_s)
         except (DistributedError, ConfigError):
             raise
         except Exception as exc:  # the store itself is gone (its server's process ended)
@@ -54,7 +55,8 @@ def store_ring(store, rank: int, size: int, timeout_s: float, scope: str = "") -
                                    f"waited for every rank's address ({exc})") from None
         addresses = [[r.address] for r in records]
         log.info("rank %d: jacklring ring addresses %s (formation %s)", rank, addresses, tag)
-        return RingBackend(rank, addresses, [listener], timeout_s, wait_s, job=job)
+        with book.defended(record):  # peers still reading it find it while the ring connects
+            return RingBackend(rank, addresses, [listener], timeout_s, wait_s, job=job)
     except BaseException:
         listener.close()
         raise

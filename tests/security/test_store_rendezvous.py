@@ -18,6 +18,7 @@ import pytest
 dist = pytest.importorskip("torch.distributed")
 
 from adapter.bench import free_ports  # noqa: E402
+from security_helpers import outsider_fixture, wait_ready  # noqa: E402,F401
 
 ROOT = Path(__file__).resolve().parents[2]
 RANK_SCRIPT = ROOT / "tests" / "engines" / "engine_rank.py"
@@ -44,7 +45,8 @@ def rank_env(rank: int, port: int, **extra: str) -> dict[str, str]:
            if not k.startswith(("JACKLRING_", "MLX_", "SLURM_", "TORCHELASTIC_", "OMPI_", "PMI"))}
     env.update(PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1", RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank),
                MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), TORCHELASTIC_USE_AGENT_STORE="True",
-               JACKLRING_CONNECT_TIMEOUT="20", JACKLRING_TIMEOUT="20", **extra)
+               JACKLRING_CONNECT_TIMEOUT="20", JACKLRING_TIMEOUT="20")
+    env.update(extra)
     return env
 
 
@@ -139,3 +141,61 @@ def test_an_outsider_rewriting_a_record_is_reported_or_outrun_never_blamed_on_a_
         assert any("was tampered with" in err and "'jacklring/addr/f0/1'" in err for _, _, err in outcomes), \
             "\n".join(err for _, _, err in outcomes)
     assert elapsed < 30, elapsed
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("mode", ["delete", "both"])
+def test_an_outsider_of_another_uid_overwriting_and_deleting_records_never_stalls_the_ranks(outsider, mode):
+    """A real outsider (uid 65534, the standard library speaking TCPStore's protocol) keeps
+    overwriting every rank's record with a fake one and deleting it, every 20 ms, while two
+    ranks with a job secret form. Before, a rank whose own record was deleted blocked in the
+    store's get() for the store's whole timeout and then blamed the store ("the store closed")
+    or its peer ("did not publish"); now it reads without blocking, puts its record back and
+    the group forms with the right sum, or a rank reports an IntegrityError naming the key,
+    before the connect timeout (90 s; a stall lasts that long and then names the wrong cause)."""
+    server, port = serve_store()
+    keys = [f"/{ADAPTER}addr/f0/{q}" for q in range(2)]
+    attacker = outsider("store_tamper.py", port, 200, 0.02, free_ports(1)[0], mode, *keys)
+    wait_ready(attacker)
+    secret = {"JACKLRING_SECRET": "cd" * 32, "JACKLRING_CONNECT_TIMEOUT": "90", "JACKLRING_TIMEOUT": "90"}
+    begin = time.monotonic()
+    procs = [subprocess.Popen([sys.executable, str(RANK_SCRIPT), "numpy"], env=rank_env(q, port, **secret),
+                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for q in range(2)]
+    outcomes = [finish(p, 150) for p in procs]
+    elapsed = time.monotonic() - begin
+    assert attacker.poll() is None, attacker.stderr.read()  # it kept tampering the whole time
+    report = "\n".join(f"exit {c}\n{o}\n{e}" for c, o, e in outcomes)
+    for code, out, err in outcomes:
+        assert "did not publish" not in err and "store closed" not in err, report
+        if code == 0:
+            assert '"sum": 1.0' in out, report
+    if any(code != 0 for code, _, _ in outcomes):
+        assert any("IntegrityError" in err and "was tampered with" in err and "'jacklring/addr/f0/" in err
+                   for _, _, err in outcomes), report
+    assert elapsed < 85, f"{elapsed:.1f} s\n{report}"
+
+
+@pytest.mark.timeout(30)
+def test_a_deleted_record_is_read_as_missing_and_put_back_without_blocking():
+    """get() on a deleted key waits for the store's whole timeout; the records never use it."""
+    import datetime
+
+    from adapter.backends.transport import auth
+    from adapter.rendezvous import store_records
+
+    server, _ = serve_store()
+    server.set_timeout(datetime.timedelta(seconds=20))
+    book = store_records.RecordBook(server, "t/", auth.auth_from_secret(b"k" * 32), 0, 2)
+    mine = book.publish("127.0.0.1:1")
+    server.delete_key("t/0")
+    begin = time.monotonic()
+    assert store_records.read(server, "t/0") is None
+    book.defend(mine)
+    assert store_records.read(server, "t/0") == mine and book.tampered == 1
+    server.set("t/0", b"forged")
+    book.defend(mine)
+    assert store_records.read(server, "t/0") == mine and book.tampered == 2
+    book.defend(mine)
+    assert book.tampered == 2  # intact: nothing counted
+    assert time.monotonic() - begin < 2
