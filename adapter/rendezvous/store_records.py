@@ -68,16 +68,20 @@ def read(store, name: str) -> bytes | None:
 @dataclass(frozen=True)
 class Record:
     rank: int
-    address: str
+    value: str  # what the book's `what` names: a listening address, an NCCL id in hex
 
 
 class RecordBook:
-    """The records of one formation: key names under `prefix`, MACs under `key`."""
+    """The records of one formation: key names under `prefix`, MACs under `key`. `what` names
+    the value each record holds (its JSON field, and the words of errors): "address" for the
+    store ring, "nccl_id" for NCCL's unique id; each kind has a MAC key of its own, so a record
+    of one kind never passes as another."""
 
-    def __init__(self, store, prefix: str, key: auth.Auth, rank: int, size: int) -> None:
+    def __init__(self, store, prefix: str, key: auth.Auth, rank: int, size: int, what: str = "address") -> None:
         self._store = store
         self._prefix = prefix
-        self._key = key.derive(b"store-record")
+        self._what = what
+        self._key = key.derive(b"store-record" if what == "address" else b"store-record:" + what.encode())
         self._rank = rank
         self._size = size
         self.tampered = 0   # how often this rank found its own record deleted or overwritten
@@ -90,7 +94,7 @@ class RecordBook:
 
     def encode(self, record: Record) -> bytes:
         name = self.key_name(record.rank)
-        body = json.dumps({"rank": record.rank, "size": self._size, "address": record.address},
+        body = json.dumps({"rank": record.rank, "size": self._size, self._what: record.value},
                           sort_keys=True, separators=(",", ":")).encode()
         return f"{RECORD_VERSION} {self._mac(name, body)} ".encode() + body
 
@@ -108,20 +112,23 @@ class RecordBook:
             raise IntegrityError("its MAC does not match: not written by a rank holding the job key "
                                  "(or by a rank of another job)")
         fields = json.loads(body)
-        if fields.get("rank") != q or fields.get("size") != self._size or not isinstance(fields.get("address"), str):
+        if fields.get("rank") != q or fields.get("size") != self._size or not isinstance(fields.get(self._what), str):
             raise IntegrityError(f"it describes rank {fields.get('rank')} of {fields.get('size')}, "
                                  f"not rank {q} of {self._size}")
-        return Record(q, fields["address"])
+        return Record(q, fields[self._what])
 
-    def publish(self, address: str) -> bytes:
-        value = self.encode(Record(self._rank, address))
+    def publish(self, text: str) -> bytes:
+        value = self.encode(Record(self._rank, text))
         self._store.set(self.key_name(self._rank), value)
         return value
 
-    def gather(self, mine: bytes, wait_s: float) -> list[Record]:
-        """Every rank's record, verified. Raises IntegrityError naming the key when a value fails
-        its check for TAMPER_GRACE_S (its owner had that long to overwrite it), DistributedError
-        naming the ranks that published nothing when wait_s passes."""
+    def gather(self, mine: bytes | None, wait_s: float, ranks: list[int] | None = None) -> list[Record]:
+        """The records of `ranks` (default every rank), verified, in that order; `mine` is this
+        rank's published record (defended meanwhile), None when it published none. Raises
+        IntegrityError naming the key when a value fails its check for TAMPER_GRACE_S (its owner
+        had that long to overwrite it), DistributedError naming the ranks that published nothing
+        when wait_s passes."""
+        wanted = list(range(self._size)) if ranks is None else list(ranks)
         start = time.monotonic()
         deadline = start + wait_s
         found: dict[int, Record] = {}
@@ -129,8 +136,9 @@ class RecordBook:
         seen: set[int] = set()                  # ranks whose key held a value once
         rounds = 0
         while True:
-            self.defend(mine)
-            for q in range(self._size):
+            if mine is not None:
+                self.defend(mine)
+            for q in wanted:
                 if q in found:
                     continue
                 name = self.key_name(q)
@@ -149,18 +157,18 @@ class RecordBook:
                     bad.pop(q, None)
                 except (IntegrityError, ValueError) as exc:
                     bad.setdefault(q, (time.monotonic(), str(exc)))
-            if len(found) == self._size:
-                return [found[q] for q in range(self._size)]
+            if len(found) == len(wanted):
+                return [found[q] for q in wanted]
             now = time.monotonic()
             for q, (since, why) in sorted(bad.items()):
                 if now - since >= TAMPER_GRACE_S or now >= deadline:
                     raise IntegrityError(
                         f"rank {self._rank}: jacklring rendezvous: the store value at key {self.key_name(q)!r} "
-                        f"(rank {q}'s address record) was tampered with: {why}; it stayed so for "
+                        f"(rank {q}'s {self._what} record) was tampered with: {why}; it stayed so for "
                         f"{now - since:.1f} s. Someone other than the job's ranks writes to the store: "
                         f"set a job secret and keep the store's port unreachable (docs/security.md)")
             if now >= deadline:
-                missing = [q for q in range(self._size) if q not in found]
+                missing = [q for q in wanted if q not in found]
                 if self.tampered:
                     raise IntegrityError(
                         f"rank {self._rank}: jacklring rendezvous: no record of ranks {missing} within {wait_s:g} s, "
@@ -169,9 +177,9 @@ class RecordBook:
                         f"so their records may have been removed as well. Set a job secret and keep the "
                         f"store's port unreachable (docs/security.md)")
                 raise DistributedError(f"rank {self._rank}: jacklring rendezvous: ranks {missing} did not "
-                                       f"publish their address within {wait_s:g} s")
+                                       f"publish their {self._what} within {wait_s:g} s")
             pause = min(POLL_S[min(rounds, len(POLL_S) - 1)], max(0.0, deadline - now))
-            self._wait_briefly([q for q in range(self._size) if q not in found and q not in bad], pause)
+            self._wait_briefly([q for q in wanted if q not in found and q not in bad], pause)
             rounds += 1
 
     def _wait_briefly(self, absent: list[int], pause: float) -> None:

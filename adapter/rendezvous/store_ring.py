@@ -53,7 +53,7 @@ def store_ring(store, rank: int, size: int, timeout_s: float, scope: str = "") -
         except Exception as exc:  # the store itself is gone (its server's process ended)
             raise DistributedError(f"rank {rank}: jacklring rendezvous: the store closed while this rank "
                                    f"waited for every rank's address ({exc})") from None
-        addresses = [[r.address] for r in records]
+        addresses = [[r.value] for r in records]
         log.info("rank %d: jacklring ring addresses %s (formation %s)", rank, addresses, tag)
         with book.defended(record):  # peers still reading it find it while the ring connects
             return RingBackend(rank, addresses, [listener], timeout_s, wait_s, job=job)
