@@ -74,8 +74,8 @@ def hosts_evidence(environ: Mapping[str, str] = os.environ) -> str | None:
         if (_count(environ, name) or 0) > 0:
             return f"{name}={environ[name].strip()} (not the first node)"
     one_node_by_torch = world is not None and local_world == world
-    if _slurm_step(environ) and not one_node_by_torch and (_slurm_nodes(environ) or 2) > 1:
-        return f"this srun step spans {_slurm_nodes(environ) or 'several'} nodes"
+    if _slurm_step(environ) and not one_node_by_torch and (_slurm_nodes(environ) or 1) > 1:
+        return f"this srun step spans {_slurm_nodes(environ)} nodes"  # unknown: decided below, after the store
     return None
 
 
@@ -97,7 +97,9 @@ def single_host_job(environ: Mapping[str, str] = os.environ,
         ip = socket.gethostbyname(addr) if _is_loopback(addr) else addr
         return f"torch {ip}:{port} run {run_id or '-'}"
     if _slurm_step(environ):
-        return f"slurm {environ['SLURM_JOB_ID']}.{environ['SLURM_STEP_ID']}"  # one node: else refused above
+        if _slurm_nodes(environ) == 1:
+            return f"slurm {environ['SLURM_JOB_ID']}.{environ['SLURM_STEP_ID']}"
+        raise _refusal("this srun step spans several nodes: Slurm does not say how many")
     return None
 
 

@@ -95,6 +95,10 @@ def test_which_jobs_get_a_derived_secret():
     assert job({}, ("10.0.0.5", 4000)) is None
     step = {"SLURM_JOB_ID": "77", "SLURM_STEP_ID": "3", "SLURM_STEP_NODELIST": "n1", "SLURM_STEP_NUM_NODES": "1"}
     assert job(step) == "slurm 77.3"
+    uncounted = {k: v for k, v in step.items() if k != "SLURM_STEP_NUM_NODES"}
+    assert job(uncounted, ("127.0.0.1", 4000)) == "torch 127.0.0.1:4000 run -"  # its store is on loopback
+    with pytest.raises(ConfigError, match="spans several nodes"):
+        job(uncounted)
     with pytest.raises(ConfigError, match=r"spans 2 nodes.*srun --export=ALL,JACKLRING_SECRET.*"
                                           r"JACKLRING_ALLOW_UNAUTHENTICATED=1"):
         job({**step, "SLURM_STEP_NODELIST": "n[1-2]", "SLURM_STEP_NUM_NODES": "2"})
