@@ -17,8 +17,9 @@ import pytest
 
 dist = pytest.importorskip("torch.distributed")
 
-from adapter.bench import free_ports  # noqa: E402
 from security_helpers import outsider_fixture, wait_ready  # noqa: E402,F401
+
+from adapter.bench import free_ports  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 RANK_SCRIPT = ROOT / "tests" / "engines" / "engine_rank.py"
