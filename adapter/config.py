@@ -150,8 +150,7 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
             "refuse to form a group without a job secret (no connections authenticated by public facts only)"),
     Setting("JACKLRING_ALLOW_UNAUTHENTICATED", flag, False,
             "trusted networks only: a store ring without a job secret shares its key through torch's store "
-            "(readable by anyone who reaches it) instead of deriving one or refusing a multi-node srun step, "
-            "and does not warn"),
+            "(readable by anyone who reaches it) instead of deriving one or refusing a group that spans hosts"),
     # ring
     Setting("JACKLRING_RING_SMALL_BYTES", byte_size, 64 * 1024,
             "largest reduction sent by the one-pass small-message path"),

@@ -13,6 +13,7 @@ store that outlives the group).
 """
 from __future__ import annotations
 
+import contextlib
 import datetime
 import hashlib
 import json
@@ -31,6 +32,8 @@ RECORD_VERSION = "jr1"
 MAX_RECORD_BYTES = 4096
 TAMPER_GRACE_S = 5.0    # how long a value failing its MAC may stay before the rank reports it
 POLL_S = (0.1, 0.25, 0.5, 1.0)  # between checks for tampered values (absent keys wake the wait)
+DEFEND_S = 0.05         # how often a rank's record is put back while its peers may still read it
+ABSENT = b"\0jacklring-absent"  # what read() sees for a missing key (compare_set's answer then)
 
 _formations: dict[str, int] = {}
 _formations_lock = threading.Lock()
@@ -52,21 +55,36 @@ def formation_tag(scope: str, environ=os.environ) -> str:
     return ".".join(parts)
 
 
+def read(store, name: str) -> bytes | None:
+    """The value at `name`, or None when there is none, without blocking and without changing
+    the store: get() waits for a missing key for the store's whole timeout (an outsider who
+    deletes a key would stall the reader), and check() then get() races with a deletion.
+    compare_set with an expected value that is never stored answers a missing key with that
+    value and leaves every other key as it is."""
+    value = bytes(store.compare_set(name, ABSENT, ABSENT))
+    return None if value == ABSENT else value
+
+
 @dataclass(frozen=True)
 class Record:
     rank: int
-    address: str
+    value: str  # what the book's `what` names: a listening address, an NCCL id in hex
 
 
 class RecordBook:
-    """The records of one formation: key names under `prefix`, MACs under `key`."""
+    """The records of one formation: key names under `prefix`, MACs under `key`. `what` names
+    the value each record holds (its JSON field, and the words of errors): "address" for the
+    store ring, "nccl_id" for NCCL's unique id; each kind has a MAC key of its own, so a record
+    of one kind never passes as another."""
 
-    def __init__(self, store, prefix: str, key: auth.Auth, rank: int, size: int) -> None:
+    def __init__(self, store, prefix: str, key: auth.Auth, rank: int, size: int, what: str = "address") -> None:
         self._store = store
         self._prefix = prefix
-        self._key = key.derive(b"store-record")
+        self._what = what
+        self._key = key.derive(b"store-record" if what == "address" else b"store-record:" + what.encode())
         self._rank = rank
         self._size = size
+        self.tampered = 0   # how often this rank found its own record deleted or overwritten
 
     def key_name(self, rank: int) -> str:
         return f"{self._prefix}{rank}"
@@ -76,7 +94,7 @@ class RecordBook:
 
     def encode(self, record: Record) -> bytes:
         name = self.key_name(record.rank)
-        body = json.dumps({"rank": record.rank, "size": self._size, "address": record.address},
+        body = json.dumps({"rank": record.rank, "size": self._size, self._what: record.value},
                           sort_keys=True, separators=(",", ":")).encode()
         return f"{RECORD_VERSION} {self._mac(name, body)} ".encode() + body
 
@@ -94,57 +112,74 @@ class RecordBook:
             raise IntegrityError("its MAC does not match: not written by a rank holding the job key "
                                  "(or by a rank of another job)")
         fields = json.loads(body)
-        if fields.get("rank") != q or fields.get("size") != self._size or not isinstance(fields.get("address"), str):
+        if fields.get("rank") != q or fields.get("size") != self._size or not isinstance(fields.get(self._what), str):
             raise IntegrityError(f"it describes rank {fields.get('rank')} of {fields.get('size')}, "
                                  f"not rank {q} of {self._size}")
-        return Record(q, fields["address"])
+        return Record(q, fields[self._what])
 
-    def publish(self, address: str) -> bytes:
-        value = self.encode(Record(self._rank, address))
+    def publish(self, text: str) -> bytes:
+        value = self.encode(Record(self._rank, text))
         self._store.set(self.key_name(self._rank), value)
         return value
 
-    def gather(self, mine: bytes, wait_s: float) -> list[Record]:
-        """Every rank's record, verified. Raises IntegrityError naming the key when a value fails
-        its check for TAMPER_GRACE_S (its owner had that long to overwrite it), DistributedError
-        naming the ranks that published nothing when wait_s passes."""
+    def gather(self, mine: bytes | None, wait_s: float, ranks: list[int] | None = None) -> list[Record]:
+        """The records of `ranks` (default every rank), verified, in that order; `mine` is this
+        rank's published record (defended meanwhile), None when it published none. Raises
+        IntegrityError naming the key when a value fails its check for TAMPER_GRACE_S (its owner
+        had that long to overwrite it), DistributedError naming the ranks that published nothing
+        when wait_s passes."""
+        wanted = list(range(self._size)) if ranks is None else list(ranks)
         start = time.monotonic()
         deadline = start + wait_s
         found: dict[int, Record] = {}
         bad: dict[int, tuple[float, str]] = {}  # rank -> (first seen, why)
+        seen: set[int] = set()                  # ranks whose key held a value once
         rounds = 0
         while True:
-            self._defend(mine)
-            for q in range(self._size):
+            if mine is not None:
+                self.defend(mine)
+            for q in wanted:
                 if q in found:
                     continue
                 name = self.key_name(q)
-                if not self._store.check([name]):
+                raw = read(self._store, name)
+                if raw is None:
+                    if q in seen:  # ranks never delete their records while a formation reads them
+                        bad.setdefault(q, (time.monotonic(), "it was deleted after a value had been written there "
+                                                             "(no rank deletes its record)"))
                     continue
+                seen.add(q)
                 try:
-                    found[q] = self.decode(q, self._store.get(name))
+                    found[q] = self.decode(q, raw)
                     if q in bad:
                         log.warning("rank %d: jacklring rendezvous: store key %r held a value that failed its "
                                     "check (%s) before rank %d's record replaced it", self._rank, name, bad[q][1], q)
                     bad.pop(q, None)
                 except (IntegrityError, ValueError) as exc:
                     bad.setdefault(q, (time.monotonic(), str(exc)))
-            if len(found) == self._size:
-                return [found[q] for q in range(self._size)]
+            if len(found) == len(wanted):
+                return [found[q] for q in wanted]
             now = time.monotonic()
             for q, (since, why) in sorted(bad.items()):
                 if now - since >= TAMPER_GRACE_S or now >= deadline:
                     raise IntegrityError(
                         f"rank {self._rank}: jacklring rendezvous: the store value at key {self.key_name(q)!r} "
-                        f"(rank {q}'s address record) was tampered with: {why}; it stayed so for "
+                        f"(rank {q}'s {self._what} record) was tampered with: {why}; it stayed so for "
                         f"{now - since:.1f} s. Someone other than the job's ranks writes to the store: "
                         f"set a job secret and keep the store's port unreachable (docs/security.md)")
             if now >= deadline:
-                missing = [q for q in range(self._size) if q not in found]
+                missing = [q for q in wanted if q not in found]
+                if self.tampered:
+                    raise IntegrityError(
+                        f"rank {self._rank}: jacklring rendezvous: no record of ranks {missing} within {wait_s:g} s, "
+                        f"while this rank's own record at key {self.key_name(self._rank)!r} was deleted or "
+                        f"overwritten {self.tampered} times by someone else: the store is being tampered with, "
+                        f"so their records may have been removed as well. Set a job secret and keep the "
+                        f"store's port unreachable (docs/security.md)")
                 raise DistributedError(f"rank {self._rank}: jacklring rendezvous: ranks {missing} did not "
-                                       f"publish their address within {wait_s:g} s")
+                                       f"publish their {self._what} within {wait_s:g} s")
             pause = min(POLL_S[min(rounds, len(POLL_S) - 1)], max(0.0, deadline - now))
-            self._wait_briefly([q for q in range(self._size) if q not in found and q not in bad], pause)
+            self._wait_briefly([q for q in wanted if q not in found and q not in bad], pause)
             rounds += 1
 
     def _wait_briefly(self, absent: list[int], pause: float) -> None:
@@ -157,13 +192,40 @@ class RecordBook:
         except Exception:  # torch's DistStoreError on timeout; a closed store fails the next check()
             pass
 
-    def _defend(self, mine: bytes) -> None:
-        """Put this rank's record back when someone overwrote it (the readers retry)."""
+    def defend(self, mine: bytes) -> None:
+        """Put this rank's record back when someone deleted or overwrote it (the readers retry).
+        Never blocks (read(), not get(), which would wait for a deleted key)."""
         name = self.key_name(self._rank)
-        if bytes(self._store.get(name)) != mine:
-            log.warning("rank %d: jacklring rendezvous: store key %r was overwritten by someone else; "
-                        "writing this rank's record again", self._rank, name)
-            self._store.set(name, mine)
+        current = read(self._store, name)
+        if current == mine:
+            return
+        self.tampered += 1
+        if self.tampered == 1:
+            log.warning("rank %d: jacklring rendezvous: store key %r was %s by someone else; writing this "
+                        "rank's record again", self._rank, name, "deleted" if current is None else "overwritten")
+        self._store.set(name, mine)
+
+    @contextlib.contextmanager
+    def defended(self, mine: bytes, every_s: float = DEFEND_S):
+        """While the body runs (the ring connecting), keep this rank's record in place in a
+        thread, for peers that have not read it yet: an outsider who deletes it right after
+        this rank's gather would otherwise leave them waiting until their deadline."""
+        stop = threading.Event()
+
+        def run() -> None:
+            while not stop.wait(every_s):
+                try:
+                    self.defend(mine)
+                except Exception:  # the store went away: the ring's own errors say why
+                    return
+
+        thread = threading.Thread(target=run, name=f"jacklring-defend-{self._rank}", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join(1.0)
 
 
 def wait_for(store, name: str, wait_s: float, rank: int, what: str) -> bytes:
@@ -173,4 +235,8 @@ def wait_for(store, name: str, wait_s: float, rank: int, what: str) -> bytes:
     except Exception as exc:
         raise DistributedError(f"rank {rank}: jacklring rendezvous: no {what} at store key {name!r} "
                                f"within {wait_s:g} s ({exc})") from None
-    return bytes(store.get(name))
+    value = read(store, name)
+    if value is None:
+        raise IntegrityError(f"rank {rank}: jacklring rendezvous: the store value at key {name!r} ({what}) was "
+                             f"tampered with: it was deleted right after it appeared")
+    return value

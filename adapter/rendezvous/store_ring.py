@@ -46,15 +46,17 @@ def store_ring(store, rank: int, size: int, timeout_s: float, scope: str = "") -
         try:
             job = store_auth(store, prefix, rank, wait_s, host)
             book = store_records.RecordBook(store, prefix, job, rank, size)
-            records = book.gather(book.publish(mine), wait_s)
+            record = book.publish(mine)
+            records = book.gather(record, wait_s)
         except (DistributedError, ConfigError):
             raise
         except Exception as exc:  # the store itself is gone (its server's process ended)
             raise DistributedError(f"rank {rank}: jacklring rendezvous: the store closed while this rank "
                                    f"waited for every rank's address ({exc})") from None
-        addresses = [[r.address] for r in records]
+        addresses = [[r.value] for r in records]
         log.debug("rank %d: jacklring ring addresses %s (formation %s)", rank, addresses, tag)
-        return RingBackend(rank, addresses, [listener], timeout_s, wait_s, job=job)
+        with book.defended(record):  # peers still reading it find it while the ring connects
+            return RingBackend(rank, addresses, [listener], timeout_s, wait_s, job=job)
     except BaseException:
         listener.close()
         raise
@@ -63,16 +65,16 @@ def store_ring(store, rank: int, size: int, timeout_s: float, scope: str = "") -
 def store_auth(store, prefix: str, rank: int, wait_s: float = 120.0, listen_host: str = "127.0.0.1") -> auth.Auth:
     """The job secret when configured, else one derived from a 0600 file when every rank shares
     this host (store_secret), else a random key drawn by rank 0 and shared through the store
-    (which every rank has already trusted with the rendezvous; a warning says so once when the
-    ring listens beyond loopback)."""
-    job = store_secret.auth_for_store_ring(store_address(store))
+    (which every rank has already trusted with the rendezvous). That last one only where the
+    ring listens on loopback or JACKLRING_ALLOW_UNAUTHENTICATED=1: a group spanning hosts
+    without a secret is refused (ConfigError saying how to set one)."""
+    job = store_secret.auth_for_store_ring(store_address(store), listen_host)
     if job is not None:
         return job
     if config.get("JACKLRING_REQUIRE_AUTH"):
         raise ConfigError("JACKLRING_REQUIRE_AUTH=1 but no job secret is set: a key shared through torch's "
                           "store is only as safe as the store (which has no authentication); set "
                           "JACKLRING_SECRET or JACKLRING_SECRET_FILE on every rank")
-    store_secret.warn_store_key(listen_host)
     key = f"{prefix}key"
     if rank == 0:
         store.set(key, auth.generate_secret())

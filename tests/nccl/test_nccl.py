@@ -175,11 +175,14 @@ def test_world_of_one_needs_no_listener():
 @pytest.mark.timeout(30)
 def test_id_exchange_through_a_torch_store():
     torch_distributed = pytest.importorskip("torch.distributed")
+    from adapter.backends.transport import auth
+    from adapter.rendezvous.nccl_id import exchange_id_via_store
     store = torch_distributed.HashStore()
+    job = auth.auth_from_secret(b"s" * 32)
     got = {}
 
     def rank(r):
-        got[r] = nccl_bootstrap.exchange_id_via_store(store, "g0/nccl_id", r, lambda: bytes(range(128)))
+        got[r] = exchange_id_via_store(store, "g0/nccl_id", r, 3, lambda: bytes(range(128)), job, 10)
 
     threads = [threading.Thread(target=rank, args=(r,)) for r in (2, 1, 0)]
     for t in threads:

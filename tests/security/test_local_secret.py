@@ -90,15 +90,51 @@ def test_which_jobs_get_a_derived_secret():
     torchrun_one_node = {"MASTER_ADDR": "10.0.0.5", "MASTER_PORT": "29500", "TORCHELASTIC_RUN_ID": "r",
                          "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "4"}
     assert job(torchrun_one_node) == "torch 10.0.0.5:29500 run r"
-    assert job({**torchrun_one_node, "LOCAL_WORLD_SIZE": "2"}) is None      # several nodes: no file serves
     assert job({"MASTER_ADDR": "10.0.0.5", "MASTER_PORT": "29500"}) is None  # by hand, another host
     assert job({}, ("127.0.0.1", 4000)) == "torch 127.0.0.1:4000 run -"       # tcp://127.0.0.1:4000
     assert job({}, ("10.0.0.5", 4000)) is None
     step = {"SLURM_JOB_ID": "77", "SLURM_STEP_ID": "3", "SLURM_STEP_NODELIST": "n1", "SLURM_STEP_NUM_NODES": "1"}
     assert job(step) == "slurm 77.3"
+    uncounted = {k: v for k, v in step.items() if k != "SLURM_STEP_NUM_NODES"}
+    assert job(uncounted, ("127.0.0.1", 4000)) == "torch 127.0.0.1:4000 run -"  # its store is on loopback
+    with pytest.raises(ConfigError, match="spans several nodes"):
+        job(uncounted)
     with pytest.raises(ConfigError, match=r"spans 2 nodes.*srun --export=ALL,JACKLRING_SECRET.*"
                                           r"JACKLRING_ALLOW_UNAUTHENTICATED=1"):
         job({**step, "SLURM_STEP_NODELIST": "n[1-2]", "SLURM_STEP_NUM_NODES": "2"})
+
+
+MULTI_NODE = {
+    "torchrun, 2 nodes": {"LOCAL_WORLD_SIZE": "2", "WORLD_SIZE": "4", "GROUP_WORLD_SIZE": "2"},
+    "torchrun, node 1 of 2": {"GROUP_RANK": "1"},
+    "a launcher's node count": {"NNODES": "3"},
+    "Lightning's node rank": {"NODE_RANK": "1"},
+}
+
+
+@pytest.mark.parametrize("case", sorted(MULTI_NODE))
+def test_a_job_spanning_hosts_is_refused_even_with_a_loopback_master_addr(case):
+    """The engine says several nodes: refused, and the error says how to set a secret. A
+    loopback MASTER_ADDR does not make it one host (on its own node a host name can resolve to
+    127.0.1.1). Before, torchrun on several nodes only warned (key through the store)."""
+    environ = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500", "TORCHELASTIC_RUN_ID": "r",
+               **MULTI_NODE[case]}
+    with pytest.raises(ConfigError, match=r"spans hosts.*JACKLRING_SECRET=.*JACKLRING_SECRET_FILE.*"
+                                          r"JACKLRING_ALLOW_UNAUTHENTICATED=1"):
+        store_secret.derived_secret(environ)
+    assert store_secret.derived_secret({**environ, "JACKLRING_ALLOW_UNAUTHENTICATED": "1"}) is None
+
+
+def test_listeners_beyond_loopback_without_a_single_host_identity_are_refused(tmp_path):
+    """MASTER_ADDR set by hand to another host, the ring listening on a routable address:
+    before, a warning; now a ConfigError. Loopback listeners keep the key through the store
+    (nobody on another host reaches them); one host by torchrun's variables keeps its file."""
+    by_hand = {"MASTER_ADDR": "10.0.0.5", "MASTER_PORT": "29500", "WORLD_SIZE": "2", **env(tmp_path)}
+    with pytest.raises(ConfigError, match=r"listens on 10\.0\.0\.7, beyond loopback.*JACKLRING_SECRET"):
+        store_secret.derived_secret(by_hand, None, "10.0.0.7")
+    assert store_secret.derived_secret(by_hand, None, "127.0.0.1") is None
+    one_node = {**by_hand, "LOCAL_WORLD_SIZE": "2", "TORCHELASTIC_RUN_ID": "r"}
+    assert len(store_secret.derived_secret(one_node, None, "10.0.0.7")) == 32
 
 
 def test_the_opt_out_skips_derivation_and_the_slurm_refusal(monkeypatch):
@@ -106,16 +142,6 @@ def test_the_opt_out_skips_derivation_and_the_slurm_refusal(monkeypatch):
     with pytest.raises(ConfigError):
         store_secret.derived_secret(step)
     assert store_secret.derived_secret({**step, "JACKLRING_ALLOW_UNAUTHENTICATED": "1"}) is None
-
-
-def test_a_store_key_on_listeners_beyond_loopback_warns_once(caplog, monkeypatch):
-    monkeypatch.delenv("JACKLRING_ALLOW_UNAUTHENTICATED", raising=False)
-    with caplog.at_level("WARNING", logger="jacklring.torch"):
-        store_secret.warn_store_key("127.0.0.1")
-        assert not caplog.records
-        for _ in range(3):
-            store_secret.warn_store_key("192.0.2.7")
-    assert len(caplog.records) == 1 and "JACKLRING_SECRET" in caplog.text and "192.0.2.7" in caplog.text
 
 
 def test_secrets_unused_for_a_week_are_removed_when_a_new_one_is_made(tmp_path):

@@ -8,6 +8,7 @@ world size in the channel field; both ends prove the job key, see transport/auth
 garbage or unauthenticated connection is rejected and rank 0 keeps waiting.
 A rank that announces a different world size, a rank out of range or a rank already served
 gets an error frame naming the problem, so both sides fail with the same clear message.
+(Through a torch store instead: adapter.rendezvous.nccl_id, where the id is a MACed record.)
 
 Frames from rank 0: REPLY (magic, status, length) then `length` bytes: the id when status
 is OK, else a UTF-8 error message. The fetching rank answers ACK so rank 0 knows the id
@@ -145,17 +146,6 @@ def exchange_id(rank: int, world: int, host: str, port: int, make_id: Callable[[
                 listener.close()
         return unique_id
     return fetch_id(host, port, rank, world, deadline, token)
-
-
-def exchange_id_via_store(store, key: str, rank: int, make_id: Callable[[], bytes]) -> bytes:
-    """The same exchange over a key-value store with blocking get (torch.distributed.Store):
-    rank 0 sets key, the others wait for it within the store's own timeout."""
-    if rank == 0:
-        unique_id = make_id()
-        store.set(key, unique_id)
-        return unique_id
-    value = store.get(key)
-    return bytes(value)
 
 
 # ---- the unique id as cupy wants it ---------------------------------------------------------

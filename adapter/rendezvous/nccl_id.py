@@ -1,0 +1,39 @@
+"""NCCL's unique id handed over through a key-value store (torch's TCPStore, which has no
+authentication), as an authenticated record (store_records): rank 0 publishes the id MACed
+under the job key and bound to its key name; every other rank verifies it before NCCL sees it.
+An id an outsider wrote there would put the ranks in the outsider's NCCL clique (NCCL's own
+bootstrap trusts the id): it is refused with an IntegrityError naming the key, and a missing id
+is a DistributedError naming rank 0, both within wait_s.
+
+(The TCP exchange of backends/nccl/bootstrap.py authenticates its connections instead; this
+one lives here, above the backends, because its records are the store ring's.)"""
+from __future__ import annotations
+
+from typing import Callable
+
+from ..backends.transport import auth
+from ..errors import IntegrityError
+from . import store_records
+
+MAX_ID_BYTES = 1024  # NCCL's is 128; a record is at most store_records.MAX_RECORD_BYTES
+
+
+def exchange_id_via_store(store, key: str, rank: int, size: int, make_id: Callable[[], bytes],
+                          job: auth.Auth, wait_s: float) -> bytes:
+    """Every rank's copy of one unique id: rank 0 makes it and publishes it at `key`/0 as a
+    record MACed under `job` (the group's key: store_ring.store_auth gives it), the others wait
+    up to wait_s for it and verify it. `key` must name this group and formation alone (an id
+    left by an earlier one fails its check, since the record binds the group's size and key)."""
+    book = store_records.RecordBook(store, f"{key}/", job, rank, size, what="nccl_id")
+    if rank == 0:
+        unique_id = bytes(make_id())
+        if len(unique_id) > MAX_ID_BYTES:
+            raise ValueError(f"an NCCL unique id of {len(unique_id)} bytes (at most {MAX_ID_BYTES})")
+        book.publish(unique_id.hex())
+        return unique_id
+    record = book.gather(None, wait_s, ranks=[0])[0]
+    try:
+        unique_id = bytes.fromhex(record.value)
+    except ValueError:  # a rank holding the key wrote it, so this is a bug, not an outsider
+        raise IntegrityError(f"rank {rank}: the NCCL id record at store key {book.key_name(0)!r} is not hex") from None
+    return unique_id

@@ -1,0 +1,93 @@
+"""NCCL's unique id through torch's TCPStore (adapter.rendezvous.nccl_id): a MACed record, so
+an id an outsider wrote is refused, never handed to NCCL (which would then join the ranks to
+the outsider's clique). No GPU or NCCL needed: the exchange is the store's. Real processes: a
+TCPStore served by the test, three rank processes, an outsider of uid 65534 speaking the
+store's protocol with the standard library. Before, exchange_id_via_store (in
+backends/nccl/bootstrap.py) returned whatever bytes were at the key."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+dist = pytest.importorskip("torch.distributed")
+
+from security_helpers import outsider_fixture, wait_ready  # noqa: E402,F401
+
+from adapter.bench import free_ports  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+KEY = "pg0/nccl_id"
+THE_ID = bytes(range(128))
+RANK = """
+import json, sys, datetime
+import torch.distributed as dist
+from adapter.backends.transport import auth
+from adapter.errors import DistributedError
+from adapter.rendezvous.nccl_id import exchange_id_via_store
+rank, port, secret = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+store = dist.TCPStore("127.0.0.1", port, 4, False, datetime.timedelta(seconds=30))
+job = auth.auth_from_secret(bytes.fromhex(secret))
+try:
+    got = exchange_id_via_store(store, "pg0/nccl_id", rank, 3, lambda: bytes(range(128)), job, 20)
+    print(json.dumps({"rank": rank, "id": got.hex()}), flush=True)
+except DistributedError as exc:
+    print(json.dumps({"rank": rank, "error": type(exc).__name__, "text": str(exc)}), flush=True)
+"""
+
+
+def run_ranks(port: int, secrets: list[str]) -> list[dict]:
+    procs = [subprocess.Popen([sys.executable, "-c", RANK, str(q), str(port), secrets[q]], cwd=ROOT,
+                              env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for q in range(3)]
+    results = []
+    for p in procs:
+        try:
+            out, err = p.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            out, err = p.communicate()
+        lines = [line for line in out.splitlines() if line.startswith("{")]
+        assert lines, f"exit {p.returncode}\n{out}\n{err}"
+        results.append(json.loads(lines[-1]))
+    return results
+
+
+def serve():
+    port = free_ports(1)[0]
+    return dist.TCPStore("127.0.0.1", port, 4, True, wait_for_workers=False, multi_tenant=True), port
+
+
+@pytest.mark.timeout(120)
+def test_every_rank_gets_rank_0s_id_and_a_rank_of_another_key_is_refused():
+    server, port = serve()
+    results = run_ranks(port, ["11" * 32] * 3)
+    assert [r.get("id") for r in results] == [THE_ID.hex()] * 3, results
+    server2, port2 = serve()
+    results = run_ranks(port2, ["11" * 32, "11" * 32, "22" * 32])  # rank 2 holds another job's key
+    assert results[1].get("id") == THE_ID.hex(), results
+    assert results[2].get("error") == "IntegrityError" and "'pg0/nccl_id/0'" in results[2]["text"], results
+
+
+@pytest.mark.timeout(150)
+def test_an_outsider_overwriting_the_id_is_refused_naming_the_key(outsider):
+    """The outsider (uid 65534) writes a record of its own at the id's key before rank 0 and
+    every 20 ms after: ranks 1 and 2 end with rank 0's id (read in a gap) or an IntegrityError
+    naming the key, within seconds; never with the outsider's bytes."""
+    server, port = serve()
+    attacker = outsider("store_tamper.py", port, 100, 0.02, free_ports(1)[0], "overwrite", f"/{KEY}/0")
+    wait_ready(attacker)
+    results = run_ranks(port, ["33" * 32] * 3)
+    assert attacker.poll() is None, attacker.stderr.read()
+    assert results[0].get("id") == THE_ID.hex(), results
+    for r in results[1:]:
+        if "id" in r:
+            assert r["id"] == THE_ID.hex(), results
+        else:
+            assert r["error"] == "IntegrityError" and "was tampered with" in r["text"], results
+            assert f"'{KEY}/0'" in r["text"] and "nccl_id record" in r["text"], results
+    print(results)
