@@ -22,10 +22,9 @@ from typing import Any
 
 import numpy as np
 
-from .backends.elements import BFLOAT16, DTYPE_CODES
-
 # Device facts live with the NCCL backend (a backend must not import this upper layer).
 from .backends.base import DeviceBuffer
+from .backends.elements import BFLOAT16, DTYPE_CODES
 from .backends.nccl.device import cuda_visible_reason, device_count
 
 __all__ = ["library_of", "is_cuda_array", "array_kind", "cuda_visible_reason", "device_count", "numpy_dtype_of",

@@ -34,10 +34,9 @@ from ... import config
 from ...config import connect_timeout as default_connect_timeout
 from ...config import env_rank, op_timeout
 from ...errors import CollectiveTimeout, ConfigError, DistributedError, PeerError
-from ..base import Backend, ReduceOp
+from ..base import Backend, DeviceBuffer, ReduceOp
 from ..transport import tcp
 from . import bootstrap as nccl_bootstrap
-from ..base import DeviceBuffer
 from .device import choose_device, cuda_visible_reason, device_count
 from .types import NCCL_INT32, NCCL_SUM, NCCL_UINT8, ReducePlan, reduce_plan
 
