@@ -70,7 +70,7 @@ def test_two_jobs_on_one_host_at_once():
 def test_mismatch_raises_on_both_sides():
     body = ("import numpy as np, sys, adapter\n"
             "g = adapter.init(strict=True)\n"
-            "assert g.backend._shm is not None\n"
+            "assert g.backend.state.shm is not None\n"
             "x = np.ones(10, np.float32)\n"
             "try:\n"
             "    adapter.all_max(x) if g.rank() == 1 else adapter.all_sum(x)\n"
@@ -150,7 +150,7 @@ def test_kill_9_mid_collective_survivors_raise_within_a_second_and_nothing_is_le
 def test_a_rank_that_never_arrives_gives_a_deadline_error_naming_it():
     body = ("import numpy as np, sys, time, adapter\n"
             "g = adapter.init(strict=True)\n"
-            "assert g.backend._shm is not None\n"
+            "assert g.backend.state.shm is not None\n"
             "if g.rank() == 2:\n"
             "    time.sleep(4)\n"
             "    sys.exit(0)\n"
