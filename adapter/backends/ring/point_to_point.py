@@ -12,7 +12,6 @@ import select
 import socket
 import threading
 import time
-from collections import deque
 
 import numpy as np
 
@@ -20,10 +19,13 @@ from ... import config
 from ...errors import CollectiveTimeout, DistributedError, IntegrityError, MismatchError, PeerError
 from ..elements import byte_view, dtype_code
 from ..transport import integrity, tcp
+from ..transport.spill import CHUNK as SPILL_CHUNK
+from ..transport.spill import Spill
 from .header import HEADER, HEADER_MAGIC, OP_SEND, PURPOSE_P2P, describe_header
 from .state import RingState
 
-SPILL_CHUNK = 1 << 20   # bytes read ahead at a time from a peer while a send to it is blocked
+__all__ = ["SPILL_CHUNK", "SPILL_POLL_S", "PointToPoint", "check_alive"]
+
 SPILL_POLL_S = 0.05     # how long a blocked send waits before looking for the peer's connection again
 
 
@@ -66,10 +68,9 @@ class PointToPoint:
         self._unusable: dict[int, str] = {}  # peer -> why its incoming stream was given up
         # Bytes read ahead from a peer's stream while a send to it was blocked (see _send_bytes),
         # consumed by recv() before the socket; at most JACKLRING_P2P_SPILL_BYTES per peer.
-        self._spill: dict[int, deque[memoryview]] = {q: deque() for q in range(size)}
-        self._spilled = dict.fromkeys(range(size), 0)
+        spill_limit = config.get("JACKLRING_P2P_SPILL_BYTES")
+        self._spill = {q: Spill(spill_limit) for q in range(size)}
         self._spill_ended: set[int] = set()
-        self._spill_limit = config.get("JACKLRING_P2P_SPILL_BYTES")
         self._lock = threading.Lock()
         # One message at a time per peer and direction: two threads writing (or reading) one
         # connection at once would interleave their bytes.
@@ -149,7 +150,7 @@ class PointToPoint:
             if now - last_move >= silence:
                 raise CollectiveTimeout(f"{who} timed out: it took no byte for {silence:g} s "
                                         f"({len(view)} bytes left; it is not reading)"
-                                        + self._spill_note(dst))
+                                        + self._spill[dst].full_note(f"rank {dst}"))
             if poller is None:
                 poller = select.poll()
                 poller.register(sock, select.POLLOUT)
@@ -171,7 +172,7 @@ class PointToPoint:
     def _spill_socket(self, peer: int) -> socket.socket | None:
         """peer's incoming point-to-point connection, accepting it when it waits in the listener;
         None when it is not there yet, at end of stream, or the spill buffer is full."""
-        if self._spilled[peer] >= self._spill_limit or peer in self._spill_ended:
+        if self._spill[peer].full() or peer in self._spill_ended:
             return None
         state = self._state
         with self._lock:
@@ -200,8 +201,8 @@ class PointToPoint:
         if not lock.acquire(blocking=False):
             return False
         try:
-            room = self._spill_limit - self._spilled[peer]
-            chunk = bytearray(min(SPILL_CHUNK, room))
+            spill = self._spill[peer]
+            chunk = spill.new_chunk()
             try:
                 # Non-blocking: a socket with a timeout would wait for data despite MSG_DONTWAIT
                 # (recv() sets its own timeout again).
@@ -214,17 +215,10 @@ class PointToPoint:
             if n == 0:
                 self._spill_ended.add(peer)
                 return False
-            self._spill[peer].append(memoryview(chunk)[:n])
-            self._spilled[peer] += n
+            spill.keep(chunk, n)
             return True
         finally:
             lock.release()
-
-    def _spill_note(self, peer: int) -> str:
-        if self._spilled[peer] >= self._spill_limit:
-            return (f"; {self._spilled[peer]} bytes from rank {peer} wait in this rank's spill buffer, which is "
-                    f"full (JACKLRING_P2P_SPILL_BYTES={self._spill_limit})")
-        return ""
 
     # ---- receiving ----------------------------------------------------------------------------
 
@@ -289,20 +283,11 @@ class PointToPoint:
         The deadline measures silence: each byte that arrives restarts it."""
         view = view.cast("B") if view.format != "B" or view.ndim != 1 else view
         spill = self._spill[src]
-        while spill and len(view):
-            chunk = spill[0]
-            n = min(len(chunk), len(view))
-            view[:n] = chunk[:n]
-            view = view[n:]
-            self._spilled[src] -= n
-            if n == len(chunk):
-                spill.popleft()
-            else:
-                spill[0] = chunk[n:]
+        if spill.chunks:
+            view = view[spill.take(view):]
         if not len(view):
             return
-        if not spill:
-            self._spill_ended.discard(src)
+        self._spill_ended.discard(src)  # the spill is empty: the stream's end may be read again
         tcp.recv_exact(sock, view, deadline, who, silence=self._state.timeout)
 
     def _resynchronise(self, sock: socket.socket, raw: bytes, src: int, deadline: float, who: str,
