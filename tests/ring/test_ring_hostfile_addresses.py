@@ -71,7 +71,7 @@ def test_split_with_many_addresses_per_rank_keeps_each_interface(tmp_path):
     ports = free_ports(2 * k)
     data = [[f"127.0.0.{c + 1}:{ports[i * k + c]}" for c in range(k)] for i in range(2)]
     code = ("import numpy as np, adapter as d\nw = d.init()\ns = w.split(0)\n"
-            "hosts = [a.rsplit(':', 1)[0] for a in s.backend._addresses[w.rank()]]\n"
+            "hosts = [a.rsplit(':', 1)[0] for a in s.backend.state.addresses[w.rank()]]\n"
             "assert hosts == [f'127.0.0.{c + 1}' for c in range(16)], hosts\n"
             "assert (d.all_sum(np.ones(100_000), group=s) == 2).all()\n")
     assert_all_ok(run(2, "ring_scripts/exec.py", [code], hostfile=_hostfile(tmp_path, data), timeout=50))

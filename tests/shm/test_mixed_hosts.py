@@ -54,7 +54,7 @@ def test_sockets_only_when_asked_even_when_some_ranks_share_a_host():
 
 MISMATCH = ("import numpy as np, sys, adapter\n"
             "g = adapter.init(strict=True)\n"
-            "assert g.backend._hier is not None\n"
+            "assert g.backend.state.hier is not None\n"
             "x = np.ones(12, np.float32)\n"
             "try:\n"
             "    CALL\n"
@@ -95,7 +95,7 @@ def test_a_split_of_a_group_spanning_hosts_stages_only_where_it_still_spans_them
             "g = adapter.init(strict=True)\n"
             "sub = g.split(g.rank() % 2)\n"  # {0, 2} share a host; {1, 3} are on two hosts
             "b = sub.backend\n"
-            "kind = 'shm' if b._shm is not None else 'staged' if b._hier is not None else 'sockets'\n"
+            "kind = 'shm' if b.state.shm is not None else 'staged' if b.state.hier is not None else 'sockets'\n"
             "x = adapter.all_sum(np.full(5, g.rank() + 1.0), group=sub)\n"
             "y = adapter.all_sum(np.full(5, g.rank() + 1.0))\n"
             "print(kind, x[0], y[0])\n")

@@ -70,7 +70,7 @@ def test_two_jobs_on_one_host_at_once():
 def test_mismatch_raises_on_both_sides():
     body = ("import numpy as np, sys, adapter\n"
             "g = adapter.init(strict=True)\n"
-            "assert g.backend._shm is not None\n"
+            "assert g.backend.state.shm is not None\n"
             "x = np.ones(10, np.float32)\n"
             "try:\n"
             "    adapter.all_max(x) if g.rank() == 1 else adapter.all_sum(x)\n"
@@ -151,7 +151,7 @@ def test_a_rank_that_never_arrives_gives_a_deadline_error_naming_it():
     # Rank 2 stays away for 4 s, or until ranks 0 and 1 have raised (files beside the hostfile say so).
     body = ("import numpy as np, os, sys, time, adapter\n"
             "g = adapter.init(strict=True)\n"
-            "assert g.backend._shm is not None\n"
+            "assert g.backend.state.shm is not None\n"
             "raised = os.environ['MLX_HOSTFILE'] + '.raised'\n"
             "if g.rank() == 2:\n"
             "    until = time.monotonic() + 4\n"

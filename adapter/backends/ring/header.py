@@ -23,6 +23,12 @@ _REDUCING = (OP_ALL_REDUCE, OP_REDUCE_SCATTER)
 # Its dtype byte says why: the culprit died or gave up, or never connected before the deadline.
 ABORT_DIED, ABORT_MISSING = 0, 1
 
+# What a connection to a ring rank's listener is for (its hello's purpose; origin.py's notices
+# are 4).
+PURPOSE_RING = 1
+PURPOSE_P2P = 2
+PURPOSE_ABORT = 3  # a rank that gave up forming tells a ring neighbour it had no connection with yet
+
 # The header's extra field of a leaders' collective: the group's operation from bit 48, its
 # detail (a broadcast's root) from bit 16, the leaders' own extra (a reduce op, a root among
 # the leaders) below.

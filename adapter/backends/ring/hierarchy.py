@@ -37,6 +37,7 @@ from ..local import algorithms as shm_algorithms
 from ..local.shm import Placement, SharedGroup
 from . import origin
 from .header import OP_ALL_GATHER, OP_ALL_REDUCE, OP_BARRIER, OP_BROADCAST, OP_REDUCE_SCATTER, stage_tag
+from .state import RingState
 
 if TYPE_CHECKING:
     from .backend import RingBackend
@@ -68,13 +69,13 @@ class Hierarchy:
         for a broadcast); errors are reworded by ranks of the group."""
         leaders = self.leaders
         assert leaders is not None
-        leaders._stage = stage_tag(op_code, detail)
+        leaders.state.stage = stage_tag(op_code, detail)
         try:
             call(leaders)
         except DistributedError as exc:
             raise self._reworded(exc) from None
         finally:
-            leaders._stage = 0
+            leaders.state.stage = 0
 
     def _reworded(self, exc: DistributedError) -> DistributedError:
         outer = getattr(exc, "outer_culprit", None)
@@ -102,7 +103,7 @@ class Hierarchy:
         if leaders is None:
             return
         if not getattr(exc, "from_leaders", False):  # the leaders' ring told its peers already
-            origin.notify_outer(leaders, culprit)
+            origin.notify_outer(leaders.state, culprit)
         leaders.break_links(f"rank {self.rank}: a collective of its group failed")
 
     def close(self) -> None:
@@ -125,14 +126,14 @@ def form(backend: "RingBackend", placement: Placement) -> Hierarchy:
     return Hierarchy(rank, placement, sub if leader else None)
 
 
-def run(backend: "RingBackend", body: Callable, *args) -> None:
-    """Run one collective in stages, body(hierarchy, *args), under the backend's deadline."""
-    h = backend._hier
+def run(state: RingState, body: Callable, *args) -> None:
+    """Run one collective in stages, body(hierarchy, *args), under the group's deadline."""
+    h = state.hier
     if h.local is not None:
-        h.local.deadline = backend._deadline
-        h.local.what = backend._what
+        h.local.deadline = state.deadline
+        h.local.what = state.what
     if h.leaders is not None:
-        h.leaders.timeout = backend.timeout
+        h.leaders.timeout = state.timeout
     try:
         body(h, *args)
     except BaseException as exc:

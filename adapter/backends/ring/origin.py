@@ -18,13 +18,10 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from typing import TYPE_CHECKING
 
 from ...errors import DistributedError, PeerError
 from ..transport import tcp
-
-if TYPE_CHECKING:
-    from .backend import RingBackend
+from .state import RingState
 
 PURPOSE_NOTICE = 4  # 3 is taken by the formation's abort connections
 NOTICE_WAIT_S = 0.5  # how long to wait for the notice of a neighbour that is still alive
@@ -41,18 +38,18 @@ def admits(sender: int, receiver: int, size: int) -> bool:
     return 0 <= sender < size and sender != receiver
 
 
-def blame(ring: "RingBackend", exc: BaseException) -> BaseException:
+def blame(ring: RingState, exc: BaseException) -> BaseException:
     """The error to raise for a failed collective: when a neighbour's connection failed, it
     names the rank that neighbour blamed. Sets `culprit` on the error (the rank blamed)."""
     if hasattr(exc, "culprit") or not isinstance(exc, PeerError):
         return exc
     peer = getattr(exc, "peer", None)  # the link that failed (set by the stream engine)
-    if peer is None or peer == ring.rank():
+    if peer is None or peer == ring.rank:
         return exc
     notice = _notice_from(ring, peer)
     if notice is not None and notice <= OUTER:
         outer = OUTER - notice
-        relayed = PeerError(f"rank {ring.rank()}: {ring._what}: rank {outer} of the group that this ring links "
+        relayed = PeerError(f"rank {ring.rank}: {ring.what}: rank {outer} of the group that this ring links "
                             f"the hosts of died or failed (reported by rank {peer}, which closed its connection "
                             f"to this rank after that)")
         relayed.culprit, relayed.peer, relayed.outer_culprit = peer, peer, outer
@@ -60,31 +57,31 @@ def blame(ring: "RingBackend", exc: BaseException) -> BaseException:
     if notice is None or notice == peer:
         exc.culprit = peer  # it died, or could not say why it left
         return exc
-    if notice < 0 or notice == ring.rank():
+    if notice < 0 or notice == ring.rank:
         own = PeerError(f"{exc}; rank {peer} reported that it gave up after an error of its own")
         own.culprit, own.peer = peer, peer
         return own
-    relayed = PeerError(f"rank {ring.rank()}: {ring._what}: rank {notice} died or failed (reported by "
+    relayed = PeerError(f"rank {ring.rank}: {ring.what}: rank {notice} died or failed (reported by "
                         f"rank {peer}, which closed its connection to this rank after that)")
     relayed.culprit, relayed.peer = notice, peer
     return relayed
 
 
-def notify(ring: "RingBackend", exc: BaseException) -> None:
+def notify(ring: RingState, exc: BaseException) -> None:
     """Tell the live neighbours whom this rank blames, before its links close."""
     culprit = getattr(exc, "culprit", -1)
-    skip = {culprit, getattr(exc, "peer", None), ring.rank()}  # the dead, and who told us
+    skip = {culprit, getattr(exc, "peer", None), ring.rank}  # the dead, and who told us
     outer = getattr(exc, "outer_culprit", None)
     _send_notices(ring, culprit if outer is None else OUTER - outer, skip)
 
 
-def notify_outer(ring: "RingBackend", culprit: int) -> None:
+def notify_outer(ring: RingState, culprit: int) -> None:
     """On a leaders' ring (hierarchy.py): tell the live neighbours that this rank gives up because
     of rank `culprit` of the whole group (-1: an error of its own)."""
-    _send_notices(ring, -1 if culprit < 0 else OUTER - culprit, {ring.rank()})
+    _send_notices(ring, -1 if culprit < 0 else OUTER - culprit, {ring.rank})
 
 
-def _send_notices(ring: "RingBackend", culprit: int, skip: set) -> None:
+def _send_notices(ring: RingState, culprit: int, skip: set) -> None:
     """Best effort, SEND_S at most in all: each notice goes on a thread of its own, and a
     neighbour that accepts but does not answer (a stopped process: the kernel accepts for it)
     is left to its thread, which the handshake's own timeout ends; the error is not held
@@ -99,28 +96,28 @@ def _send_notices(ring: "RingBackend", culprit: int, skip: set) -> None:
         sender.join(max(0.0, deadline - time.monotonic()))
 
 
-def _send_notice(ring: "RingBackend", q: int, culprit: int, deadline: float) -> None:
-    address = ring._addresses[q][0]
+def _send_notice(ring: RingState, q: int, culprit: int, deadline: float) -> None:
+    address = ring.addresses[q][0]
     if not _listening(address):
         return  # gone (tcp.connect would retry until the deadline)
-    hello = tcp.Hello(PURPOSE_NOTICE, ring.rank(), q, culprit, ring._token)
+    hello = tcp.Hello(PURPOSE_NOTICE, ring.rank, q, culprit, ring.token)
     try:
-        tcp.connect(tcp.parse_address(address), hello, deadline, f"rank {q}", ring._auth).close()
+        tcp.connect(tcp.parse_address(address), hello, deadline, f"rank {q}", ring.auth).close()
     except (DistributedError, OSError):
         pass  # it is gone too: its own neighbours will see that
 
 
-def _notice_from(ring: "RingBackend", peer: int) -> int | None:
+def _notice_from(ring: RingState, peer: int) -> int | None:
     """The culprit in peer's abort notice; None when it sent none (it died, or cannot say)."""
-    if not ring._listeners:
+    if not ring.listeners:
         return None
     match = lambda h: h.purpose == PURPOSE_NOTICE and h.sender == peer  # noqa: E731
     deadline = time.monotonic() + NOTICE_WAIT_S
-    taken = ring._listeners[0].take(match, time.monotonic(), None)
+    taken = ring.listeners[0].take(match, time.monotonic(), None)
     while taken is None:
-        if time.monotonic() >= deadline or not _listening(ring._addresses[peer][0]):
+        if time.monotonic() >= deadline or not _listening(ring.addresses[peer][0]):
             return None  # it died: no notice will come
-        taken = ring._listeners[0].take(match, min(deadline, time.monotonic() + RECHECK_S), None)
+        taken = ring.listeners[0].take(match, min(deadline, time.monotonic() + RECHECK_S), None)
     sock, hello = taken
     sock.close()
     return hello.channel

@@ -9,25 +9,55 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable
 
+import numpy as np
+
+from ..elements import dtype_code
 from ..local import shm, use
-from .header import describe_header
+from . import hierarchy
+from .header import HEADER, HEADER_MAGIC, OP_SHM, describe_header
+from .plumbing import Plumbing
+from .state import RingState
 
 if TYPE_CHECKING:
     from .backend import RingBackend
 
 
-def attach(backend: "RingBackend", gather: Callable[[bytes], list[bytes]]) -> shm.Placement:
+def attach_memory(ring: "RingBackend", state: RingState, plumbing: Plumbing) -> None:
+    """Give the group its shared memory, if it has some: state.shm when every rank is on this
+    host, state.hier (the staged collectives, formed by a split of `ring`) when it spans hosts
+    and some host has several of its ranks; neither for sockets only."""
+    def gather(record: bytes) -> list[bytes]:
+        header = HEADER.pack(HEADER_MAGIC, OP_SHM, dtype_code(np.uint8), state.seq, len(record), 0)
+        parts: list[bytes] = []
+        plumbing.collective(header, lambda: parts.extend(
+            bytes(p) for p in plumbing.small_gather(header, memoryview(record))))
+        return parts
+    placement = attach(state, gather)
+    if not placement.shared:
+        return
+    if len(placement.hosts) == 1:
+        state.shm = placement.group
+        return
+    try:
+        state.hier = hierarchy.form(ring, placement)
+    except BaseException:
+        if placement.group is not None:
+            placement.group.close()
+        raise
+
+
+def attach(state: RingState, gather: Callable[[bytes], list[bytes]]) -> shm.Placement:
     """Find which ranks share a host and give each such host a shared segment (a collective
     over the ring); placement.shared is False, with no segment anywhere, for sockets only."""
-    placement = use.attach(backend.rank(), backend.size(), gather, describe_header)
+    placement = use.attach(state.rank, state.size, gather, describe_header)
     group = placement.group
     if group is not None and len(placement.hosts) == 1:
-        for link in backend.right + backend.left:
+        for link in state.right + state.left:
             group.watch(link.fd, link.label, link.peer)
     return placement
 
 
-def run(backend: "RingBackend", body: Callable, *args) -> None:
-    """Run one collective over the backend's shared memory, body(group, *args), under the
-    backend's current deadline and description; on any error the peers are told at once."""
-    use.run(backend._shm, backend._deadline, backend._what, body, *args)
+def run(state: RingState, body: Callable, *args) -> None:
+    """Run one collective over the group's shared memory, body(group, *args), under the
+    current collective's deadline and description; on any error the peers are told at once."""
+    use.run(state.shm, state.deadline, state.what, body, *args)

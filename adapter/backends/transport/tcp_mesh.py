@@ -26,6 +26,7 @@ from ... import config
 from ...errors import CollectiveTimeout, PeerError
 from . import tcp
 from .slots import RECV, SEND, BufferPool, Completion, Transport
+from .spill import Spill
 from .tcp import available_cpus, spin_seconds  # noqa: F401  (shared with the ring)
 
 PURPOSE_MESH = 0x4A4D  # "JM"
@@ -37,7 +38,6 @@ SLOTS = 2
 _LEN = struct.Struct("<Q")
 _LS = _LEN.size
 _INBUF_BYTES = 64 << 10
-_SPILL_CHUNK = 1 << 20
 _READ = select.POLLIN | select.POLLPRI
 # Below this a frame's data is copied into its slot (one send call); above it the slot's header
 # and the caller's memory go out together with sendmsg, saving a copy of every byte.
@@ -54,9 +54,9 @@ class _Peer:
 
     __slots__ = ("rank", "sock", "fd", "label", "sends", "recvs", "inbuf", "inview", "in_start", "in_end",
                  "body_len", "body_got", "mask", "gone", "send_raw", "send_views", "recv_views", "spill",
-                 "spilled", "divert", "body_into", "body_head")
+                 "divert", "body_into", "body_head")
 
-    def __init__(self, rank: int, sock: socket.socket, label: str, slots: int) -> None:
+    def __init__(self, rank: int, sock: socket.socket, label: str, slots: int, spill_limit: int) -> None:
         self.rank = rank
         self.sock = sock
         self.fd = sock.fileno()
@@ -73,8 +73,7 @@ class _Peer:
         self.gone: str | None = None           # why the connection ended; an error once a message is awaited
         # Bytes that arrived while nobody waited on this peer and the read-ahead buffer was full
         # (the peer may be blocked sending to us while we send to it); they follow inbuf's bytes.
-        self.spill: deque[memoryview] = deque()
-        self.spilled = 0
+        self.spill = Spill(spill_limit)
         self.send_raw: list[memoryview | None] = [None] * slots   # length prefix + body
         self.send_views: list[memoryview | None] = [None] * slots  # the body part
         self.recv_views: list[memoryview | None] = [None] * slots
@@ -97,10 +96,11 @@ class TcpMeshTransport(Transport):
         self.frame_bytes = frame_bytes
         self.slots = slots
         labels = labels or {}
+        self.spill_limit = config.get("JACKLRING_P2P_SPILL_BYTES")
         self._peers: list[_Peer | None] = [None] * size
         for p, s in sockets.items():
             s.setblocking(False)
-            self._peers[p] = _Peer(p, s, labels.get(p, f"rank {p} (JACCL TCP mesh)"), slots)
+            self._peers[p] = _Peer(p, s, labels.get(p, f"rank {p} (JACCL TCP mesh)"), slots, self.spill_limit)
         self._by_fd = {state.fd: state for state in self._peers if state is not None}
         # Buffers carry 8 spare bytes in front so the length prefix and body go out in one send.
         self._pool = BufferPool(frame_bytes, lambda n, key: bytearray(n + _LS))
@@ -111,7 +111,6 @@ class TcpMeshTransport(Transport):
         self._closed = False
         self.posted_bytes = 0   # message bytes posted for sending (what an algorithm puts on the wire)
         self.spin_s = spin_seconds(size) if spin_s is None else spin_s
-        self.spill_limit = config.get("JACKLRING_P2P_SPILL_BYTES")
         self._spill_allowed = True
         self._paused: list[_Peer] = []   # not read while read-ahead was off; read again when it is on
 
@@ -137,11 +136,10 @@ class TcpMeshTransport(Transport):
 
     def backlog_note(self, peer: int) -> str:
         state = self._peers[peer] if 0 <= peer < self.size else None
-        if state is None or state.spilled < self.spill_limit:
+        if state is None:
             return ""
         # Both ranks sending more than the cap before receiving: each waits for the other.
-        return (f"; {state.spilled} bytes from {state.label} wait in this rank's spill buffer, which is full "
-                f"(JACKLRING_P2P_SPILL_BYTES={self.spill_limit})")
+        return state.spill.full_note(state.label)
 
     # ---- buffers ---------------------------------------------------------------------------
 
@@ -239,7 +237,7 @@ class TcpMeshTransport(Transport):
         if state.recv_views[slot] is None:
             self._make_recv(state, slot)
         state.recvs.append(slot)
-        if state.spill:
+        if state.spill.chunks:
             self._progress_recv(state)  # the message may be in the spill: no poll event will come for it
         if state.in_end > state.in_start:
             # A message may already sit in the read-ahead buffer: the socket will not signal it again.
@@ -331,8 +329,8 @@ class TcpMeshTransport(Transport):
             while True:
                 if state.body_len >= 0:   # a large body goes straight into its slot (or view)
                     view = self._dest(state, state.recvs[0], state.body_got, state.body_len)
-                    if state.spill:
-                        n = self._take_spill(state, view)
+                    if state.spill.chunks:
+                        n = state.spill.take(view)
                     else:
                         if drained:
                             return
@@ -345,7 +343,7 @@ class TcpMeshTransport(Transport):
                         self._finish_recv(state, state.body_len)
                         state.body_len = -1
                     continue
-                if state.spill:
+                if state.spill.chunks:
                     self._refill(state)
                 if state.recvs and self._parse(state):
                     continue
@@ -360,22 +358,21 @@ class TcpMeshTransport(Transport):
                     state.inbuf[:tail] = state.inview[state.in_start:state.in_end]
                     state.in_start, state.in_end = 0, tail
                 space = _INBUF_BYTES - state.in_end
-                if not space or state.spill:
+                if not space or state.spill.chunks:
                     # Full and nobody waiting on this peer yet: keep reading into the spill, up to
                     # its limit, so a peer blocked sending to us can finish and read our messages
                     # (while the caller allows it: see read_ahead).
-                    if state.spilled >= self.spill_limit or not (self._spill_allowed or state.recvs):
+                    if state.spill.full() or not (self._spill_allowed or state.recvs):
                         self._set_mask(state, state.mask & ~_READ)
                         if not self._spill_allowed and state not in self._paused:
                             self._paused.append(state)
                         return
-                    chunk = bytearray(min(_SPILL_CHUNK, self.spill_limit - state.spilled))
+                    chunk = state.spill.new_chunk()
                     n = recv_into(chunk)
                     if n == 0:
                         self._connection_ended(state, self._closed_text(state))
                         return
-                    state.spill.append(memoryview(chunk)[:n])
-                    state.spilled += n
+                    state.spill.keep(chunk, n)
                     drained = n < len(chunk)
                     continue
                 n = recv_into(state.inview[state.in_end:])
@@ -391,23 +388,6 @@ class TcpMeshTransport(Transport):
         except OSError as exc:
             self._connection_ended(state, f"receiving from {state.label} failed: {exc.strerror or exc}")
 
-    @staticmethod
-    def _take_spill(state: _Peer, view: memoryview) -> int:
-        """Copy the oldest spilled bytes into view; returns how many."""
-        got = 0
-        spill = state.spill
-        while spill and got < len(view):
-            chunk = spill[0]
-            n = min(len(chunk), len(view) - got)
-            view[got:got + n] = chunk[:n]
-            got += n
-            if n == len(chunk):
-                spill.popleft()
-            else:
-                spill[0] = chunk[n:]
-        state.spilled -= got
-        return got
-
     def _refill(self, state: _Peer) -> None:
         """Move spilled bytes into the read-ahead buffer's free space (they come right after it)."""
         if state.in_start:
@@ -415,8 +395,8 @@ class TcpMeshTransport(Transport):
             state.inbuf[:tail] = state.inview[state.in_start:state.in_end]
             state.in_start, state.in_end = 0, tail
         if state.in_end < _INBUF_BYTES:
-            state.in_end += self._take_spill(state, state.inview[state.in_end:])
-        if state.spilled < self.spill_limit and not state.mask & select.POLLIN and state.gone is None:
+            state.in_end += state.spill.take(state.inview[state.in_end:])
+        if not state.spill.full() and not state.mask & select.POLLIN and state.gone is None:
             self._set_mask(state, state.mask | _READ)
 
     def _parse(self, state: _Peer) -> bool:

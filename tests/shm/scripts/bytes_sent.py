@@ -7,7 +7,7 @@ import adapter
 
 g = adapter.init(strict=True)
 b = g.backend
-assert b._shm is None, "this measures the socket ring"
+assert b.state.shm is None, "this measures the socket ring"
 for nbytes in (int(s) for s in sys.argv[1].split(",")):
     x = np.ones(nbytes // 4, np.float32) * (g.rank() + 1)
     before = sum(link.bytes_out for link in b.right + b.left)

@@ -11,7 +11,7 @@ from adapter.backends.base import ReduceOp
 
 g = adapter.init(strict=True)
 r, n = g.rank(), g.size()
-if g.backend._shm is None:
+if g.backend.state.shm is None:
     sys.exit(f"rank {r}: expected shared memory")
 DTYPES = [np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64,
           np.float16, ml_dtypes.bfloat16, np.float32, np.float64, np.complex64, np.complex128]

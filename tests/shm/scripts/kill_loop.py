@@ -8,7 +8,8 @@ import numpy as np
 import adapter
 
 g = adapter.init(strict=True)
-if getattr(g.backend, "_shm", None) is None and getattr(g.backend, "_hier", None) is None:
+state = getattr(g.backend, "state", None)
+if getattr(state, "shm", None) is None and getattr(state, "hier", None) is None:
     sys.exit(f"rank {g.rank()}: not on shared memory")  # neither for the whole group nor for its host
 x = np.ones(int(sys.argv[1]), np.float32)
 adapter.all_sum(x)

@@ -12,8 +12,8 @@ ALL_OPS = os.path.join(HERE, "all_ops.py")  # every op x dtype against numpy ref
 g = adapter.init(strict=True)
 # 1: the whole group shares memory; staged: it spans hosts and runs in stages (hierarchy.py);
 # 0: sockets only.
-staged = getattr(g.backend, "_hier", None)
-used = "1" if getattr(g.backend, "_shm", None) is not None else "staged" if staged is not None else "0"
+staged = getattr(getattr(g.backend, "state", None), "hier", None)
+used = "1" if getattr(getattr(g.backend, "state", None), "shm", None) is not None else "staged" if staged is not None else "0"
 if used != os.environ["EXPECT_SHM"]:
     sys.exit(f"rank {g.rank()}: shared memory used: {used}, expected {os.environ['EXPECT_SHM']}")
 sys.argv = [ALL_OPS] + sys.argv[1:]

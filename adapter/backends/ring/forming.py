@@ -1,0 +1,268 @@
+"""Forming a ring: who may connect to a rank's listeners, connecting both neighbours (watched
+for a death or an abort, formation.py), init's closing barrier, and the verdict a rank that gives
+up passes on. The words an abort is put in (Wording) are the group's own formation's, or a
+split's parent's for its sub-groups (splitting.py)."""
+from __future__ import annotations
+
+import logging
+import socket
+import time
+from typing import Callable
+
+from ... import config
+from ...errors import DistributedError, PeerError
+from ..transport import integrity, tcp
+from ..transport.stream_engine import Engine, Stream
+from . import origin
+from .addresses import links_per_neighbour, ranks_on_this_host
+from .formation import FormationAbandoned, Watch
+from .header import (
+    ABORT_DIED,
+    ABORT_MISSING,
+    HEADER,
+    HEADER_MAGIC,
+    OP_ABORT,
+    PURPOSE_ABORT,
+    PURPOSE_P2P,
+    PURPOSE_RING,
+    find_abort,
+)
+from .state import RingState
+
+log = logging.getLogger("jacklring.ring")
+
+ABORT_NOTICE_S = 1.0  # how long a rank that gave up tries to reach a neighbour it had no connection with
+
+
+class Wording:
+    """What an abort header is about and how its members are named: the group's own formation,
+    until a split's parent rewords them for the sub-groups (splitting.py)."""
+
+    def __init__(self, state: RingState) -> None:
+        self._state = state
+        self.describe_member: Callable[[int], str] = lambda p: f"rank {p}"  # a split names both numberings
+        self.task, self.forming, self.member_word = "forming the group", "the group", "rank"
+        self.abandoned: type[FormationAbandoned] = FormationAbandoned
+        # While a split forms this sub-ring, an abort header read here names parent ranks: word
+        # it as the parent's watch does (None once formed, or for a ring of its own).
+        self.formation_text: Callable[[int, int, bool], str] | None = None
+
+    def abort_header(self, culprit: int, missing: bool = False) -> bytes:
+        return HEADER.pack(HEADER_MAGIC, OP_ABORT, ABORT_MISSING if missing else ABORT_DIED, self._state.rank, 0,
+                           culprit)
+
+    def abort_text(self, reporter: int, culprit: int, missing: bool = False) -> str:
+        if missing:
+            who = self._state.who(culprit) if self.task == "forming the group" else self.describe_member(culprit)
+            return f"{who} did not connect before the deadline (reported by {self.member_word} {reporter})"
+        if culprit == reporter:
+            return f"{self.describe_member(reporter)} gave up {self.task} after an error of its own"
+        if culprit < 0:
+            return f"{self.describe_member(reporter)} gave up {self.task}"
+        return (f"{self.describe_member(culprit)} died or gave up while {self.forming} formed "
+                f"(reported by {self.member_word} {reporter})")
+
+
+def admit(state: RingState, hello: tcp.Hello, listener: int, k: int) -> str | None:
+    """Who may connect to this rank's listener number `listener`: the left neighbour's ring
+    connection of that number, and (on the first) any other rank's point-to-point stream."""
+    rank, size = state.rank, state.size
+    prv = (rank - 1) % size
+    if hello.purpose == PURPOSE_RING:
+        if hello.sender == prv and hello.channel == listener < k:
+            return None
+        return f"ring connection {listener} is for rank {prv}"
+    if hello.purpose == origin.PURPOSE_NOTICE and listener == 0:
+        return None if origin.admits(hello.sender, rank, size) else f"no rank {hello.sender} here"
+    if hello.purpose == PURPOSE_P2P and listener == 0:
+        if 0 <= hello.sender < size and hello.sender != rank and hello.channel == 0:
+            return None
+        return f"no rank {hello.sender} sends point-to-point here"
+    if hello.purpose == PURPOSE_ABORT and listener == 0:
+        if hello.sender in (prv, (rank + 1) % size) and hello.channel == 0:
+            return None
+        return f"rank {hello.sender} is not a ring neighbour"
+    return f"unknown purpose {hello.purpose:#x}"
+
+
+def abandon(state: RingState, words: Wording, culprit: int, missing: bool = False) -> None:
+    """Tell both ring neighbours (who tell theirs) that the split (or, in init's closing
+    barrier, the formation) failed and why, then stop writing: each neighbour's poll wakes
+    on the end of the stream, so the news crosses a hop as soon as it arrives."""
+    abort = words.abort_header(culprit, missing)
+    for link in state.right + state.left:
+        try:
+            link.sock.send(abort, socket.MSG_DONTWAIT)
+            link.sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+    what = "a split of this group" if words.task == "the split" else "forming this group"
+    state.failure.mark(f"rank {state.rank}: {what} failed")
+
+
+class Forming:
+    """One ring's formation: its watch (its own, or a split's over the parent's links), how the
+    watch names members (a split's: by parent rank), and the connect deadline."""
+
+    def __init__(self, state: RingState, words: Wording, watch: Watch | None,
+                 parent_ranks: list[int] | None) -> None:
+        self._state = state
+        self._words = words
+        # A split's watch names members by their parent rank (parent_ranks[sub-group rank]).
+        self._watched_rank: Callable[[int], int] = (lambda p: p) if parent_ranks is None else parent_ranks.__getitem__
+        words.formation_text = watch.explain if watch is not None else None
+        # A split passes the watch over its parent's links; init watches this ring's own.
+        self.watch = watch if watch is not None else Watch(
+            find_abort, words.abort_header, words.abort_text, words.describe_member, words.forming,
+            prefix=f"rank {state.rank}: ")
+        self.own = watch is None
+        self._gave_up = False
+        self._deadline = 0.0
+
+    def connect(self) -> None:
+        """Connect to the right neighbour and take the left one's connections (state.right,
+        state.left and state.engine once both are complete)."""
+        state = self._state
+        n, r = state.size, state.rank
+        nxt, prv = (r + 1) % n, (r - 1) % n
+        k = links_per_neighbour(state.addresses)
+        deadline = self._deadline = time.monotonic() + state.connect_timeout
+        watch = self.watch
+        as_watched = self._watched_rank
+        listeners = state.listeners
+        right: list = []
+        left_socks: list[socket.socket | None] = [None] * k
+        left_hellos: list = [None] * k  # their handshakes: the nonces key each connection's trailers
+        aborts: list[socket.socket] = []
+
+        def arrivals() -> None:
+            """Take the left neighbour's connections (and abort notices) as they arrive, so they
+            are watched while this rank still connects to the right."""
+            now = time.monotonic()
+            for c in range(k):
+                if left_socks[c] is None:
+                    taken = listeners[c].take(lambda h: h.purpose == PURPOSE_RING, now, None)
+                    if taken is not None:
+                        left_socks[c], left_hellos[c] = taken
+                        watch.add(taken[0], as_watched(prv))
+            while (taken := listeners[0].take(lambda h: h.purpose == PURPOSE_ABORT, now, None)) is not None:
+                aborts.append(taken[0])
+                watch.add(taken[0], taken[1].sender)
+
+        watch.wake_on(listeners, arrivals,
+                      lambda p: (p == as_watched(nxt) and len(right) < k) or (p == as_watched(prv) and None in left_socks))
+        try:
+            for c in range(k):
+                sock, hello = self._connect_right(nxt, c, deadline)
+                watch.add(sock, as_watched(nxt))
+                right.append(Stream(sock, nxt, state.who(nxt, c), integrity.for_link(
+                    state.verify, state.auth, state.token, r, nxt, f"ring {r}->{nxt} #{c}", hello.session)))
+            watch.wait(deadline, lambda: None not in left_socks)
+            for c in range(k):
+                if left_socks[c] is None:  # the deadline: the listener's error names what is missing
+                    try:
+                        left_socks[c], left_hellos[c] = listeners[c].take(
+                            lambda h: h.purpose == PURPOSE_RING, deadline, f"rank {r}: rank {prv} (connection {c} of {k})")
+                    except PeerError as exc:
+                        exc.missing_rank, exc.about_rank = as_watched(prv), prv  # type: ignore[attr-defined]
+                        raise
+            left = [Stream(sock, prv, state.who(prv, c), integrity.for_link(
+                state.verify, state.auth, state.token, r, prv, f"ring {prv}->{r} #{c}", left_hellos[c].session))
+                for c, sock in enumerate(left_socks)]
+        except BaseException as exc:
+            self.give_up(exc, tell_unlinked=self.own)  # before the connections close
+            for item in right:
+                item.close()
+            for sock in left_socks:
+                if sock is not None:
+                    sock.close()
+            raise
+        finally:
+            watch.wake_on([], None)
+            for sock in aborts:
+                sock.close()
+        state.right, state.left = right, left
+        state.engine = Engine(right + left, r)
+        state.engine.stall_report_s = config.get("JACKLRING_STALL_REPORT")
+        state.engine.spin_s = tcp.spin_seconds(ranks_on_this_host(state.addresses, r))
+        log.debug("rank %d: ring connected (%d connection(s) to rank %d and from rank %d)", r, k, nxt, prv)
+
+    def _connect_right(self, nxt: int, c: int, deadline: float) -> tuple[socket.socket, tcp.Hello]:
+        """Connect ring connection c to the right neighbour; the handshake's acknowledgement
+        means the neighbour took it. Between attempts the formation's watch sleeps in poll() on the
+        connections that can bring news of a death (see formation.py)."""
+        state = self._state
+        addr = tcp.parse_address(state.addresses[nxt][c])
+        hello = tcp.Hello(PURPOSE_RING, state.rank, nxt, c, state.token)
+        self.watch.check()
+        try:
+            return tcp.connect_with_hello(addr, hello, deadline, f"rank {nxt}", state.auth,
+                                          pause=self.watch.pause)
+        except FormationAbandoned:
+            raise
+        except PeerError as exc:
+            error = PeerError(f"rank {state.rank}: {exc}")
+            error.about_rank = nxt  # type: ignore[attr-defined]
+            if time.monotonic() >= deadline:
+                error.missing_rank = self._watched_rank(nxt)  # type: ignore[attr-defined]
+            raise error from None
+
+    def finish(self, barrier: Callable[[], None]) -> None:
+        """A closing barrier: no rank leaves init() before every rank has connected, and a rank
+        whose barrier fails passes the verdict on over the ring (see plumbing.Plumbing.collective)."""
+        state = self._state
+        state.abandon_on_failure = True
+        op_timeout, state.timeout = state.timeout, max(0.001, self._deadline - time.monotonic())
+        seq = state.seq
+        try:
+            barrier()  # waits for the slowest rank's formation: the connect deadline bounds it
+            state.seq = seq  # formation traffic: the caller's operations keep their numbers (seq 1 first)
+        except FormationAbandoned:
+            raise
+        except DistributedError as exc:
+            peer = getattr(exc, "peer", -1)
+            if peer < 0:
+                raise
+            raise FormationAbandoned(peer, f"rank {state.rank}: {self._words.describe_member(peer)} died while the "
+                                           f"group formed (the closing barrier failed: {exc})") from None
+        finally:
+            state.abandon_on_failure = False
+            state.timeout = op_timeout
+
+    def give_up(self, exc: BaseException, tell_unlinked: bool) -> None:
+        """A formation failed here: pass the verdict on before the connections close (so the
+        others read an abort naming the culprit, not just a closed connection). Once."""
+        if self._gave_up:
+            return
+        self._gave_up = True
+        state = self._state
+        culprit = exc.culprit if isinstance(exc, FormationAbandoned) else getattr(exc, "missing_rank", -1)
+        missing = exc.missing if isinstance(exc, FormationAbandoned) else culprit >= 0
+        if culprit < 0:
+            try:
+                self.watch.check()  # a failure here is often the echo of a death elsewhere
+            except FormationAbandoned as cause:
+                culprit, missing = cause.culprit, cause.missing
+        self.watch.abandon(culprit, missing)
+        if not tell_unlinked or state.size < 2:
+            return
+        # A ring neighbour this rank has no connection with yet would wait for its deadline (not
+        # the one this failure is about: it is missing, or something else answers at its address).
+        until = time.monotonic() + ABORT_NOTICE_S
+        skip = {culprit, state.rank, getattr(exc, "about_rank", -1)}
+        for peer in {(state.rank + 1) % state.size, (state.rank - 1) % state.size} - skip:
+            if self.watch.linked(peer):
+                continue
+            hello = tcp.Hello(PURPOSE_ABORT, state.rank, peer, 0, state.token)
+            try:
+                sock = tcp.connect(tcp.parse_address(state.addresses[peer][0]), hello, until,
+                                   f"rank {peer}", state.auth)
+            except DistributedError:
+                continue  # not listening (yet): it waits for its own deadline
+            try:
+                sock.sendall(self._words.abort_header(culprit, missing))
+                sock.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass
+            finally:
+                sock.close()

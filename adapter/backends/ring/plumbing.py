@@ -1,0 +1,259 @@
+"""What every collective of a ring group runs on: its header (checked against the neighbours'),
+one collective at a time under a deadline, failure handling (origin.py names the rank that
+failed first), scratch memory, and the socket paths: the one-pass small path and the
+reduce-scatter / all-gather / broadcast over every channel (algorithms.py)."""
+from __future__ import annotations
+
+import threading
+import time
+from typing import Callable
+
+import numpy as np
+
+from ... import config
+from ...errors import MismatchError
+from ..base import ReduceOp
+from ..elements import DTYPE_CODES, byte_view, dtype_code, reduce_many, split_evenly
+from ..protocol import mismatch_message
+from . import origin
+from .addresses import ranks_on_this_host
+from .algorithms import Channel, chain_broadcast, reduce_scatter_all_gather
+from .algorithms import all_gather as ring_all_gather
+from .formation import FormationAbandoned
+from .forming import Wording, abandon
+from .header import ABORT_MISSING, HEADER, HEADER_MAGIC, OP_ABORT, describe_header, header_request
+from .state import RingState
+
+
+class Described:
+    """Formats a header only when an error message needs it (off the hot path)."""
+
+    __slots__ = ("header",)
+
+    def __init__(self, header: bytes) -> None:
+        self.header = header
+
+    def __str__(self) -> str:
+        return describe_header(self.header)
+
+
+class Plumbing:
+    """The collective machinery of one group's ring links (state.right, state.left)."""
+
+    def __init__(self, state: RingState, words: Wording) -> None:
+        self._state = state
+        self._words = words
+        self._lock = threading.Lock()  # one collective at a time on the ring links
+        self.small_limit: int = config.get("JACKLRING_RING_SMALL_BYTES")
+        one_pass_limit = config.get("JACKLRING_RING_ONE_PASS_BYTES")
+        if one_pass_limit is None:
+            # Unset: 32 KiB between hosts. With every rank on this host (the same answer on every
+            # rank), bytes are memory copies and hops cost scheduler rounds, so the one-pass path
+            # (half the hops) wins up to the small limit.
+            local = ranks_on_this_host(state.addresses, state.rank) == state.size
+            one_pass_limit = self.small_limit * state.size if local else 32 * 1024
+        self._one_pass_limit: int = one_pass_limit
+        self._segment_bytes = config.get("JACKLRING_RING_SEGMENT_BYTES")
+        self._both_directions = config.get("JACKLRING_RING_DIRECTIONS") == 2
+        self._pool: dict[tuple, np.ndarray] = {}
+        self._small_view: memoryview | None = None
+
+    # ---- one collective -----------------------------------------------------------------------
+
+    def header(self, op: int, arr: np.ndarray, extra: int) -> bytes:
+        code = DTYPE_CODES.get(arr.dtype) or dtype_code(arr.dtype)
+        state = self._state
+        return HEADER.pack(HEADER_MAGIC, op, code, state.seq, arr.nbytes, extra + state.stage)
+
+    def collective(self, header: bytes, body: Callable, *args) -> None:
+        """Run one collective, body(*args): serialised, sequence-numbered, and fatal to the group
+        on error (the links are closed so the neighbours fail fast instead of waiting for the
+        deadline)."""
+        state = self._state
+        with self._lock:
+            state.failure.check()
+            state.seq += 1
+            state.deadline = time.monotonic() + state.timeout
+            state.what = Described(header)
+            try:
+                body(*args)
+            except BaseException as exc:
+                if state.abandon_on_failure:  # a split's closing barrier: pass the verdict on first
+                    abandon(state, self._words, exc.culprit if isinstance(exc, FormationAbandoned)
+                            else getattr(exc, "peer", -1), getattr(exc, "missing", False))
+                # Name the rank that failed first, not the neighbour that passed the failure on,
+                # and tell the other neighbour before the links close (origin.py).
+                by_ring = state.shm is None and state.hier is None and not state.abandon_on_failure
+                named = origin.blame(state, exc) if by_ring else exc
+                state.failure.mark(f"{type(named).__name__}: {named}")
+                if by_ring and isinstance(named, Exception):
+                    origin.notify(state, named)
+                self.close_links()
+                if named is exc:
+                    raise
+                raise named from None
+
+    def close_links(self) -> None:
+        state = self._state
+        for link in state.right + state.left:
+            link.reset()
+            link.close()
+
+    def _run(self) -> None:
+        state = self._state
+        state.engine.run(state.deadline, state.what)  # type: ignore[union-attr]
+
+    def buffer(self, tag: str, dtype: np.dtype, count: int) -> np.ndarray:
+        """Reusable scratch memory (allocated once per tag and dtype, grown when needed)."""
+        key = (tag, dtype)
+        buf = self._pool.get(key)
+        if buf is None or buf.size < count:
+            buf = np.empty(max(count, 1), dtype)
+            self._pool[key] = buf
+        return buf[:count]
+
+    def _small_bytes(self, nbytes: int) -> memoryview:
+        """A reusable byte buffer for small messages (its memoryview is cached: this is the hot path)."""
+        view = self._small_view
+        if view is None or len(view) < nbytes:
+            view = self._small_view = memoryview(bytearray(max(nbytes, 4096)))
+        return view[:nbytes]
+
+    def one_pass(self, nbytes: int) -> bool:
+        """Whether a reduction of nbytes takes the one-pass path (each rank sends (n-1) x nbytes
+        in n-1 hops) rather than reduce-scatter + all-gather (2(n-1)/n x nbytes in 2(n-1) hops).
+        Two ranks send the same either way; more ranks take the one pass only while what it
+        sends stays under JACKLRING_RING_ONE_PASS_BYTES, where latency, not bytes, sets the time
+        (between hosts; a ring entirely on this host keeps the one pass up to the small limit)."""
+        if nbytes > self.small_limit:
+            return False
+        size = self._state.size
+        return size <= 2 or nbytes * (size - 1) <= self._one_pass_limit
+
+    def _check_header(self, mine: bytes, raw: memoryview, sender: int) -> None:
+        if raw[:HEADER.size] != mine:
+            state, words = self._state, self._words
+            theirs = bytes(raw[:HEADER.size])
+            magic, op, reason, reporter, _, culprit = HEADER.unpack(theirs)
+            if magic == HEADER_MAGIC and op == OP_ABORT:
+                missing = reason == ABORT_MISSING
+                explain = words.formation_text or words.abort_text
+                raise words.abandoned(culprit, f"rank {state.rank}: {explain(reporter, culprit, missing)}", missing)
+            request = header_request(theirs)
+            if request is None:
+                raise MismatchError(f"rank {state.rank}: rank {sender} sent {describe_header(theirs)} "
+                                    f"during {describe_header(mine)}")
+            # Headers carry the count of collectives before theirs (packed before collective counts it).
+            step = "" if reporter + 1 == state.seq else f" (its operation #{reporter + 1}; this rank's #{state.seq})"
+            raise MismatchError(mismatch_message(state.rank, sender, header_request(mine), request, step))
+
+    # ---- the socket paths ---------------------------------------------------------------------
+
+    def small_gather(self, header: bytes, data: memoryview) -> list[memoryview]:
+        """Ring all-gather of header+data messages along the forward direction; each message
+        keeps its origin's header, so every rank checks every other rank's request."""
+        state = self._state
+        n, r = state.size, state.rank
+        size = HEADER.size + len(data)
+        gathered = self._small_bytes(size * n)
+        mine = gathered[r * size:(r + 1) * size]
+        mine[:HEADER.size] = header
+        mine[HEADER.size:] = data
+        out, inp = state.right[0], state.left[0]
+        out.post_send(mine)
+        for step in range(n - 1):
+            q = (r - step - 1) % n
+            view = gathered[q * size:(q + 1) * size]
+
+            def done(view=view, q=q, forward=step < n - 2) -> None:
+                self._check_header(header, view, q)
+                if forward:
+                    out.post_forward(view, inp)
+
+            def truncated(got: int, view=view, q=q) -> None:
+                if got >= HEADER.size:
+                    self._check_header(header, view, q)
+            inp.post_recv(view, done, truncated)
+        self._run()
+        return [gathered[q * size + HEADER.size:(q + 1) * size] for q in range(n)]
+
+    def small_all_reduce(self, header: bytes, src: np.ndarray, dst: np.ndarray, op: ReduceOp) -> None:
+        parts = self.small_gather(header, byte_view(src))
+        reduce_many(dst, [np.frombuffer(p, src.dtype) for p in parts], op)
+
+    def _channels(self) -> list[Channel]:
+        state = self._state
+        n, r = state.size, state.rank
+        forward = [Channel(out, inp, r) for out, inp in zip(state.right, state.left)]
+        if not self._both_directions:
+            return forward
+        backward = [Channel(out, inp, n - 1 - r) for out, inp in zip(state.left, state.right)]
+        return forward + backward
+
+    @staticmethod
+    def _rank_at(ch_index: int, n_forward: int, n: int, pos: int) -> int:
+        return pos if ch_index < n_forward else n - 1 - pos
+
+    def _exchange_headers(self, header: bytes) -> None:
+        """Each link carries this rank's header out and the neighbour's header in."""
+        state = self._state
+        for link in state.right + state.left:
+            link.post_send(memoryview(header))
+            raw = bytearray(HEADER.size)
+            link.post_recv(memoryview(raw), lambda raw=raw, peer=link.peer: self._check_header(header, memoryview(raw), peer))
+
+    def large(self, header: bytes, src: np.ndarray, dst: np.ndarray, blocks: list[tuple[int, int]],
+              op: ReduceOp, gather: bool) -> None:
+        """Reduce-scatter (+ all-gather when gather) over every channel. blocks[i] is rank i's
+        block of src; without gather, dst is this rank's block only."""
+        state = self._state
+        n = state.size
+        channels = self._channels()
+        n_forward = len(state.right)
+        seg = max(1, self._segment_bytes // src.itemsize)
+        work = dst if gather else self.buffer("rs-work", src.dtype, src.size)
+        self._exchange_headers(header)
+        for ci, ch in enumerate(channels):
+            s_chunks, a_chunks = [], []
+            for pos in range(n):
+                owner = self._rank_at(ci, n_forward, n, pos)
+                lo, hi = blocks[owner]
+                plo, phi = split_evenly(hi - lo, len(channels))[ci]
+                s_chunks.append(src[lo + plo:lo + phi])
+                if not gather and owner == state.rank:
+                    a_chunks.append(dst[plo:phi])
+                else:
+                    a_chunks.append(work[lo + plo:lo + phi])
+            scratch = self.buffer(f"scratch{ci}", src.dtype, seg)
+            reduce_scatter_all_gather(ch, n, s_chunks, a_chunks, a_chunks if gather else None, op, scratch, seg)
+        self._run()
+
+    def large_gather(self, header: bytes, src: np.ndarray, dst: np.ndarray) -> None:
+        state = self._state
+        n, m = state.size, src.size
+        channels = self._channels()
+        n_forward = len(state.right)
+        seg = max(1, self._segment_bytes // src.itemsize)
+        dst[state.rank * m:(state.rank + 1) * m] = src
+        self._exchange_headers(header)
+        for ci, ch in enumerate(channels):
+            plo, phi = split_evenly(m, len(channels))[ci]
+            chunks = []
+            for pos in range(n):
+                owner = self._rank_at(ci, n_forward, n, pos)
+                chunks.append(dst[owner * m + plo:owner * m + phi])
+            ring_all_gather(ch, n, chunks, seg)
+        self._run()
+
+    def broadcast(self, header: bytes, buf: np.ndarray, root: int) -> None:
+        state = self._state
+        n = state.size
+        channels = self._channels()
+        n_forward = len(state.right)
+        seg = max(1, self._segment_bytes // max(1, buf.itemsize))
+        self._exchange_headers(header)
+        for ci, ch in enumerate(channels):
+            plo, phi = split_evenly(buf.size, len(channels))[ci]
+            root_pos = root if ci < n_forward else n - 1 - root
+            chain_broadcast(ch, n, root_pos, buf[plo:phi], seg)
+        self._run()
