@@ -44,10 +44,10 @@ from ..base import Backend, ReduceOp, split_members
 from ..elements import DTYPE_CODES, byte_view, dtype_code, reduce_many, split_evenly
 from ..local import algorithms as shm_algorithms
 from ..protocol import REDUCE_CODES, mismatch_message
-from ..transport import auth, integrity, tcp
+from ..transport import auth, integrity, membership, tcp
 from ..transport.names import check_resolvable
 from ..transport.stream_engine import Engine, Stream
-from . import hierarchy, origin, shared
+from . import hierarchy, origin, shared, shrink
 from .algorithms import Channel, chain_broadcast, reduce_scatter_all_gather
 from .algorithms import all_gather as ring_all_gather
 from .formation import FormationAbandoned, Watch
@@ -302,6 +302,8 @@ class RingBackend(Backend):
             if 0 <= hello.sender < self._size and hello.sender != self._rank and hello.channel == 0:
                 return None
             return f"no rank {hello.sender} sends point-to-point here"
+        if hello.purpose == shrink.PURPOSE_SHRINK and listener == 0:
+            return shrink.admits(hello.sender, self._rank, self._size)
         if hello.purpose == PURPOSE_ABORT and listener == 0:
             if hello.sender in (prv, (self._rank + 1) % self._size) and hello.channel == 0:
                 return None
@@ -827,6 +829,14 @@ class RingBackend(Backend):
         finally:
             self._abandon_on_failure = False
         return sub
+
+    def shrink(self, exclude: list[int], min_size: int | None, timeout: float) -> "RingBackend":
+        """A ring of the old members that are still alive (ring/shrink.py)."""
+        if not self._listeners:
+            raise DistributedError(f"rank {self._rank}: this ring group was closed; it cannot shrink")
+        seat = membership.Seat(self._rank, [a[0] for a in self._addresses], self._listeners[0], self._auth,
+                               self._token, shrink.PURPOSE_SHRINK)
+        return shrink.shrink_ring(self, seat, self._addresses, exclude, min_size, timeout)
 
     def _gather_split_records(self, color: int, key: int, listeners: list[tcp.Listener]) -> list[dict]:
         k = len(listeners)
