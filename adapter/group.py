@@ -78,6 +78,8 @@ class Group:
         if min_size is not None and min_size < 1:
             raise ValueError(f"shrink: min_size must be at least 1, not {min_size}")
         timeout = DEFAULT_SHRINK_TIMEOUT_S if timeout is None else float(timeout)
+        if self._backend.failure.retired:
+            self._backend.failure.check()  # shrunk already, or excluded: say so
         if self.rank() in exclude:
             self._backend.failure.retire(ExcludedError(
                 f"rank {self.rank()} was excluded from the group by shrink(exclude={exclude}) on this rank"))

@@ -49,6 +49,10 @@ class GroupFailure:
         self._final = error
         self.mark(error)
 
+    @property
+    def retired(self) -> bool:
+        return self._final is not None
+
     def check(self) -> None:
         if self._final is not None:
             raise type(self._final)(str(self._final))

@@ -211,3 +211,41 @@ def test_kill_at_a_random_moment_five_trials(tmp_path):
             finish_all(procs, 15)
         finally:
             stop_all(procs)
+
+
+# Rank 3 stops itself right after it sent its join: the coordinator counts it in, the new ring
+# cannot form without it, and the others agree again (epoch 2) without it.
+STOP_AFTER_JOIN = """
+if r == 3:
+    import signal
+    from adapter.backends.transport import membership
+    real_send = membership.Channel.send
+    def stop_after_join(self, message, deadline):
+        real_send(self, message, deadline)
+        if message.get("kind") == "join" and membership.Channel.send is stop_after_join:
+            membership.Channel.send = real_send  # once
+            say("STOPPING")
+            os.kill(os.getpid(), signal.SIGSTOP)
+    membership.Channel.send = stop_after_join
+"""
+
+
+@pytest.mark.timeout(90)
+def test_a_rank_that_stops_after_joining_is_left_out_at_the_next_epoch(tmp_path):
+    procs = start("ring", 4, body(min_size=2, timeout=1.0, linger=8), tmp_path,
+                  env={"FAULT_BEFORE_INIT": STOP_AFTER_JOIN})
+    try:
+        for p in procs:
+            p.wait_line("READY", 30)
+        time.sleep(0.2)
+        procs[1].kill(signal.SIGKILL)
+        procs[3].wait_line("STOPPING", 10)
+        check_sums(procs, [0, 2])
+        procs[3].kill(signal.SIGCONT)
+        fields = procs[3].wait_line("SHRINKERR", 30)
+        finish_all(procs, 20)
+    finally:
+        stop_all(procs)
+    text = " ".join(fields[3:])
+    assert fields[2] == "ExcludedError" and "rank 3 was excluded from the group by shrink (epoch 2)" in text, \
+        reports(procs)

@@ -129,3 +129,22 @@ def test_a_tampered_frame_fails_its_mac():
         receiver.recv(soon())  # frame 1 where frame 0 was expected: a replayed or reordered frame
     for s in (a, b, c, d):
         s.close()
+
+
+@pytest.mark.timeout(30)
+def test_a_silent_coordinator_is_passed_over_and_told_it_was_excluded_when_it_wakes():
+    """Rank 0 answers handshakes (its acceptor thread runs) but never takes a join: the others
+    give up on it, rank 1 coordinates; rank 0, calling shrink() late, coordinates alone, hears
+    from nobody, asks the others and learns that it was excluded."""
+    all_seats = seats(3)
+    results = run_all(all_seats[1:], 3, window=0.4)
+    decision = results[1]
+    assert isinstance(decision, membership.Decision) and (decision.members, decision.coordinator) == ([1, 2], 1), \
+        results
+    tombstones = [membership.Tombstone(s, decision) for s in all_seats[1:]]
+    late = run_all([all_seats[0]], 3, window=0.4)[0]
+    assert isinstance(late, ExcludedError) and "rank 0 was excluded" in str(late) and "[1, 2]" in str(late), late
+    for t in tombstones:
+        t.close()
+    for s in all_seats:
+        s.listener.close()

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Sequence
 
 from ...errors import DistributedError, PeerError
 from ..transport import membership, tcp
+from ..transport.handshake import ANSWER_TIMEOUT_S
 
 if TYPE_CHECKING:
     from .backend import RingBackend
@@ -49,9 +50,12 @@ def shrink_ring(old: "RingBackend", seat: membership.Seat, addresses: list[list[
     failures: list[str] = []
     for attempt in range(MAX_ATTEMPTS):
         listeners = [tcp.Listener(host, 0) for host in hosts]
+        # After a failed formation the members give up at different moments: one that was
+        # connecting to a stopped member waits out the handshake's answer timeout first.
+        window = timeout if attempt == 0 else timeout + ANSWER_TIMEOUT_S + 1.0
         try:
             decision = membership.agree(seat, len(addresses), {"addrs": [s.where() for s in listeners]},
-                                        exclude, min_size, timeout, floor)
+                                        exclude, min_size, window, floor)
         except BaseException:
             for s in listeners:
                 s.close()

@@ -260,6 +260,14 @@ def _coordinate(seat: Seat, size: int, mine: dict, unreachable: set[int], min_si
     need = min_size if min_size is not None else contenders // 2 + 1
     epoch = max(int(j.get("epoch", 0)) for j in joins.values())
     missing = sorted(set(range(size)) - set(members) - excluded)
+    if len(members) < need and not channels:
+        # Nobody joined: this rank may be the one left behind (a stopped rank 0 resumed after
+        # the others shrank without it). A survivor's old listener tells it so.
+        outcome = _ask_outcome(seat, size, mine, excluded | dead | {me}, answer_timeout)
+        if outcome is not None and outcome.get("kind") == "decision" and me in outcome.get("members", []):
+            return _parse_decision(outcome)
+        if outcome is not None and outcome.get("kind") in ("decision", "excluded"):
+            raise _excluded(me, outcome)
     if len(members) < need:
         rule = (f"min_size={min_size}" if min_size is not None else
                 f"more than half of the {contenders} old members that exclude= did not name")
@@ -274,6 +282,25 @@ def _coordinate(seat: Seat, size: int, mine: dict, unreachable: set[int], min_si
     if me not in members:
         raise _excluded(me, decision)
     return _parse_decision(decision)
+
+
+def _ask_outcome(seat: Seat, size: int, join: dict, skip: set[int], answer_timeout: float) -> dict | None:
+    """The first answer another old member gives to a join within answer_timeout (a finished
+    survivor answers at once; one still agreeing holds the connection), or None."""
+    for q in range(size):
+        if q in skip:
+            continue
+        channel = _reach(seat, q, answer_timeout)
+        if channel is None:
+            continue
+        try:
+            channel.send(join, time.monotonic() + answer_timeout)
+            return channel.recv(time.monotonic() + answer_timeout)
+        except DistributedError:
+            continue
+        finally:
+            channel.close()
+    return None
 
 
 def _answer(channels: dict[int, Channel], message: dict, to_excluded: dict | None = None) -> None:
