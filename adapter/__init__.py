@@ -5,9 +5,11 @@ from .errors import (
     CollectiveTimeout,
     ConfigError,
     DistributedError,
+    ExcludedError,
     IntegrityError,
     MismatchError,
     PeerError,
+    QuorumError,
     ResourceExhausted,
 )
 from .gradients import average_gradients
@@ -32,7 +34,8 @@ __all__ = [
     "all_sum", "all_max", "all_min", "all_reduce", "all_gather", "sum_scatter", "reduce_scatter",
     "broadcast", "barrier", "send", "recv", "recv_like",
     "DistributedError", "ConfigError", "BackendUnavailable", "PeerError", "MismatchError",
-    "CollectiveTimeout", "IntegrityError", "ResourceExhausted", "average_gradients",
+    "CollectiveTimeout", "IntegrityError", "ResourceExhausted", "ExcludedError", "QuorumError",
+    "average_gradients",
     "AllToShardedLinear", "ShardedToAllLinear", "shard_linear", "shard_inplace",
 ]
 

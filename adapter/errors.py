@@ -31,3 +31,13 @@ class IntegrityError(DistributedError):
 
 class ResourceExhausted(DistributedError):
     """The operating system refused a resource (file descriptors, memory, buffers, ports)."""
+
+
+class ExcludedError(PeerError):
+    """This rank was left out of the group a shrink() formed (it was dead, stopped or too slow to
+    answer in time, or named in exclude=): it must not rejoin; it stops or starts a new job."""
+
+
+class QuorumError(DistributedError):
+    """shrink() found too few ranks alive to form a group (no more than half of the old group,
+    or fewer than min_size): a minority part must not carry on as if it were the job."""

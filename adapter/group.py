@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import threading
 import weakref
+from typing import Sequence
 
 from . import engines
 from .backends import registry
 from .backends.base import Backend
 from .backends.registry import ANY_ORDER  # noqa: F401  (the backends' order, kept importable here)
 from .backends.singleton import SingletonBackend
-from .errors import BackendUnavailable, DistributedError
+from .errors import BackendUnavailable, DistributedError, ExcludedError
+
+DEFAULT_SHRINK_TIMEOUT_S = 10.0
 
 
 class Group:
@@ -22,6 +25,7 @@ class Group:
 
     def __init__(self, backend: Backend) -> None:
         self._backend = backend
+        self._predecessor: Group | None = None  # the group shrink() formed this one from
         _live.add(self)
 
     @property
@@ -44,11 +48,70 @@ class Group:
             key = self.rank()
         return Group(self._backend.split(int(color), int(key)))
 
+    def shrink(self, exclude: Sequence[int] | None = None, min_size: int | None = None,
+               timeout: float | None = None) -> "Group | None":
+        """The group of the ranks that are still alive, numbered 0..k-1 in their old order.
+
+        Call it on every surviving rank after an operation failed with PeerError or
+        CollectiveTimeout, or on a healthy group with exclude=[ranks] to leave those ranks out
+        (planned maintenance; every caller should pass the same list). The survivors agree on
+        who is in (docs/faults.md, "Shrinking a group"): an old member is in when it calls
+        shrink() and answers within `timeout`; one that is dead, stopped or slower is out.
+
+        Quorum: the new group must hold at least min_size ranks; by default min_size is a strict
+        majority of the old members that exclude= does not name, floor((size - len(exclude)) / 2)
+        + 1, so two parts of a divided group can never both carry on. A smaller min_size lets a
+        minority carry on (and risks two groups that each think they are the job). Too few:
+        QuorumError on every rank of that part.
+
+        A rank left out gets ExcludedError (a PeerError) from this call, and this group raises it
+        on every later operation: it must not rejoin. A rank named in exclude= returns None
+        at once. On the survivors this group is unusable afterwards and says so; it keeps
+        answering late shrink() calls of excluded ranks until it is closed (closing the group
+        returned closes it too). timeout: how long a survivor waits for a member that neither
+        answers nor is proven dead (default 10 s); a dead rank is noticed at once.
+        Raises DistributedError on a backend that cannot shrink (all but the ring)."""
+        exclude = sorted({int(q) for q in exclude or ()})
+        for q in exclude:
+            if not 0 <= q < self.size():
+                raise ValueError(f"shrink: exclude names rank {q}, but the group has ranks 0..{self.size() - 1}")
+        if min_size is not None and min_size < 1:
+            raise ValueError(f"shrink: min_size must be at least 1, not {min_size}")
+        timeout = DEFAULT_SHRINK_TIMEOUT_S if timeout is None else float(timeout)
+        if self._backend.failure.retired:
+            self._backend.failure.check()  # shrunk already, or excluded: say so
+        if self.rank() in exclude:
+            self._backend.failure.retire(ExcludedError(
+                f"rank {self.rank()} was excluded from the group by shrink(exclude={exclude}) on this rank"))
+            self.close()
+            return None
+        try:
+            backend = self._backend.shrink(exclude, min_size, timeout)
+        except ExcludedError as exc:
+            self._backend.failure.retire(exc)
+            raise
+        new = Group(backend)
+        new._predecessor = self
+        self._backend.failure.retire(DistributedError(
+            f"rank {self.rank()}: this group was shrunk into a group of {new.size()} (this rank is rank "
+            f"{new.rank()} there); use the Group shrink() returned"))
+        with _lock:
+            for name, cached in list(_groups.items()):
+                if cached is self:
+                    _groups[name] = new
+            global _first
+            if _first is self:
+                _first = new  # the operations that default to init()'s group run on the survivors
+        return new
+
     def close(self) -> None:
         """Release this group's connections and listeners; later operations on it raise. Safe to
         call twice. After closing the group init() returned, init() forms a new one."""
         _forget(self)
         self._backend.close()
+        predecessor, self._predecessor = self._predecessor, None
+        if predecessor is not None:
+            predecessor.close()  # the group this one was shrunk from (it answered excluded ranks)
 
     def __repr__(self) -> str:
         return f"Group(backend={self.backend_name!r}, rank={self.rank()}, size={self.size()})"

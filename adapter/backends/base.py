@@ -55,17 +55,29 @@ class GroupFailure:
     """Why a group can no longer be used: the first reason recorded wins, and every later
     operation raises the same DistributedError naming it. One per group (Backend.failure)."""
 
-    __slots__ = ("why", "_owner")
+    __slots__ = ("why", "_owner", "_final")
 
     def __init__(self, owner: str) -> None:
         self.why: str | None = None
         self._owner = owner  # "rank 3: this ring group"
+        self._final: DistributedError | None = None
 
     def mark(self, why: object) -> None:
         if self.why is None:
             self.why = str(why) or type(why).__name__
 
+    def retire(self, error: DistributedError) -> None:
+        """The group was replaced (shrink()): every later operation raises `error`, whatever failed before."""
+        self._final = error
+        self.mark(error)
+
+    @property
+    def retired(self) -> bool:
+        return self._final is not None
+
     def check(self) -> None:
+        if self._final is not None:
+            raise type(self._final)(str(self._final))
         if self.why is not None:
             raise DistributedError(f"{self._owner} is unusable after an earlier error ({self.why}); "
                                    f"create a new one")
@@ -120,6 +132,16 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def split(self, color: int, key: int) -> "Backend":
         """A new communicator of the ranks that passed the same color, ordered by (key, rank)."""
+
+    # What a backend that cannot shrink lacks (named in shrink()'s error).
+    shrink_missing: str = "it has no way to agree on the survivors and re-form without the dead ranks"
+
+    def shrink(self, exclude: Sequence[int], min_size: int | None, timeout: float) -> "Backend":
+        """A new communicator of the members that are alive, minus `exclude`, ranks numbered in
+        their old order; called on every survivor (see Group.shrink for the rules)."""
+        raise DistributedError(f"rank {self.rank()}: the {self.name} backend cannot shrink a group; "
+                               f"{self.shrink_missing}. Restart the job without the failed rank, or use the "
+                               f"ring backend (init(backend='ring')), which can")
 
     @abc.abstractmethod
     def set_timeout(self, seconds: float) -> None:

@@ -1,9 +1,11 @@
 """The group of one: every collective is the identity (spec: collectives are no-ops at size 1)."""
 from __future__ import annotations
 
+from typing import Sequence
+
 import numpy as np
 
-from ..errors import DistributedError
+from ..errors import DistributedError, QuorumError
 from .base import Backend, ReduceOp
 
 
@@ -37,6 +39,13 @@ class SingletonBackend(Backend):
 
     def barrier(self) -> None:
         pass
+
+    def shrink(self, exclude: Sequence[int], min_size: int | None, timeout: float) -> "SingletonBackend":
+        """Nothing to agree on: the one rank carries on alone (Group.shrink returns None if it
+        excluded itself)."""
+        if min_size is not None and min_size > 1:
+            raise QuorumError(f"rank 0: shrink: a group of one cannot hold min_size={min_size} ranks")
+        return SingletonBackend()
 
     def send(self, buf: np.ndarray, dst: int) -> None:
         raise DistributedError("send() needs a peer: this group has only rank 0 (size 1)")

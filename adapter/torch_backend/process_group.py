@@ -23,7 +23,8 @@ import torch.distributed as dist
 
 from ..backends.base import Backend
 from ..errors import CollectiveTimeout, DistributedError
-from . import cpp_handles, ops, unsupported
+from ..group import DEFAULT_SHRINK_TIMEOUT_S
+from . import cpp_handles, ops, shrink
 from .work import AnySource, Completer, Executor, Inbox, JacklringWork, PeerExecutors, PostedRecv, torch_flavoured, wrap_error
 
 log = logging.getLogger("jacklring.torch")
@@ -511,6 +512,24 @@ class JacklringProcessGroup(dist.ProcessGroup):
 
     # ---- lifecycle --------------------------------------------------------------------------
 
+    supports_shrinking = True  # dist.shrink_group works on these groups (shrink.py)
+
+    def shrunk(self, excluded: Sequence[int], store: Any, group_id: str) -> "JacklringProcessGroup":
+        """A process group of this group's ranks minus `excluded`, formed by the communicator's
+        shrink() on every remaining rank (dist.shrink_group registers it with torch). A rank
+        found dead or too slow beyond `excluded` fails it on every survivor: torch's ranks of
+        the new group would not match."""
+        self._check_open("shrink_group")
+        comm = self._comm.shrink(list(excluded), None, min(self._timeout_s, DEFAULT_SHRINK_TIMEOUT_S))
+        expected = self._size - len(excluded)
+        if comm.size() != expected:
+            comm.close()
+            raise DistributedError(f"rank {self._rank}: shrink_group({list(excluded)}): only {comm.size()} ranks "
+                                   f"formed the new group, {expected} expected: another rank is gone too; "
+                                   f"call shrink_group with every failed rank in ranks_to_exclude")
+        return JacklringProcessGroup(store, comm.rank(), comm.size(), comm, self._timeout_s, group_id=group_id,
+                                     rendezvous=f"shrink of {self.rendezvous}")
+
     def shutdown(self) -> None:
         with self._close_lock:
             if self._closed:
@@ -582,4 +601,4 @@ def _opaque_to_dynamo(method: Any) -> Any:
 
 for _name in _OPERATIONS:
     setattr(JacklringProcessGroup, _name, _opaque_to_dynamo(getattr(JacklringProcessGroup, _name)))
-unsupported.install(JacklringProcessGroup)  # dist.shrink_group: a clear refusal (unsupported.py)
+shrink.install(JacklringProcessGroup)  # dist.shrink_group on these groups (shrink.py)

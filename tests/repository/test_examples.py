@@ -101,3 +101,11 @@ def test_tensor_parallel_losses_match_the_unsharded_run(tmp_path: Path) -> None:
     assert len(one["losses"]) == 15 and one["losses"][-1] < one["losses"][0]
     np.testing.assert_allclose(two["losses"], one["losses"], rtol=1e-5)
     assert_same_parameters(tmp_path / "one.npz", tmp_path / "two.npz", atol=1e-5)
+
+
+@pytest.mark.timeout(RUN_TIMEOUT_S + 30)
+def test_elastic_training_survives_a_kill_and_finishes_with_identical_parameters():
+    output = run([sys.executable, str(EXAMPLES / "elastic.py"), "--spawn", "3", "--kill", "1:5", "--epochs", "1"])
+    assert "shrunk to 2 rank(s)" in output, output
+    assert output.count("parameters identical on every survivor: True") == 2, output
+    assert "exit codes [0, -9, 0]" in output, output

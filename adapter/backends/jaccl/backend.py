@@ -149,6 +149,8 @@ def _build_transport(kind: str, rank: int, size: int, peers: list[int], device_r
 
 class JacclBackend(Backend):
     name = "jaccl"
+    shrink_missing = ("its mesh and its RDMA queue pairs are formed once, from the device file, and there is "
+                      "no agreement step for them yet")
 
     def __init__(self, transport: Transport, devices: DeviceMatrix, mode: str, transport_kind: str,
                  host: str, token: int, timeout: float, checks: Checks = Checks(False, None),

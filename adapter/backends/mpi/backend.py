@@ -222,6 +222,8 @@ def _abort_job_on_uncaught_exception(MPI: Any) -> None:
 
 class MPIBackend(Backend):
     name = "mpi"
+    shrink_missing = ("that needs ULFM (MPI_Comm_shrink, MPIX_Comm_agree), which the bundled Open MPI 5.0 is "
+                      "not built with (ompi_info lists no ULFM support), and an MPI error aborts the job anyway")
 
     def __init__(self, comm: Any, watchdog: Any, timeout: float) -> None:
         """comm: an mpi4py intracommunicator this backend owns (frees on close)."""

@@ -133,6 +133,7 @@ def _wrap(exc: BaseException, what: str) -> BaseException:
 
 class NcclBackend(Backend):
     name = "nccl"
+    shrink_missing = ("that needs ncclCommShrink (NCCL 2.27+), which this backend does not expose yet")
     takes_device_buffers = True
 
     # ---- construction ---------------------------------------------------------------------

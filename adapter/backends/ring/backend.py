@@ -30,14 +30,14 @@ import numpy as np
 from ... import config, logs
 from ...config import connect_timeout as default_connect_timeout
 from ...config import env_rank, op_timeout
-from ...errors import ConfigError, PeerError
+from ...errors import ConfigError, DistributedError, PeerError
 from ..base import Backend, ReduceOp
 from ..elements import byte_view, split_evenly
 from ..local import algorithms as shm_algorithms
 from ..protocol import REDUCE_CODES
-from ..transport import auth, tcp
+from ..transport import auth, membership, tcp
 from ..transport.stream_engine import Engine, Stream
-from . import hierarchy, shared, splitting
+from . import hierarchy, shared, shrink, splitting
 from .addresses import links_per_neighbour, load_ring_hostfile, validate_addresses
 from .formation import FormationAbandoned, Watch
 from .forming import ABORT_NOTICE_S, Forming, Wording, admit
@@ -293,6 +293,15 @@ class RingBackend(Backend):
     def split(self, color: int, key: int) -> "RingBackend":
         """Form sub-rings: fresh listeners, addresses exchanged over this ring."""
         return splitting.split(self, self._state, self._words, self._plumbing, color, key)
+
+    def shrink(self, exclude: list[int], min_size: int | None, timeout: float) -> "RingBackend":
+        """A ring of the old members that are still alive (ring/shrink.py)."""
+        state = self._state
+        if not state.listeners:
+            raise DistributedError(f"rank {state.rank}: this ring group was closed; it cannot shrink")
+        seat = membership.Seat(state.rank, [a[0] for a in state.addresses], state.listeners[0], state.auth,
+                               state.token, shrink.PURPOSE_SHRINK)
+        return shrink.shrink_ring(self, seat, state.addresses, exclude, min_size, timeout)
 
     def close(self) -> None:
         state = self._state

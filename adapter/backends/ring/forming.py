@@ -13,7 +13,7 @@ from ... import config
 from ...errors import DistributedError, PeerError
 from ..transport import integrity, tcp
 from ..transport.stream_engine import Engine, Stream
-from . import origin
+from . import origin, shrink
 from .addresses import links_per_neighbour, ranks_on_this_host
 from .formation import FormationAbandoned, Watch
 from .header import (
@@ -78,6 +78,8 @@ def admit(state: RingState, hello: tcp.Hello, listener: int, k: int) -> str | No
         if 0 <= hello.sender < size and hello.sender != rank and hello.channel == 0:
             return None
         return f"no rank {hello.sender} sends point-to-point here"
+    if hello.purpose == shrink.PURPOSE_SHRINK and listener == 0:
+        return shrink.admits(hello.sender, rank, size)
     if hello.purpose == PURPOSE_ABORT and listener == 0:
         if hello.sender in (prv, (rank + 1) % size) and hello.channel == 0:
             return None

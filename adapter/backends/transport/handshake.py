@@ -134,19 +134,21 @@ def _recv_fixed(sock: socket.socket, size: int, timeout_at: float, magic: bytes)
     return bytes(data)
 
 
-def client_handshake(sock: socket.socket, hello: Hello, auth: Auth, where: str, who: str) -> Hello:
+def client_handshake(sock: socket.socket, hello: Hello, auth: Auth, where: str, who: str,
+                     answer_timeout: float = ANSWER_TIMEOUT_S) -> Hello:
     """Run the connector's half on a connected socket; returns hello with the acceptor's nonce.
     PeerError (final) when the listener is not a rank of this job or refuses this rank;
-    HandshakeRetry when it closed without a word."""
+    HandshakeRetry when it closed without a word. answer_timeout: how long the listener may stay
+    silent (shrink() passes a short one: a stopped rank's kernel accepts, nobody answers)."""
     hello_bytes = hello.pack()
     try:
-        sock.settimeout(ANSWER_TIMEOUT_S)
+        sock.settimeout(answer_timeout)
         sock.sendall(hello_bytes)
-        answer = _recv_fixed(sock, CHALLENGE.size, time.monotonic() + ANSWER_TIMEOUT_S, CHALLENGE_MAGIC)
+        answer = _recv_fixed(sock, CHALLENGE.size, time.monotonic() + answer_timeout, CHALLENGE_MAGIC)
     except socket.timeout:
         raise PeerError(f"the process listening on {where} (expected: {who}) accepted the connection but did "
-                        f"not answer the jacklring handshake within {ANSWER_TIMEOUT_S:g} s; another program "
-                        f"listens on that address") from None
+                        f"not answer the jacklring handshake within {answer_timeout:g} s; another program "
+                        f"listens on that address, or the rank is stopped") from None
     except OSError as exc:
         if exc.errno in (errno.ECONNRESET, errno.EPIPE):
             raise HandshakeRetry(exc.strerror or str(exc)) from None
@@ -163,9 +165,9 @@ def client_handshake(sock: socket.socket, hello: Hello, auth: Auth, where: str, 
     proof = auth.mac(b"C", hello_bytes, nonce_s)
     try:
         sock.sendall(proof)
-        ack = _recv_fixed(sock, ACK.size, time.monotonic() + ANSWER_TIMEOUT_S, ACK_MAGIC)
+        ack = _recv_fixed(sock, ACK.size, time.monotonic() + answer_timeout, ACK_MAGIC)
     except socket.timeout:
-        raise PeerError(f"{who} at {where} did not acknowledge the handshake within {ANSWER_TIMEOUT_S:g} s") from None
+        raise PeerError(f"{who} at {where} did not acknowledge the handshake within {answer_timeout:g} s") from None
     except OSError as exc:
         if exc.errno in (errno.ECONNRESET, errno.EPIPE):
             raise HandshakeRetry(exc.strerror or str(exc)) from None

@@ -1,0 +1,354 @@
+"""Agreement on who is still in a group after a failure: the backend-neutral half of shrink().
+
+Every surviving old member runs agree(). Each one contacts the old members in rank order (an
+authenticated connection to the peer's listener, hello purpose `seat.purpose`) and joins the
+first that answers; a rank that reaches no lower rank is the coordinator. The coordinator
+collects joins until every old member has joined, is proven dead (its listener refuses a
+connection: the process is gone) or the window ends; the ones that joined are the new group if
+there are enough of them (quorum), and it sends that decision, with an epoch number and a fresh
+nonce (the seed of the new group's key), to each of them. A joiner whose coordinator dies or
+stalls (the connection ends, or no answer within the window) moves on to the next rank. A rank
+that finished a shrink answers later joins at its old listener with the outcome (Tombstone), so
+a rank that was only stopped learns that it was excluded instead of forming a group of its own.
+
+Every frame after the handshake carries a MAC under a key of that connection alone (from the job
+key and both handshake nonces), so nobody without the job key can forge or alter a decision.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import struct
+import threading
+import time
+from dataclasses import dataclass
+from typing import Sequence
+
+from ...errors import CollectiveTimeout, DistributedError, ExcludedError, PeerError, QuorumError
+from . import tcp
+from .auth import MAC_BYTES, Auth, equal
+from .handshake import HandshakeRetry
+
+log = logging.getLogger("jacklring.shrink")
+
+LENGTH = struct.Struct("<I")
+MAX_FRAME = 1 << 16
+PROBE_EVERY_S = 0.1     # how often the coordinator checks whether a silent member's process is gone
+POLL_S = 0.05           # how long the coordinator waits for a join between probes
+HANDSHAKE_RETRIES = 3   # a listener over its handshake budget closes unread: try again this often
+
+
+@dataclass(frozen=True)
+class Seat:
+    """This rank's place in the old group: what agreement needs from the backend."""
+    rank: int
+    addresses: list[str]      # every old member's listener ("ip:port"), by old rank
+    listener: tcp.Listener    # this rank's listener, serving, admitting hellos of `purpose`
+    auth: Auth                # the old group's key
+    token: int                # the old group's job context id
+    purpose: int              # the hello purpose of shrink connections
+
+
+@dataclass(frozen=True)
+class Decision:
+    epoch: int
+    members: list[int]              # old ranks, ascending: the new group's ranks 0..k-1
+    payloads: dict[int, dict]       # old rank -> what it sent with its join (e.g. new addresses)
+    nonce: bytes                    # fresh per decision: seeds the new group's key
+    coordinator: int
+
+    def key(self, auth: Auth) -> Auth:
+        """The new group's key: only members (told the nonce) and the job key's holders can compute it."""
+        return auth.derive(b"jacklring-shrink-group\0" + self.nonce + str(self.epoch).encode())
+
+
+class Channel:
+    """Length-prefixed JSON frames with a MAC each, over one authenticated connection."""
+
+    def __init__(self, sock: socket.socket, auth: Auth, session: bytes, connector: bool, who: str) -> None:
+        self.sock, self.who = sock, who
+        self._key = auth.derive(b"jacklring-shrink-frames\0" + session)
+        self._out_tag, self._in_tag = (b"C", b"A") if connector else (b"A", b"C")
+        self._sent = self._received = 0
+
+    def send(self, message: dict, deadline: float) -> None:
+        data = json.dumps(message).encode()
+        mac = self._key.mac(self._out_tag, str(self._sent).encode(), b"\0", data)
+        self._sent += 1
+        tcp.send_all(self.sock, LENGTH.pack(len(data)) + data + mac, deadline, self.who)
+
+    def recv(self, deadline: float) -> dict:
+        """The next frame; PeerError on a closed connection or a bad MAC, CollectiveTimeout at the deadline."""
+        head = bytearray(LENGTH.size)
+        tcp.recv_exact(self.sock, memoryview(head), deadline, self.who)
+        (size,) = LENGTH.unpack(head)
+        if size > MAX_FRAME:
+            raise PeerError(f"{self.who} sent a {size}-byte shrink frame (at most {MAX_FRAME})")
+        body = bytearray(size + MAC_BYTES)
+        tcp.recv_exact(self.sock, memoryview(body), deadline, self.who)
+        data, mac = bytes(body[:size]), bytes(body[size:])
+        if not equal(mac, self._key.mac(self._in_tag, str(self._received).encode(), b"\0", data)):
+            raise PeerError(f"{self.who} sent a shrink frame that failed its MAC")
+        self._received += 1
+        try:
+            message = json.loads(data)
+        except ValueError:
+            raise PeerError(f"{self.who} sent a shrink frame that is not JSON") from None
+        if not isinstance(message, dict):
+            raise PeerError(f"{self.who} sent a shrink frame that is not an object")
+        return message
+
+    def closed(self) -> bool:
+        """Whether the peer has gone (end of stream or error), looking without blocking."""
+        try:
+            self.sock.settimeout(0.0)  # with a timeout set, recv would wait despite MSG_DONTWAIT
+            return self.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+        except (BlockingIOError, InterruptedError):
+            return False
+        except OSError:
+            return True
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def refuses(address: str) -> bool:
+    """Whether nothing listens at address any more: the process that held it is gone. A stopped
+    process's kernel still accepts, so silence is never taken for death here."""
+    try:
+        with socket.create_connection(tcp.parse_address(address), timeout=0.2):
+            return False  # connected and closed without a word: the listener drops it quietly
+    except ConnectionRefusedError:
+        return True
+    except OSError:
+        return False
+
+
+def _reach(seat: Seat, peer: int, answer_timeout: float) -> Channel | None:
+    """An authenticated connection to peer's listener, or None when it is gone or does not answer."""
+    address = seat.addresses[peer]
+    who = f"rank {peer} ({address})"
+    for _ in range(HANDSHAKE_RETRIES):
+        try:
+            sock = socket.create_connection(tcp.parse_address(address), timeout=answer_timeout)
+        except OSError:
+            return None
+        try:
+            hello = tcp.Hello(seat.purpose, seat.rank, peer, 0, seat.token).fresh()
+            done = tcp.client_handshake(sock, hello, seat.auth, address, who, answer_timeout)
+        except HandshakeRetry:
+            sock.close()
+            continue
+        except (DistributedError, OSError) as exc:
+            log.debug("rank %d: shrink: %s did not answer: %s", seat.rank, who, exc)
+            sock.close()
+            return None
+        sock.settimeout(None)
+        return Channel(sock, seat.auth, done.session, True, who)
+    return None
+
+
+def _excluded(rank: int, message: dict) -> ExcludedError:
+    return ExcludedError(
+        f"rank {rank} was excluded from the group by shrink (epoch {message.get('epoch')}): it did not answer "
+        f"in time (it was stopped, too slow or cut off), or exclude= named it; old ranks "
+        f"{message.get('members')} carry on without it (coordinator rank {message.get('coordinator')}); this "
+        f"process must not rejoin: stop it, or start a new job")
+
+
+def agree(seat: Seat, size: int, payload: dict, exclude: Sequence[int], min_size: int | None,
+          window: float, epoch_floor: int) -> Decision:
+    """Run the agreement (see the module docstring) as old rank seat.rank of `size`; returns the
+    decision if this rank is in it. ExcludedError if it is not, QuorumError if too few answered.
+    window: how long the coordinator waits for a member that neither joins nor is proven dead."""
+    answer_timeout = min(1.0, max(0.05, window / 4))
+    excluded = set(exclude)
+    join = {"kind": "join", "rank": seat.rank, "payload": payload, "exclude": sorted(excluded),
+            "epoch": epoch_floor}
+    unreachable: set[int] = set()
+    for candidate in range(size):
+        if candidate in excluded:
+            continue
+        if candidate == seat.rank:
+            return _coordinate(seat, size, join, unreachable, min_size, window, answer_timeout)
+        channel = _reach(seat, candidate, answer_timeout)
+        if channel is None:
+            unreachable.add(candidate)
+            continue
+        try:
+            # The coordinator may itself wait out its window, then form the group (the answer of a
+            # rank that joined someone else comes once its own shrink is done).
+            deadline = time.monotonic() + 2 * window + 3 * answer_timeout + 1.0
+            channel.send(join, deadline)
+            answer = channel.recv(deadline)
+        except DistributedError as exc:
+            log.debug("rank %d: shrink: coordinator candidate rank %d gave no answer: %s", seat.rank, candidate, exc)
+            unreachable.add(candidate)
+            continue
+        finally:
+            channel.close()
+        kind = answer.get("kind")
+        if kind == "no-quorum":
+            raise QuorumError(f"rank {seat.rank}: shrink: {answer.get('why')} (decided by rank {candidate})")
+        if kind == "excluded" or (kind == "decision" and seat.rank not in answer.get("members", [])):
+            raise _excluded(seat.rank, answer)
+        if kind == "decision":
+            return _parse_decision(answer)
+        unreachable.add(candidate)
+    raise PeerError(f"rank {seat.rank}: shrink: no rank answered")  # unreachable: this rank coordinates
+
+
+def _parse_decision(message: dict) -> Decision:
+    return Decision(int(message["epoch"]), [int(q) for q in message["members"]],
+                    {int(q): p for q, p in message["payloads"].items()}, bytes.fromhex(message["nonce"]),
+                    int(message["coordinator"]))
+
+
+def _coordinate(seat: Seat, size: int, mine: dict, unreachable: set[int], min_size: int | None,
+                window: float, answer_timeout: float) -> Decision:
+    me = seat.rank
+    joins: dict[int, dict] = {me: mine}
+    channels: dict[int, Channel] = {}
+    excluded = set(mine["exclude"])
+    dead: set[int] = set()
+    end = time.monotonic() + window
+    next_probe = 0.0
+
+    def pending() -> list[int]:
+        return [q for q in range(size)
+                if q not in joins and q not in excluded and q not in dead and q not in unreachable]
+
+    def take(until: float) -> bool:
+        taken = seat.listener.take(lambda h: h.purpose == seat.purpose, until, None)
+        if taken is None:
+            return False
+        sock, hello = taken
+        channel = Channel(sock, seat.auth, hello.session, False, f"rank {hello.sender}")
+        try:
+            join = channel.recv(time.monotonic() + answer_timeout)
+            if join.get("kind") != "join" or join.get("rank") != hello.sender:
+                raise PeerError(f"rank {hello.sender} sent {join.get('kind')!r}, not a join")
+        except DistributedError as exc:
+            log.debug("rank %d: shrink: the join of rank %d was lost: %s", me, hello.sender, exc)
+            channel.close()
+            return True
+        old = channels.pop(hello.sender, None)
+        if old is not None:
+            old.close()
+        joins[hello.sender], channels[hello.sender] = join, channel
+        excluded.update(int(q) for q in join.get("exclude", []))
+        return True
+
+    log.debug("rank %d: shrink: coordinating (unreachable: %s)", me, sorted(unreachable))
+    while pending() and time.monotonic() < end:
+        now = time.monotonic()
+        if now >= next_probe:
+            dead.update(q for q in pending() if refuses(seat.addresses[q]))
+            next_probe = now + PROBE_EVERY_S
+        take(min(end, time.monotonic() + POLL_S))
+    while take(time.monotonic()):  # joins that are already queued still count
+        pass
+    log.debug("rank %d: shrink: joined %s, dead %s", me, sorted(joins), sorted(dead))
+    for q, channel in list(channels.items()):
+        if channel.closed():  # joined, then died (or gave up on this rank) before the decision
+            channel.close()
+            del channels[q], joins[q]
+    members = sorted(q for q in joins if q not in excluded)
+    contenders = size - len(excluded)
+    need = min_size if min_size is not None else contenders // 2 + 1
+    epoch = max(int(j.get("epoch", 0)) for j in joins.values())
+    missing = sorted(set(range(size)) - set(members) - excluded)
+    if len(members) < need and not channels:
+        # Nobody joined: this rank may be the one left behind (a stopped rank 0 resumed after
+        # the others shrank without it). A survivor's old listener tells it so.
+        outcome = _ask_outcome(seat, size, mine, excluded | dead | {me}, answer_timeout)
+        if outcome is not None and outcome.get("kind") == "decision" and me in outcome.get("members", []):
+            return _parse_decision(outcome)
+        if outcome is not None and outcome.get("kind") in ("decision", "excluded"):
+            raise _excluded(me, outcome)
+    if len(members) < need:
+        rule = (f"min_size={min_size}" if min_size is not None else
+                f"more than half of the {contenders} old members that exclude= did not name")
+        why = (f"only old ranks {members} answered ({len(members)} of {size}; missing {missing}), and a new group "
+               f"needs at least {need} ({rule}): a minority must not carry on as the job (pass min_size= to allow it)")
+        _answer(channels, {"kind": "no-quorum", "why": why})
+        raise QuorumError(f"rank {me}: shrink: {why}")
+    decision = {"kind": "decision", "epoch": epoch, "members": members, "coordinator": me,
+                "nonce": os.urandom(16).hex(), "payloads": {str(q): joins[q]["payload"] for q in members}}
+    _answer(channels, decision, {"kind": "excluded", "epoch": epoch, "members": members, "coordinator": me})
+    log.info("rank %d: shrink epoch %d: members %s (out: %s)", me, epoch, members, missing + sorted(excluded))
+    if me not in members:
+        raise _excluded(me, decision)
+    return _parse_decision(decision)
+
+
+def _ask_outcome(seat: Seat, size: int, join: dict, skip: set[int], answer_timeout: float) -> dict | None:
+    """The first answer another old member gives to a join within answer_timeout (a finished
+    survivor answers at once; one still agreeing holds the connection), or None."""
+    for q in range(size):
+        if q in skip:
+            continue
+        channel = _reach(seat, q, answer_timeout)
+        if channel is None:
+            continue
+        try:
+            channel.send(join, time.monotonic() + answer_timeout)
+            return channel.recv(time.monotonic() + answer_timeout)
+        except DistributedError:
+            continue
+        finally:
+            channel.close()
+    return None
+
+
+def _answer(channels: dict[int, Channel], message: dict, to_excluded: dict | None = None) -> None:
+    deadline = time.monotonic() + 1.0
+    for q, channel in channels.items():
+        text = message if to_excluded is None or q in message.get("members", []) else to_excluded
+        try:
+            channel.send(text, deadline)
+        except DistributedError:
+            pass  # it died after joining: the new group's formation fails and the survivors agree again
+        finally:
+            channel.close()
+
+
+class Tombstone:
+    """After a shrink: answer every later join at this rank's old listener with the outcome, so a
+    rank that was stopped or slow learns that it was excluded. Ends when the listener closes."""
+
+    def __init__(self, seat: Seat, decision: Decision) -> None:
+        self._seat = seat
+        self._answer = {"kind": "excluded", "epoch": decision.epoch, "members": decision.members,
+                        "coordinator": decision.coordinator}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name=f"jacklring-shrink-tombstone rank {seat.rank}",
+                                        daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        seat = self._seat
+        while not self._stop.is_set():
+            started = time.monotonic()
+            try:
+                taken = seat.listener.take(lambda h: h.purpose == seat.purpose, started + 0.5, None)
+            except (AssertionError, OSError):
+                return  # the old group was closed
+            if taken is None:
+                if time.monotonic() - started < 0.1:
+                    self._stop.wait(0.5)  # a closed listener answers at once
+                continue
+            sock, hello = taken
+            channel = Channel(sock, seat.auth, hello.session, False, f"rank {hello.sender}")
+            try:
+                channel.recv(time.monotonic() + 1.0)
+                channel.send(self._answer, time.monotonic() + 1.0)
+            except (DistributedError, CollectiveTimeout):
+                pass
+            finally:
+                channel.close()
+
+    def close(self) -> None:
+        self._stop.set()

@@ -1,0 +1,251 @@
+"""Group.shrink() on the ring with real processes: a rank dies (or stops, or is excluded), the
+survivors agree on who is left and carry on in a new group whose sums are right."""
+from __future__ import annotations
+
+import random
+import signal
+import time
+
+import pytest
+from cluster import finish_all, reports, start, stop_all
+
+# Every rank adds (old rank + 1) in a loop until the loop fails (or STOP_AFTER s pass), then
+# shrinks and checks one all_sum on the new group: the sum of (old rank + 1) over the members.
+SHRINK_AFTER_FAILURE = """
+import adapter
+MIN = {min_size}
+x = np.full(4096, float(r + 1), np.float32)
+all_sum(x)
+say("READY")
+until = time.monotonic() + {stop_after}
+try:
+    while time.monotonic() < until:
+        all_sum(x)
+except ERRORS as e:
+    say("ERR", type(e).__name__, str(e).replace("\\n", " ")[:300])
+say("SHRINKING")
+try:
+    new = group.shrink(min_size=MIN, timeout={timeout})
+except ERRORS as e:
+    say("SHRINKERR", type(e).__name__, str(e).replace("\\n", " "))
+    sys.exit(5)
+members = all_gather(np.array([r], np.int64))
+y = all_sum(np.full(4096, float(r + 1), np.float32))
+expected = float(sum(int(m) + 1 for m in members))
+say("SUM", new.rank(), new.size(), ",".join(str(int(m)) for m in members), float(y[0]), expected,
+    bool(np.all(y == expected)))
+try:
+    all_sum(x, group=group)
+except ERRORS as e:
+    say("OLD", type(e).__name__, str(e).replace("\\n", " "))
+time.sleep({linger})  # a survivor that stays (training on) answers an excluded rank's late shrink()
+"""
+
+
+def body(min_size=None, stop_after=30, timeout=3.0, linger=0.0) -> str:
+    return SHRINK_AFTER_FAILURE.format(min_size=min_size, stop_after=stop_after, timeout=timeout, linger=linger)
+
+
+def check_sums(procs, survivors: list[int], killed_at: float | None = None) -> dict[int, float]:
+    """Every survivor printed a correct SUM in a group of exactly `survivors`; returns the seconds
+    from the kill to each survivor's SUM line."""
+    after = {}
+    for p in procs:
+        if p.rank not in survivors:
+            continue
+        fields = p.wait_line("SUM", 30)
+        _, t, new_rank, size, members, got, expected, ok = fields
+        assert ok == "True" and got == expected, fields
+        assert members == ",".join(map(str, survivors)), (fields, survivors)
+        assert int(new_rank) == survivors.index(p.rank) and int(size) == len(survivors), fields
+        if killed_at is not None:
+            after[p.rank] = float(t) - killed_at
+        old = p.wait_line("OLD", 5)
+        assert "shrunk into a group of" in " ".join(old), old
+    return after
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("transport", ["tcp", "auto"], ids=["tcp", "shared-memory"])
+def test_kill9_then_shrink_and_the_next_all_sum_is_right(tmp_path, transport):
+    procs = start("ring", 4, body(), tmp_path, env={"JACKLRING_LOCAL_TRANSPORT": transport})
+    try:
+        for p in procs:
+            p.wait_line("READY", 30)
+        time.sleep(0.3)
+        killed_at = procs[2].kill(signal.SIGKILL)
+        after = check_sums(procs, [0, 1, 3], killed_at)
+        codes = finish_all(procs, 15)
+    finally:
+        stop_all(procs)
+    assert [codes[i] for i in (0, 1, 3)] == [0, 0, 0], reports(procs)
+    print(f"{transport}: kill -9 to the first correct all_sum of the shrunk group (s): {after}")
+    assert max(after.values()) < 5, after
+
+
+@pytest.mark.timeout(60)
+def test_a_second_death_during_the_shrink(tmp_path):
+    """Rank 1 dies in the loop; rank 0 (the coordinator) dies once it starts shrinking; with
+    min_size=2 the last two carry on."""
+    procs = start("ring", 4, body(min_size=2), tmp_path)
+    try:
+        for p in procs:
+            p.wait_line("READY", 30)
+        time.sleep(0.2)
+        procs[1].kill(signal.SIGKILL)
+        procs[0].wait_line("SHRINKING", 10)
+        procs[0].kill(signal.SIGKILL)
+        check_sums(procs, [2, 3])
+        finish_all(procs, 15)
+    finally:
+        stop_all(procs)
+
+
+@pytest.mark.timeout(60)
+def test_a_stopped_rank_is_excluded_and_told_so_when_it_resumes(tmp_path):
+    procs = start("ring", 4, body(timeout=1.5, linger=4), tmp_path, env={"JACKLRING_TIMEOUT": "2"})
+    try:
+        for p in procs:
+            p.wait_line("READY", 30)
+        time.sleep(0.2)
+        procs[2].kill(signal.SIGSTOP)  # the others' loop fails at the 2 s deadline, then they shrink
+        check_sums(procs, [0, 1, 3])
+        procs[2].kill(signal.SIGCONT)
+        fields = procs[2].wait_line("SHRINKERR", 20)
+        finish_all(procs, 15)
+    finally:
+        stop_all(procs)
+    text = " ".join(fields[3:])
+    assert fields[2] == "ExcludedError" and "rank 2 was excluded from the group by shrink (epoch 1)" in text, reports(procs)
+    assert "[0, 1, 3]" in text, text
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("min_size", [None, 2], ids=["no-quorum", "min_size=2"])
+def test_half_the_group_dies(tmp_path, min_size):
+    procs = start("ring", 4, body(min_size=min_size), tmp_path)
+    try:
+        for p in procs:
+            p.wait_line("READY", 30)
+        time.sleep(0.2)
+        procs[1].kill(signal.SIGKILL)
+        procs[3].kill(signal.SIGKILL)
+        if min_size is None:
+            for p in (procs[0], procs[2]):
+                fields = p.wait_line("SHRINKERR", 20)
+                assert fields[2] == "QuorumError", fields
+                assert "needs at least 3" in " ".join(fields), fields
+        else:
+            check_sums(procs, [0, 2])
+        finish_all(procs, 15)
+    finally:
+        stop_all(procs)
+
+
+PLANNED = """
+import adapter
+x = all_sum(np.full(8, float(r + 1), np.float32))
+new = group.shrink(exclude=[1], timeout=3)
+if new is None:
+    say("LEFT")
+    try:
+        all_sum(x, group=group)
+    except ERRORS as e:
+        say("OLD", type(e).__name__, str(e))
+    sys.exit(0)
+y = all_sum(np.full(8, float(r + 1), np.float32))
+say("SUM", new.rank(), new.size(), float(y[0]))
+"""
+
+
+@pytest.mark.timeout(60)
+def test_planned_exclusion_on_a_healthy_group(tmp_path):
+    procs = start("ring", 4, PLANNED, tmp_path)
+    try:
+        sums = {p.rank: p.wait_line("SUM", 30) for p in procs if p.rank != 1}
+        left = procs[1].wait_line("LEFT", 30)
+        old = procs[1].wait_line("OLD", 5)
+        codes = finish_all(procs, 15)
+    finally:
+        stop_all(procs)
+    assert codes == [0, 0, 0, 0], reports(procs)
+    assert {r: (f[2], f[3], f[4]) for r, f in sums.items()} == {0: ("0", "3", "8.0"), 2: ("1", "3", "8.0"),
+                                                                 3: ("2", "3", "8.0")}
+    assert left and old[2] == "ExcludedError", old
+
+
+KILL_AT_RANDOM = """
+import adapter
+x = np.full(FLOATS, 1.0, np.float32)
+all_sum(x)
+say("READY")
+try:
+    while True:
+        all_sum(x)
+except ERRORS as e:
+    pass
+new = group.shrink(timeout=3)
+y = all_sum(np.full(16, float(r + 1), np.float32))
+say("SUM", new.size(), float(y[0]))
+"""
+
+
+@pytest.mark.timeout(120)
+def test_kill_at_a_random_moment_five_trials(tmp_path):
+    rng = random.Random(24)
+    for trial in range(5):
+        victim = rng.randrange(4)
+        floats = rng.choice([4, 4096, 1 << 20])
+        procs = start("ring", 4, KILL_AT_RANDOM.replace("FLOATS", str(floats)), tmp_path,
+                      env={"JACKLRING_LOCAL_TRANSPORT": rng.choice(["tcp", "auto"])})
+        try:
+            for p in procs:
+                p.wait_line("READY", 30)
+            time.sleep(rng.uniform(0.0, 0.3))
+            procs[victim].kill(signal.SIGKILL)
+            expected = float(sum(q + 1 for q in range(4) if q != victim))
+            for p in procs:
+                if p.rank != victim:
+                    fields = p.wait_line("SUM", 30)
+                    assert fields[2:] == ["3", str(expected)], (trial, victim, fields, reports(procs))
+            finish_all(procs, 15)
+        finally:
+            stop_all(procs)
+
+
+# Rank 3 stops itself right after it sent its join: the coordinator counts it in, the new ring
+# cannot form without it, and the others agree again (epoch 2) without it.
+STOP_AFTER_JOIN = """
+if r == 3:
+    import signal
+    from adapter.backends.transport import membership
+    real_send = membership.Channel.send
+    def stop_after_join(self, message, deadline):
+        real_send(self, message, deadline)
+        if message.get("kind") == "join" and membership.Channel.send is stop_after_join:
+            membership.Channel.send = real_send  # once
+            say("STOPPING")
+            os.kill(os.getpid(), signal.SIGSTOP)
+    membership.Channel.send = stop_after_join
+"""
+
+
+@pytest.mark.timeout(90)
+def test_a_rank_that_stops_after_joining_is_left_out_at_the_next_epoch(tmp_path):
+    procs = start("ring", 4, body(min_size=2, timeout=1.0, linger=8), tmp_path,
+                  env={"FAULT_BEFORE_INIT": STOP_AFTER_JOIN})
+    try:
+        for p in procs:
+            p.wait_line("READY", 30)
+        time.sleep(0.2)
+        procs[1].kill(signal.SIGKILL)
+        procs[3].wait_line("STOPPING", 10)
+        check_sums(procs, [0, 2])
+        procs[3].kill(signal.SIGCONT)
+        fields = procs[3].wait_line("SHRINKERR", 30)
+        finish_all(procs, 20)
+    finally:
+        stop_all(procs)
+    text = " ".join(fields[3:])
+    assert fields[2] == "ExcludedError" and "rank 3 was excluded from the group by shrink (epoch 2)" in text, \
+        reports(procs)
