@@ -324,17 +324,20 @@ class Executor:
         an op of this executor is queued or running, so the caller must submit it."""
         if self._queue or not self._busy.acquire(False):
             return None
+        # Made before the op runs, though returned only after: the time after a wait for peers
+        # is the expensive part of a call (the wait handed the core to others, the caches are
+        # cold), so the little left to do there should be little. Nobody sees it until then.
+        work = JacklringWork(what, result, finished=True)
         try:
             if self._queue:  # queued by another thread before this one took _busy: it goes first
                 return None
             try:
                 run()
-                error = None
             except BaseException as exc:  # surfaces in wait() / the future, never lost
-                error = self._describe_error(what, exc)
+                work._error = self._describe_error(what, exc)
         finally:
             self._busy.release()
-        return JacklringWork(what, result, finished=True, error=error)
+        return work
 
     def submit(self, work: JacklringWork, run: Callable[[], Any], inline: bool = False) -> JacklringWork:
         if inline and not self._queue and self._busy.acquire(False):
