@@ -110,9 +110,27 @@ def _all_reduce(x: Any, op: ReduceOp, group: Group | None, out: Any = None, what
 
 
 def _all_reduce_into(g: Group, x: Any, op: ReduceOp, out: Any, what: str) -> Any:
-    if _on_device(g, x):
-        _no_device_out(g, what, out)
-    arr = x if type(x) is np.ndarray and x.flags.c_contiguous and x.dtype.isnative else as_numpy(x)[0]
+    if type(x) is np.ndarray:
+        if out is x and (x.dtype, op) in _REDUCIBLE and x.flags.c_contiguous and x.flags.writeable:
+            # In place (out=x) on a C-contiguous array of a native supported dtype: every check
+            # of out= holds, so none is made.
+            if g.size() > 1:
+                whole = x if x.ndim == 1 else x.reshape(-1)
+                g.backend.all_reduce(whole, whole, op)
+            return out
+        arr = x if x.flags.c_contiguous and x.dtype.isnative else as_numpy(x)[0]
+    else:
+        arr = plain_cpu_tensor_view(x)  # a plain CPU tensor in a few attribute reads
+        if arr is None:
+            if _on_device(g, x):
+                _no_device_out(g, what, out)
+            arr = as_numpy(x)[0]
+        elif out is x and (arr.dtype, op) in _REDUCIBLE:
+            # In place on a plain tensor: out= is x's own memory, so every check of out= holds.
+            if g.size() > 1:
+                arr = flat(arr)
+                g.backend.all_reduce(arr, arr, op)
+            return out
     check_reducible(arr.dtype, op)
     dst = _checked_out(g, what, out, arr.shape, arr.dtype, arr)
     if g.size() == 1:

@@ -38,8 +38,14 @@ _STOP_TIMEOUT_S = 5.0
 MONITORED_BARRIER_TAG = -0x4A4C4D42
 
 
+_ALLREDUCE_SUM = "allreduce(SUM)"  # the Work's name, as the general path words it
+
+
 def _as_list(tensors: Any) -> list[torch.Tensor]:
     return [tensors] if isinstance(tensors, torch.Tensor) else list(tensors)
+
+
+_SUM = dist.ReduceOp.SUM
 
 
 def _op_name(opts: Any, default: str = "SUM") -> str:
@@ -47,6 +53,8 @@ def _op_name(opts: Any, default: str = "SUM") -> str:
     if opts is None:
         return default
     op = getattr(opts, "reduceOp", opts)
+    if op == _SUM:  # the common case, without reading the pybind enum's name (a few us)
+        return "SUM"
     return ops.reduce_op_name(op)
 
 
@@ -173,6 +181,10 @@ class JacklringProcessGroup(dist.ProcessGroup):
     # ---- all-reduce -------------------------------------------------------------------------
 
     def allreduce(self, tensors: Any, opts: Any = None) -> JacklringWork:
+        if getattr(opts, "asyncOp", True) is False and type(tensors) is list and len(tensors) == 1:
+            work = self._allreduce_inline(tensors, opts)
+            if work is not None:
+                return work
         tensors = _as_list(tensors)
         name = _op_name(opts)
         if any(isinstance(t, torch.Tensor) and t.is_sparse for t in tensors):
@@ -182,6 +194,17 @@ class JacklringProcessGroup(dist.ProcessGroup):
             ops.check_reduce_op(name, t)
         return self._collective(f"allreduce({name})", tensors,
                                 lambda: ops.all_reduce(self._comm, tensors, name), opts)
+
+    def _allreduce_inline(self, tensors: list[torch.Tensor], opts: Any) -> JacklringWork | None:
+        """dist.all_reduce(t) of one plain CPU tensor with SUM, run at once on this thread: the
+        general path's checks all pass for such a tensor, so only what differs is looked at.
+        None (nothing done) for anything else, or when ops of this group are queued or running."""
+        array = ops.plain_view(tensors[0])
+        if array is None or self._closed or opts.reduceOp != _SUM:
+            return None
+        comm = self._comm
+        return self._collectives.run_inline(_ALLREDUCE_SUM, tensors,
+                                            lambda: comm.all_reduce(array, array, ops.BACKEND_SUM))
 
     def _sparse_allreduce(self, tensors: list[torch.Tensor], name: str, opts: Any = None) -> JacklringWork:
         if name != "SUM":

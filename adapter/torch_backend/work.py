@@ -47,21 +47,36 @@ class JacklringWork(dist.Work):
     C++ callers both see a failed future. Once the future exists every query reads its state, so
     they agree with it at every moment; before, nobody can hold it, and they read `_done`. A
     Work whose op ends before anyone asked for its future (every inline op) never pays for
-    futures nobody uses. `_latch` is a lock held until completion: wait() acquires it."""
+    futures nobody uses. `_latch` is a lock held until completion: wait() acquires it.
 
-    def __init__(self, what: str, result: list[torch.Tensor], source_rank: int = -1) -> None:
+    A Work born finished (`finished=True`: an inline op, made once it has run) has no latch and
+    shares one future lock with every other such Work: its only critical section is the first
+    get_future(), which runs no user code. The attributes few Works change are class defaults,
+    so a synchronous op pays for a handful of instance writes only."""
+
+    _error: BaseException | None = None
+    _peer = -1
+    _completing_thread: int | None = None
+    _raw: torch.futures.Future | None = None
+    _future: torch.futures.Future | None = None
+    _future_lock = threading.Lock()  # a born-finished Work's (see above); pending ones have their own
+
+    def __init__(self, what: str, result: list[torch.Tensor], source_rank: int = -1,
+                 finished: bool = False, error: BaseException | None = None) -> None:
         super().__init__()
         self._what = what
         self._result = result
-        self._peer = source_rank
-        self._error: BaseException | None = None
+        if source_rank != -1:
+            self._peer = source_rank
+        if finished:
+            if error is not None:
+                self._error = error
+            self._done = True
+            return
         self._done = False  # completed, and the callbacks added before have run
         self._latch = threading.Lock()
         self._latch.acquire()  # released on completion
-        self._completing_thread: int | None = None
         self._future_lock = threading.Lock()
-        self._raw: torch.futures.Future | None = None
-        self._future: torch.futures.Future | None = None
 
     # ---- called by the executors ----------------------------------------------------------
 
@@ -284,43 +299,64 @@ class Completer:
 
 class Executor:
     """A FIFO of operations run in order on one daemon thread (started on first use); each
-    finishes its Work and hands it to the completer. An op submitted with inline=True while
-    nothing is queued or running runs on the calling thread instead and is complete when
-    submit returns. describe_error turns an exception into one that names rank and operation."""
+    finishes its Work and hands it to the completer. An op run inline (run_inline, or submit
+    with inline=True) while nothing is queued or running runs on the calling thread instead and
+    is complete when it returns. describe_error turns an exception into one that names rank and
+    operation.
+
+    `_busy` is held while an op runs, inline or on the thread. The thread takes it before it
+    takes the next op off the queue, and an inline op takes it (without waiting) before it
+    checks that the queue is empty: so an inline op never overtakes one queued before it."""
 
     def __init__(self, name: str, completer: Completer,
                  describe_error: Callable[[str, BaseException], BaseException]) -> None:
         self._name = name
         self._cond = threading.Condition()
         self._queue: collections.deque = collections.deque()
-        self._running = False  # an op is running, on the thread or inline
+        self._busy = threading.Lock()
         self._stopped = False
         self._completer = completer
         self._describe_error = describe_error
         self._thread: threading.Thread | None = None
 
-    def submit(self, work: JacklringWork, run: Callable[[], Any], inline: bool = False) -> JacklringWork:
-        with self._cond:
-            if inline and not self._running and not self._queue:
-                self._running = True
-            else:
-                inline = False
-                self._queue.append((work, run))
-                if self._thread is None:
-                    self._thread = threading.Thread(target=self._loop, name=self._name, daemon=True)
-                    self._thread.start()
-                self._cond.notify()
-        if not inline:
-            return work
+    def run_inline(self, what: str, result: list[torch.Tensor], run: Callable[[], Any]) -> JacklringWork | None:
+        """Run the op now on this thread and return its finished Work; None (nothing run) when
+        an op of this executor is queued or running, so the caller must submit it."""
+        if self._queue or not self._busy.acquire(False):
+            return None
+        # Made before the op runs, though returned only after: the time after a wait for peers
+        # is the expensive part of a call (the wait handed the core to others, the caches are
+        # cold), so the little left to do there should be little. Nobody sees it until then.
+        work = JacklringWork(what, result, finished=True)
         try:
-            self._execute(work, run)
+            if self._queue:  # queued by another thread before this one took _busy: it goes first
+                return None
+            try:
+                run()
+            except BaseException as exc:  # surfaces in wait() / the future, never lost
+                work._error = self._describe_error(what, exc)
         finally:
-            with self._cond:
-                self._running = False
-                if self._queue:  # queued by another thread meanwhile
-                    self._cond.notify()
-        # Nobody else has seen this Work, so its future has no callbacks yet: complete it here.
-        work._complete_future()
+            self._busy.release()
+        return work
+
+    def submit(self, work: JacklringWork, run: Callable[[], Any], inline: bool = False) -> JacklringWork:
+        if inline and not self._queue and self._busy.acquire(False):
+            try:
+                inline = not self._queue
+                if inline:
+                    self._execute(work, run)
+            finally:
+                self._busy.release()
+            if inline:
+                # Nobody else has seen this Work, so its future has no callbacks yet: complete it here.
+                work._complete_future()
+                return work
+        with self._cond:
+            self._queue.append((work, run))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name=self._name, daemon=True)
+                self._thread.start()
+            self._cond.notify()
         return work
 
     def _execute(self, work: JacklringWork, run: Callable[[], Any]) -> None:
@@ -334,21 +370,19 @@ class Executor:
     def _loop(self) -> None:
         while True:
             with self._cond:
-                while (self._running or not self._queue) and not (self._stopped and not self._queue):
+                while not self._queue and not self._stopped:
                     self._cond.wait()
                 if not self._queue:
                     return  # stopped, and everything submitted before stop() has run
-                work, run = self._queue.popleft()
-                self._running = True
-            try:
-                self._execute(work, run)
-                run = None  # free staging buffers before the Work can complete (see Inbox._finish)
-                self._completer.put(work)
-            finally:
-                work = None
+            with self._busy:  # waits for an inline op to end; only this thread pops
                 with self._cond:
-                    self._running = False
-                    self._cond.notify()
+                    work, run = self._queue.popleft()
+                try:
+                    self._execute(work, run)
+                    run = None  # free staging buffers before the Work can complete (see Inbox._finish)
+                    self._completer.put(work)
+                finally:
+                    work = None
 
     def stop(self, timeout: float) -> None:
         with self._cond:

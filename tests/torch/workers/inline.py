@@ -3,15 +3,38 @@ calling thread and is complete when it returns; async ones keep the communicatio
 issue order; a .then callback that issues collectives works before and after completion."""
 from __future__ import annotations
 
+import os
+import sys
 import threading
 
 import torch
 import torch.distributed as dist
 from common import init
 
+import adapter
+
 
 def helper_threads() -> list[str]:
     return sorted(t.name for t in threading.enumerate() if t.name.endswith("-comm") or "-complete" in t.name)
+
+
+def torch_backend_calls(call) -> int:
+    """Python calls made in adapter/ outside its backends during call()."""
+    here = os.path.dirname(adapter.__file__)
+    backends = os.path.join(here, "backends") + os.sep
+    count = 0
+
+    def profile(frame, event, arg):
+        nonlocal count
+        name = frame.f_code.co_filename
+        if event == "call" and name.startswith(here) and not name.startswith(backends):
+            count += 1
+    sys.setprofile(profile)
+    try:
+        call()
+    finally:
+        sys.setprofile(None)
+    return count
 
 
 def main() -> None:
@@ -20,6 +43,12 @@ def main() -> None:
     t = torch.ones(4)
     for _ in range(10):
         dist.all_reduce(t)
+    # A synchronous SUM of a plain CPU tensor takes the short path: 9 calls between torch's
+    # dist.all_reduce and the backend and back (the general path made 27).
+    counted = torch.ones(3)
+    calls = torch_backend_calls(lambda: dist.all_reduce(counted))
+    assert calls <= 10, f"dist.all_reduce made {calls} Python calls in adapter/"
+    assert torch.equal(counted, torch.full((3,), float(world))), counted
     out = torch.empty(4 * world)
     dist.all_gather_into_tensor(out, t)
     dist.broadcast(t, 0)
