@@ -217,7 +217,8 @@ def run(args: argparse.Namespace) -> None:
             print(f"jacklring / gloo: step {ms['jacklring']['step'] / ms['gloo']['step']:.3f}, overlapped "
                   f"{ms['jacklring']['overlapped'] / ms['gloo']['overlapped']:.3f}; "
                   f"parameters identical after the run: {same}", flush=True)
-        del models, opts, wire
+        for held in (models, opts, wire):  # free this model before the next one is built
+            held.clear()
     dist.destroy_process_group()
 
 
