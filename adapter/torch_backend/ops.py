@@ -1,9 +1,12 @@
 """Tensor-level collectives for the torch process group, written against the adapter Backend
 interface (numpy buffers) so every adapter backend can run underneath.
 
-Contiguous CPU tensors are viewed in place (no copy); anything else (non-contiguous, GPU)
-is staged through a contiguous CPU copy and written back afterwards.
-Everything here runs on the process group's communication thread.
+Contiguous CPU tensors are viewed in place (no copy). A contiguous CUDA tensor goes to a backend
+that takes device buffers (NCCL) as it is; otherwise it is staged through one pinned host copy
+each way. Anything else (non-contiguous CPU tensors) goes through a contiguous CPU copy that is
+written back afterwards.
+Everything here runs on the process group's communication thread, or inline on the calling thread
+for a synchronous op (see process_group.py).
 """
 from __future__ import annotations
 
@@ -13,7 +16,8 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-from ..arrays import as_numpy, plain_cpu_tensor_view
+from .. import gpu
+from ..arrays import as_numpy, numpy_dtype, plain_cpu_tensor_view
 from ..backends.base import Backend, ReduceOp
 from ..backends.elements import DTYPE_CODES
 from ..backends.protocol import RECV, SEND, Request, mismatch_message
@@ -79,14 +83,23 @@ def backend_op(name: str) -> ReduceOp:
 
 
 class Staged:
-    """A 1-D numpy view of a tensor: the tensor itself when it is contiguous CPU memory,
-    else a contiguous CPU copy that write_back() copies into the tensor."""
+    """A 1-D numpy view of a tensor: the tensor itself when it is contiguous CPU memory, else a
+    contiguous host copy that write_back() copies into the tensor. A CUDA tensor's copy is in
+    pinned memory from adapter.gpu's pool: one device-to-host copy in, one host-to-device out."""
 
     def __init__(self, tensor: torch.Tensor, fill: bool = True) -> None:
         self.tensor = tensor
         plain = plain_cpu_tensor_view(tensor)  # the common case, in a few attribute reads
         if plain is not None:
             self.copy, self.staged, self.array = tensor, False, plain.reshape(-1)
+            return
+        self.staged = True
+        if tensor.is_cuda:
+            source = tensor.detach().resolve_conj().resolve_neg()
+            host = gpu.stage_to_host(source) if fill else gpu.host_empty(tuple(tensor.shape), numpy_dtype(tensor.dtype),
+                                                                          tensor)
+            self.array = host.reshape(-1)
+            self.copy = torch.from_numpy(self.array.view(np.uint8)).view(tensor.dtype).view(tensor.shape)
             return
         direct = tensor.device.type == "cpu" and tensor.is_contiguous() and not tensor.is_conj() \
             and not tensor.is_neg()
@@ -106,6 +119,15 @@ class Staged:
                 self.tensor.copy_(self.copy)
 
 
+def on_device(comm: Backend, tensor: torch.Tensor) -> "gpu.DeviceBuffer | None":
+    """A contiguous CUDA tensor headed for a backend that reads device memory itself (NCCL), as
+    that backend's DeviceBuffer: no staging at all. None for everything else."""
+    if comm.takes_device_buffers and tensor.is_cuda and tensor.is_contiguous() and not tensor.is_conj() \
+            and not tensor.is_neg():
+        return gpu.device_buffer(tensor)
+    return None
+
+
 def view(tensor: torch.Tensor, fill: bool = True) -> Staged:
     return Staged(tensor, fill)
 
@@ -115,9 +137,13 @@ def view(tensor: torch.Tensor, fill: bool = True) -> Staged:
 def all_reduce(comm: Backend, tensors: Sequence[torch.Tensor], name: str) -> None:
     op = backend_op(name)
     for tensor in tensors:
-        staged = view(tensor)
-        comm.all_reduce(staged.array, staged.array, op)
-        staged.write_back()
+        device = on_device(comm, tensor)
+        if device is not None:
+            comm.all_reduce(device, device, op)
+        else:
+            staged = view(tensor)
+            comm.all_reduce(staged.array, staged.array, op)
+            staged.write_back()
         finish_average(tensor, name, comm.size())
 
 
@@ -244,6 +270,10 @@ def all_gather_list(comm: Backend, outputs: Sequence[torch.Tensor], input: torch
 
 
 def broadcast(comm: Backend, tensor: torch.Tensor, root: int) -> None:
+    device = on_device(comm, tensor)
+    if device is not None:
+        comm.broadcast(device, root)
+        return
     staged = view(tensor)
     comm.broadcast(staged.array, root)
     staged.write_back()
