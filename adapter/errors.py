@@ -31,3 +31,11 @@ class IntegrityError(DistributedError):
 
 class ResourceExhausted(DistributedError):
     """The operating system refused a resource (file descriptors, memory, buffers, ports)."""
+
+
+def blaming(exc: BaseException, culprit: "int | None") -> BaseException:
+    """`exc` with `culprit` (the rank at fault, by the group's numbering) set, unless it has one
+    or the rank is unknown (None or negative). Returns exc, for `raise blaming(...)`."""
+    if culprit is not None and culprit >= 0 and getattr(exc, "culprit", None) is None:
+        exc.culprit = culprit  # type: ignore[attr-defined]
+    return exc

@@ -39,6 +39,7 @@ from ...errors import (
     IntegrityError,
     MismatchError,
     PeerError,
+    blaming,
 )
 from ..base import Backend, ReduceOp, split_members
 from ..elements import DTYPE_CODES, byte_view, dtype_code, reduce_many, split_evenly
@@ -280,8 +281,8 @@ class RingBackend(Backend):
                 self._give_up_forming(exc, tell_unlinked=watch is None)
                 self.close()  # the listeners, so a failed formation leaves no fd behind
                 if watch is None and isinstance(exc, FormationAbandoned):
-                    raise PeerError(str(exc)) from None  # the culprit matters inside the formation only
-                raise
+                    raise blaming(PeerError(str(exc)), exc.culprit) from None
+                raise blaming(exc, getattr(exc, "missing_rank", None))
 
     # ---- set-up ---------------------------------------------------------------------------
 
@@ -544,7 +545,13 @@ class RingBackend(Backend):
 
     def send(self, buf: np.ndarray, dst: int) -> None:
         with self._send_locks[dst]:
-            self._send(buf, dst)
+            try:
+                self._send(buf, dst)
+            except (PeerError, CollectiveTimeout) as exc:
+                named = origin.blame_p2p(self, exc, dst)  # the rank at fault, and tell the others
+                if named is exc:
+                    raise
+                raise named from None
 
     def _send(self, buf: np.ndarray, dst: int) -> None:
         self.failure.check()
@@ -661,7 +668,13 @@ class RingBackend(Backend):
 
     def recv(self, buf: np.ndarray, src: int) -> None:
         with self._recv_locks[src]:
-            self._recv(buf, src)
+            try:
+                self._recv(buf, src)
+            except (PeerError, CollectiveTimeout) as exc:
+                named = origin.blame_p2p(self, exc, src)
+                if named is exc:
+                    raise
+                raise named from None
 
     def _recv(self, buf: np.ndarray, src: int) -> None:
         self.failure.check()
@@ -805,15 +818,15 @@ class RingBackend(Backend):
                               watch=watch, parent_ranks=[e["rank"] for e in members])
         except FormationAbandoned as exc:
             self._abandon_split(exc.culprit, exc.missing)
-            raise PeerError(f"{what}: {exc}") from None
+            raise blaming(PeerError(f"{what}: {exc}"), exc.culprit) from None
         except DistributedError as exc:
             try:
                 watch.check()  # the sub-group's failure is often the echo of a death in the parent
             except FormationAbandoned as cause:
                 self._abandon_split(cause.culprit, cause.missing)
-                raise PeerError(f"{what}: {cause} ({exc})") from None
+                raise blaming(PeerError(f"{what}: {cause} ({exc})"), cause.culprit) from None
             self._abandon_split(-1)
-            raise type(exc)(f"{what}: {exc}") from None
+            raise blaming(type(exc)(f"{what}: {exc}"), getattr(exc, "missing_rank", None)) from None
         sub._formation_text = None
         self._abandon_on_failure = True
         try:
@@ -822,8 +835,9 @@ class RingBackend(Backend):
             sub.close()
             neighbours = "; ".join(self._describe_member(p) for p in sorted({link.peer for link in self.right}
                                                                             | {link.peer for link in self.left}))
-            raise PeerError(f"{what}: the sub-groups did not form on every rank: {exc} "
-                            f"(this rank's parent neighbours: {neighbours})") from None
+            raise blaming(PeerError(f"{what}: the sub-groups did not form on every rank: {exc} "
+                                    f"(this rank's parent neighbours: {neighbours})"),
+                          getattr(exc, "culprit", getattr(exc, "peer", None))) from None
         finally:
             self._abandon_on_failure = False
         return sub
