@@ -99,7 +99,8 @@ def create(timeout: float | None = None) -> "Backend":
             transport.close()
             raise
     except Exception as exc:
-        side.abort(f"{type(exc).__name__}: {exc}")  # rank 0 tells the others why (no-op elsewhere)
+        # rank 0 tells the others why, and whom it blames (no-op elsewhere)
+        side.abort(f"{type(exc).__name__}: {exc}", culprit=getattr(exc, "culprit", None))
         raise
     finally:
         side.close()

@@ -27,7 +27,7 @@ import time
 
 import numpy as np
 
-from ...errors import CollectiveTimeout, MismatchError, PeerError
+from ...errors import CollectiveTimeout, MismatchError, PeerError, blaming
 from ..base import GroupFailure, ReduceOp
 from ..elements import reduce_many
 from ..protocol import CHECKSUM, Request, checksum, checksum_error, mismatch_message
@@ -180,7 +180,8 @@ class FrameExchange:
             try:
                 done = t.poll(wake)
             except CollectiveTimeout:
-                wake = self._late(request, deadline, self._pending_messages(sending, waiting))
+                wake = self._late(request, deadline, self._pending_messages(sending, waiting),
+                                  waited=waiting or sending)
                 continue
             for c_kind, peer, _slot, nbytes in done:
                 if c_kind == SEND:
@@ -210,14 +211,18 @@ class FrameExchange:
             return deadline
         return deadline - self.timeout + self.stall_report_s
 
-    def _late(self, request: Request, deadline: float, pending: str, rate: float = 0.0) -> float:
+    def _late(self, request: Request, deadline: float, pending: str, rate: float = 0.0,
+              waited=()) -> float:
         """poll gave up: at the deadline (no frame moved for the timeout) raise naming the
         operation and the peers; before it, report once, "slow, N MB/s" when frames still move
         (rate, bytes/s so far), else "stalled", and return the deadline as the next wake-up."""
         now = time.monotonic()
         if now >= deadline:
-            raise CollectiveTimeout(f"rank {self.rank}: {request.label(self.op_seq)} timed out: waiting for "
-                                    f"{pending} (nothing moved for {self.timeout:g} s)") from None
+            # The culprit: the first rank it still waits for (on the mesh every rank is linked
+            # to every other, so in a collective that is the silent rank itself).
+            raise blaming(CollectiveTimeout(f"rank {self.rank}: {request.label(self.op_seq)} timed out: "
+                                            f"waiting for {pending} (nothing moved for {self.timeout:g} s)"),
+                          waited[0] if waited else None) from None
         if self._stalled_op != self.op_seq:
             self._stalled_op = self.op_seq
             pace = f"slow, {rate / 1e6:.2f} MB/s" if rate > 0 else "stalled"
@@ -321,7 +326,7 @@ class _Transfer:
                 now = time.monotonic()
                 flowing = now - self.deadline + link.timeout < RECENT_S  # a frame completed recently
                 wake = link._late(self.request, self.deadline, self._pending(),
-                                  moved / (now - started) if flowing else 0.0)
+                                  moved / (now - started) if flowing else 0.0, self._waited())
                 continue
             if done:
                 # The deadline measures silence: each completed frame restarts it, so a slow link
@@ -349,6 +354,11 @@ class _Transfer:
     def _busy(self) -> bool:
         return (any(self.next_recv[p] < self.total_in[p] for p in self.targets)
                 or any(self.next_send[p] < self.total_out[p] or self.unacked[p] for p in self.sends))
+
+    def _waited(self) -> list[int]:
+        """The peers still owing frames, else those still to take some."""
+        return ([p for p in self.targets if self.next_recv[p] < self.total_in[p]]
+                or [p for p in self.sends if self.next_send[p] < self.total_out[p] or self.unacked[p]])
 
     def _pending(self) -> str:
         label = self.t.peer_label
