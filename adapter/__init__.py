@@ -9,6 +9,7 @@ from .errors import (
     MismatchError,
     PeerError,
     ResourceExhausted,
+    culprit_of,
 )
 from .gradients import average_gradients
 from .group import Group, init, is_available, shutdown
@@ -32,7 +33,7 @@ __all__ = [
     "all_sum", "all_max", "all_min", "all_reduce", "all_gather", "sum_scatter", "reduce_scatter",
     "broadcast", "barrier", "send", "recv", "recv_like",
     "DistributedError", "ConfigError", "BackendUnavailable", "PeerError", "MismatchError",
-    "CollectiveTimeout", "IntegrityError", "ResourceExhausted", "average_gradients",
+    "CollectiveTimeout", "IntegrityError", "ResourceExhausted", "culprit_of", "average_gradients",
     "AllToShardedLinear", "ShardedToAllLinear", "shard_linear", "shard_inplace",
 ]
 
