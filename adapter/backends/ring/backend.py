@@ -993,7 +993,8 @@ class RingBackend(Backend):
                                     f"during {describe_header(mine)}")
             # Headers carry the count of collectives before theirs (packed before _collective counts it).
             step = "" if reporter + 1 == self._seq else f" (its operation #{reporter + 1}; this rank's #{self._seq})"
-            raise MismatchError(mismatch_message(self._rank, sender, header_request(mine), request, step))
+            raise origin.mismatch(self._rank, sender, mismatch_message(self._rank, sender, header_request(mine),
+                                                                       request, step))
 
     def _small_gather(self, header: bytes, data: memoryview) -> list[memoryview]:
         """Ring all-gather of header+data messages along the forward direction; each message

@@ -28,7 +28,7 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
-from ...errors import CollectiveTimeout, DistributedError, PeerError
+from ...errors import CollectiveTimeout, DistributedError, MismatchError, PeerError
 from ..transport import tcp
 
 if TYPE_CHECKING:
@@ -42,6 +42,9 @@ SEND_S = 0.3         # how long a failing rank spends delivering its notices, at
 PROBE_S = 0.2        # how long a connection attempt may take to say whether a peer still listens
 STUCK_WAIT_S = 0.15  # after a deadline: how long the ranks waited for have to say they are stuck too
 RELAY_WAIT_S = 0.35  # ... and, when all are, how long to wait for one of them to name the silent rank
+# A notice's culprit of MISMATCH + a * MISMATCH_SPAN + b: ranks a and b called different
+# collectives (nobody died: a bystander learns it was a mismatch, and between whom).
+MISMATCH, MISMATCH_SPAN = 1 << 30, 1 << 14
 # A notice's culprit of OUTER - q or below: rank q of the group whose hosts a leaders' ring links
 # (hierarchy.py), a rank that is not in this ring.
 OUTER = -2
@@ -64,6 +67,8 @@ def blame(ring: "RingBackend", exc: BaseException) -> BaseException:
     if peer is None or peer == ring.rank():
         return exc
     notice = _notice_from(ring, peer)
+    if notice is not None and notice >= MISMATCH:
+        return _mismatch_seen(ring, exc, notice, peer)
     if notice is not None and notice <= OUTER:
         outer = OUTER - notice
         relayed = PeerError(f"rank {ring.rank()}: {ring._what}: rank {outer} of the group that this ring links "
@@ -116,8 +121,9 @@ def blame_silence(ring: "RingBackend", exc: BaseException, waited, tell: set) ->
         if hello.channel == -1 or hello.channel == me:
             stuck.add(hello.sender)
             continue
-        named = _relayed(exc, hello.channel, hello.sender)
-        return named
+        if hello.channel >= MISMATCH:
+            return _mismatch_seen(ring, exc, hello.channel, hello.sender)
+        return _relayed(exc, hello.channel, hello.sender)
 
 
 def blame_p2p(ring: "RingBackend", exc: BaseException, peer: int) -> BaseException:
@@ -171,8 +177,30 @@ def blaming_text(exc: BaseException, culprit: int, text: str, peer: int | None =
     return named
 
 
+def mismatch(rank: int, other: int, text: str) -> MismatchError:
+    """The MismatchError of ranks `rank` and `other` disagreeing (notify passes the pair on)."""
+    error = MismatchError(text)
+    error.between = (min(rank, other), max(rank, other))  # type: ignore[attr-defined]
+    return error
+
+
+def _mismatch_seen(ring: "RingBackend", exc: BaseException, code: int, peer: int) -> MismatchError:
+    a, b = divmod(code - MISMATCH, MISMATCH_SPAN)
+    seen = MismatchError(f"rank {ring.rank()}: {ring._what}: ranks {a} and {b} called different collectives "
+                         f"(a collective mismatch, reported by rank {peer}, which gave up after that; "
+                         f"their MismatchErrors name both requests)")
+    seen.between, seen.peer = (a, b), peer  # type: ignore[attr-defined]
+    seen.__cause__ = exc
+    return seen
+
+
 def notify(ring: "RingBackend", exc: BaseException) -> None:
     """Tell the live neighbours whom this rank blames, before its links close."""
+    between = getattr(exc, "between", None)
+    if between is not None and max(between) < MISMATCH_SPAN:
+        _send_notices(ring, MISMATCH + between[0] * MISMATCH_SPAN + between[1],
+                      {ring.rank(), getattr(exc, "peer", None)})
+        return
     culprit = getattr(exc, "culprit", -1)
     skip = {culprit, getattr(exc, "peer", None), ring.rank()}  # the dead, and who told us
     outer = getattr(exc, "outer_culprit", None)
