@@ -13,7 +13,7 @@ What each fault means in each phase:
   operation (it sleeps), so the others see silence, not a closed connection.
 - kill / stop: init: the victim SIGKILLs / SIGSTOPs itself right after its first connection of
   the formation is acknowledged; split: as it connects its sub-group (after the parent
-  exchanged addresses); collective / p2p: the harness signals it 0.3 s into a loop of all_sums
+  exchanged addresses; over shared memory, which connects nothing, as it enters split()); collective / p2p: the harness signals it 0.3 s into a loop of all_sums
   (1 MB) / of sends to the right neighbour and receives from the left one.
 """
 from __future__ import annotations
@@ -51,7 +51,7 @@ CELLS = list(itertools.product(FAULTS, PHASES, SIZES, TRANSPORTS)) if FULL else 
 PRELUDE = """
 import signal
 import adapter.backends.jaccl.backend, adapter.backends.local.use, adapter.backends.ring.backend
-V, KIND, PHASE = VICTIM_, "KIND_", "PHASE_"
+V, KIND, PHASE, TRANSPORT = VICTIM_, "KIND_", "PHASE_", "TRANSPORT_"
 
 def fault(where):
     say("FAULT", where)
@@ -80,7 +80,7 @@ barrier()
 try:
     if PHASE == "split":
         if r == V:
-            if KIND == "never":
+            if KIND == "never" or TRANSPORT == "shm":  # a split over shared memory connects nothing
                 fault("split")
             from adapter.backends.transport import tcp
             tcp.connect = tcp.connect_with_hello = lambda *a, **k: fault("split")
@@ -134,7 +134,7 @@ def run_trial(tmp_path, fault: str, phase: str, n: int, transport: str) -> dict:
     env.update(JACKLRING_TIMEOUT=str(DEADLINE_S), JACKLRING_CONNECT_TIMEOUT=str(DEADLINE_S),
                JACKLRING_STALL_REPORT="0",
                FAULT_BEFORE_INIT=PRELUDE.replace("VICTIM_", str(victim)).replace("KIND_", fault)
-               .replace("PHASE_", phase))
+               .replace("PHASE_", phase).replace("TRANSPORT_", transport))
     body = BODY  # it sees V, KIND, PHASE and fault() from the prelude (one namespace)
     ranks = [r for r in range(n) if not (phase == "init" and fault == "never" and r == victim)]
     procs = start(backend, n, body, tmp_path, env=env, ranks=ranks)

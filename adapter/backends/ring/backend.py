@@ -929,7 +929,8 @@ class RingBackend(Backend):
                                         else getattr(exc, "peer", -1), getattr(exc, "missing", False))
                 # Name the rank that failed first, not the neighbour that passed the failure on,
                 # and tell the other neighbour before the links close (origin.py).
-                by_ring = self._shm is None and self._hier is None and not self._abandon_on_failure
+                on_sockets = self._shm is None or origin.from_ring_links(exc)  # a split's records go so
+                by_ring = on_sockets and self._hier is None and not self._abandon_on_failure
                 named = origin.blame(self, exc) if by_ring else exc
                 self.failure.mark(f"{type(named).__name__}: {named}")
                 if by_ring and isinstance(named, Exception):

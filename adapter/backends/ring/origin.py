@@ -54,6 +54,13 @@ def admits(sender: int, receiver: int, size: int) -> bool:
     return 0 <= sender < size and sender != receiver
 
 
+def from_ring_links(exc: BaseException) -> bool:
+    """Whether a failure came from the ring's socket links (the stream engine marks its errors),
+    also in a group that otherwise runs over shared memory (a split's records cross the links)."""
+    return hasattr(exc, "waiting_on") or (isinstance(exc, PeerError) and hasattr(exc, "peer")
+                                          and not hasattr(exc, "culprit"))
+
+
 def blame(ring: "RingBackend", exc: BaseException) -> BaseException:
     """The error to raise for a failed collective: when a neighbour's connection failed, it
     names the rank that neighbour blamed; at a deadline, the rank that went silent. Sets
