@@ -143,7 +143,10 @@ def run_trial(tmp_path, fault: str, phase: str, n: int, transport: str) -> dict:
     results, problems = {}, []
     try:
         if phase == "init" and fault == "never":
-            starts = {p.rank: float(p.wait_line("INIT", 30)[1]) for p in survivors}
+            # From the last survivor's init(): a verdict on the missing rank comes from a peer's
+            # deadline, which runs from that peer's start (up to a second apart on a loaded host).
+            started = max(float(p.wait_line("INIT", 30)[1]) for p in survivors)
+            starts = {p.rank: started for p in survivors}
         elif phase in ("collective", "p2p") and fault != "never":
             for p in procs:
                 p.wait_line("READY", 30)

@@ -75,6 +75,8 @@ log = logging.getLogger("jacklring.ring")
 
 PURPOSE_RING = 1
 PURPOSE_P2P = 2
+VERDICT_GRACE_S = 1.0  # the closing barrier of init() waits this long past the connect deadline (as
+                       # JACCL's ranks wait for the coordinator's verdict: ranks start up to ~1 s apart)
 PURPOSE_ABORT = 3  # a rank that gave up forming tells a ring neighbour it had no connection with yet
 
 ABORT_NOTICE_S = 1.0  # how long a rank that gave up tries to reach a neighbour it had no connection with
@@ -401,7 +403,9 @@ class RingBackend(Backend):
         """A closing barrier: no rank leaves init() before every rank has connected, and a rank
         whose barrier fails passes the verdict on over the ring (see _collective)."""
         self._abandon_on_failure = True
-        op_timeout, self.timeout = self.timeout, max(0.001, self._formation_deadline - time.monotonic())
+        # A little past the connect deadline: a neighbour's verdict on a missing rank (sent at
+        # that deadline) arrives first, so this rank names it instead of the neighbour.
+        op_timeout, self.timeout = self.timeout, max(0.001, self._formation_deadline - time.monotonic()) + VERDICT_GRACE_S
         seq = self._seq
         try:
             self.barrier()  # waits for the slowest rank's formation: the connect deadline bounds it
