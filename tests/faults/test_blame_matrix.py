@@ -13,8 +13,9 @@ What each fault means in each phase:
   operation (it sleeps), so the others see silence, not a closed connection.
 - kill / stop: init: the victim SIGKILLs / SIGSTOPs itself right after its first connection of
   the formation is acknowledged; split: as it connects its sub-group (after the parent
-  exchanged addresses; over shared memory, which connects nothing, as it enters split()); collective / p2p: the harness signals it 0.3 s into a loop of all_sums
-  (1 MB) / of sends to the right neighbour and receives from the left one.
+  exchanged addresses; over shared memory, which connects nothing, as it enters split());
+  collective / p2p: the harness signals it 0.3 s into a loop of all_sums (1 MB) / of sends to
+  the right neighbour and receives from the left one.
 """
 from __future__ import annotations
 
@@ -212,6 +213,6 @@ def test_every_survivor_names_the_failed_rank_in_time(tmp_path, fault, phase, n,
         outcome = run_trial(trial, fault, phase, n, transport)
         record(fault, phase, n, transport, outcome)
         print(f"{fault} {phase} n={n} {transport}: " + "; ".join(
-            f"rank {r}: {t:.2f} s, culprit {c}" for r, (t, c, _) in sorted(outcome["results"].items())))
+            f"rank {r}: {t:.2f} s, culprit {c}: {m}" for r, (t, c, m) in sorted(outcome["results"].items())))
         problems += outcome["problems"]
     assert not problems, "\n".join(problems)
