@@ -75,8 +75,8 @@ log = logging.getLogger("jacklring.ring")
 
 PURPOSE_RING = 1
 PURPOSE_P2P = 2
-VERDICT_GRACE_S = 1.0  # the closing barrier of init() waits this long past the connect deadline (as
-                       # JACCL's ranks wait for the coordinator's verdict: ranks start up to ~1 s apart)
+VERDICT_GRACE_S = 0.45  # the closing barrier of init() waits this long past the connect deadline
+                        # for a neighbour's verdict on a missing rank (within the deadline's 0.5 s)
 PURPOSE_ABORT = 3  # a rank that gave up forming tells a ring neighbour it had no connection with yet
 
 ABORT_NOTICE_S = 1.0  # how long a rank that gave up tries to reach a neighbour it had no connection with
@@ -414,6 +414,11 @@ class RingBackend(Backend):
             raise
         except DistributedError as exc:
             peer = getattr(exc, "peer", -1)
+            waited = getattr(exc, "waiting_on", None)  # past the grace: that rank said nothing at all
+            if peer < 0 and waited:
+                raise FormationAbandoned(waited[0], f"rank {self._rank}: {self._describe_member(waited[0])} went "
+                                                    f"silent while the group formed (the closing barrier "
+                                                    f"failed: {exc})") from None
             if peer < 0:
                 raise
             raise FormationAbandoned(peer, f"rank {self._rank}: {self._describe_member(peer)} died while the "
@@ -930,7 +935,8 @@ class RingBackend(Backend):
             except BaseException as exc:
                 if self._abandon_on_failure:  # a split's closing barrier: pass the verdict on first
                     self._abandon_split(exc.culprit if isinstance(exc, FormationAbandoned)
-                                        else getattr(exc, "peer", -1), getattr(exc, "missing", False))
+                                        else getattr(exc, "peer", (getattr(exc, "waiting_on", None) or [-1])[0]),
+                                        getattr(exc, "missing", False))
                 # Name the rank that failed first, not the neighbour that passed the failure on,
                 # and tell the other neighbour before the links close (origin.py).
                 on_sockets = self._shm is None or origin.from_ring_links(exc)  # a split's records go so
