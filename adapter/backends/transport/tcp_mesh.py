@@ -646,11 +646,13 @@ def connect_mesh(rank: int, size: int, peers: list[int], host: str, exchange: Ex
         everyone = [json.loads(blob)["addr"] for blob in blobs]
         addresses = {p: everyone[p] for p in peers}
         sockets: dict[int, socket.socket] = {}
+        waiting: list[int] = []
         try:
             for p in peers:
                 if p < rank:
                     hello = tcp.Hello(PURPOSE_MESH, rank, p, 0, token)
                     target = tcp.parse_address(addresses[p], f"rank {p}'s mesh address")
+                    waiting = [p]
                     sockets[p] = _in_slices(deadline, watch, lambda until, target=target, hello=hello, p=p: tcp.connect(
                         target, hello, until, f"rank {p} (JACCL TCP mesh)", job))
             while higher - set(sockets):
@@ -658,6 +660,12 @@ def connect_mesh(rank: int, size: int, peers: list[int], host: str, exchange: Ex
                 sock, hello = _in_slices(deadline, watch, lambda until, waiting=waiting: listener.take(
                     lambda h: h.sender not in sockets, until, f"JACCL ranks {waiting} (TCP mesh, rank {rank})"))
                 sockets[hello.sender] = sock
+        except PeerError as exc:
+            for s in sockets.values():
+                s.close()
+            if waiting:
+                exc.mesh_rank = waiting[0]  # type: ignore[attr-defined]  # whom it connected to or waited for
+            raise
         except BaseException:
             for s in sockets.values():
                 s.close()
