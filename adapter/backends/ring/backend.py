@@ -846,7 +846,7 @@ class RingBackend(Backend):
                                                                             | {link.peer for link in self.left}))
             raise blaming(PeerError(f"{what}: the sub-groups did not form on every rank: {exc} "
                                     f"(this rank's parent neighbours: {neighbours})"),
-                          getattr(exc, "culprit", getattr(exc, "peer", None))) from None
+                          getattr(exc, "culprit", getattr(exc, "peer", (getattr(exc, "waiting_on", None) or [None])[0]))) from None
         finally:
             self._abandon_on_failure = False
         return sub
