@@ -11,6 +11,7 @@ from .errors import (
     PeerError,
     QuorumError,
     ResourceExhausted,
+    culprit_of,
 )
 from .gradients import average_gradients
 from .group import Group, init, is_available, shutdown
@@ -35,7 +36,7 @@ __all__ = [
     "broadcast", "barrier", "send", "recv", "recv_like",
     "DistributedError", "ConfigError", "BackendUnavailable", "PeerError", "MismatchError",
     "CollectiveTimeout", "IntegrityError", "ResourceExhausted", "ExcludedError", "QuorumError",
-    "average_gradients",
+    "culprit_of", "average_gradients",
     "AllToShardedLinear", "ShardedToAllLinear", "shard_linear", "shard_inplace",
 ]
 

@@ -84,6 +84,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-errors", choices=("continue", "stop"), default="continue",
                    help="when a --log-dir file cannot be written (disk full): report it once and "
                         "go on (continue, default) or stop the job with an error (stop)")
+    p.add_argument("--min-ranks", type=_positive_int, default=None, metavar="K",
+                   help="elastic jobs: a rank that fails does not stop the others while at least "
+                        "K ranks are left (running or ended with 0); fewer stops the job as usual. "
+                        "Exit 0 when every rank left ends with 0 (a line names the lost ranks)")
     p.add_argument("--ssh-config", default=None,
                    help="ssh_config file for remote hosts (default: ~/.ssh/config)")
     p.add_argument("command", nargs=argparse.REMAINDER,
@@ -240,6 +244,10 @@ def launch(args) -> int:
         verbose=args.verbose, columns=(cols, lines) if cols > 0 and os.isatty(1) else None,
         secret=secret)
     plans = plan_ranks(hosts, options)
+    if args.min_ranks is not None and args.min_ranks > len(plans):
+        raise UsageError(f"--min-ranks {args.min_ranks} is more than the job's {len(plans)} ranks")
+    if args.min_ranks is not None and backend == "mpi":
+        raise UsageError("--min-ranks does not apply to --backend mpi: mpirun stops the job itself")
     notice = threads_notice(plans, options)
     if notice:
         print(f"launcher: {notice}", file=sys.stderr)
@@ -288,7 +296,8 @@ def launch(args) -> int:
                 plan.files, cwd=args.cwd or os.getcwd(), cwd_required=bool(args.cwd),
                 grace=GRACE, host_label=plan.host.ssh))
     try:
-        return Supervisor(procs, output, stop_on_log_error=args.log_errors == "stop").run()
+        return Supervisor(procs, output, stop_on_log_error=args.log_errors == "stop",
+                          min_ranks=args.min_ranks).run()
     finally:
         for conn in connections.values():
             conn.close()

@@ -1,5 +1,6 @@
 """Run a set of ranks to completion: pump output and stdin, and stop everything as soon
-as one rank fails or the launcher is interrupted. Returns the launcher's exit code."""
+as one rank fails (with `min_ranks`: as soon as fewer than that many are left) or the
+launcher is interrupted. Returns the launcher's exit code."""
 
 from __future__ import annotations
 
@@ -122,8 +123,12 @@ def _signal_name(signum: int) -> str:
 
 class Supervisor:
     def __init__(self, ranks: list[RankProcess], output: OutputRouter,
-                 grace: float = GRACE, log=None, stop_on_log_error: bool = False) -> None:
+                 grace: float = GRACE, log=None, stop_on_log_error: bool = False,
+                 min_ranks: Optional[int] = None) -> None:
         self.ranks = ranks
+        # Elastic jobs: a rank that fails is let go while at least min_ranks are not lost.
+        self.min_ranks = min_ranks
+        self.lost: list[RankProcess] = []
         self.stop_on_log_error = stop_on_log_error
         self.output = output
         self.grace = grace
@@ -208,6 +213,8 @@ class Supervisor:
                 if first_end is None and stop_at is None:
                     first_end = (self.ranks[index], describe_exit(code, signum), len(self.running))
                 if code != 0 and failure is None and stop_at is None:
+                    if self._let_go(self.ranks[index], describe_exit(code, signum)):
+                        continue
                     failure = (self.ranks[index], code, describe_exit(code, signum),
                                len(self.running))
                     stop_at = self._stop(signal.SIGTERM)
@@ -233,6 +240,21 @@ class Supervisor:
             self.log(f"{proc.describe()} ended first: it {how} while {left} other "
                      f"rank{'s were' if left != 1 else ' was'} still running")
         return self._summarize(failure, interrupted)
+
+    def _let_go(self, proc: RankProcess, how: str) -> bool:
+        """With min_ranks: count `proc` as lost and say so; True while enough ranks are left
+        (running, or ended with 0) for the job to go on without it."""
+        if self.min_ranks is None:
+            return False
+        self.lost.append(proc)
+        left = len(self.ranks) - len(self.lost)
+        if left >= self.min_ranks:
+            self.log(f"lost {proc.describe()}: it {how}; {left} of {len(self.ranks)} ranks go on "
+                     f"(--min-ranks {self.min_ranks})")
+            return True
+        self.log(f"lost {proc.describe()}: it {how}; {left} of {len(self.ranks)} ranks left, "
+                 f"fewer than --min-ranks {self.min_ranks}: stopping the job")
+        return False
 
     def _late_log_failures(self) -> list[str]:
         """Log failures the writer reported after the control loop ended: said here, once."""
@@ -315,4 +337,8 @@ class Supervisor:
             name = signal.Signals(interrupted).name
             self.log(f"interrupted by {name}; stopped all {len(self.ranks)} ranks")
             return 128 + interrupted
+        if self.lost:
+            names = ", ".join(str(p.rank) for p in self.lost)
+            self.log(f"finished with {len(self.ranks) - len(self.lost)} of {len(self.ranks)} ranks "
+                     f"(--min-ranks {self.min_ranks}); lost rank{'s' if len(self.lost) > 1 else ''} {names}")
         return 0

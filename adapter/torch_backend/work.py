@@ -34,7 +34,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from ..errors import CollectiveTimeout, DistributedError
+from ..errors import CULPRIT_MARK, CollectiveTimeout, DistributedError, culprit_of
 
 
 class JacklringWork(dist.Work):
@@ -683,12 +683,18 @@ def wrap_error(rank: int, group: str, what: str, exc: BaseException,
         waited = f"waiting {deadline_s * 1000:.0f}ms " if deadline_s else ""
         detail = f"Timed out {waited}for {what} to complete: {detail}"
     message = f"rank {rank}: jacklring {what} (group {group!r}) failed: {detail}"
+    culprit = culprit_of(exc)
+    if culprit is not None and CULPRIT_MARK.format(culprit) not in message:
+        # The marker survives where torch re-raises only the text (DDP's reducer, futures).
+        message = f"{message} {CULPRIT_MARK.format(culprit)}"
     try:
         wrapped = torch_flavoured(cls)(message)
     except TypeError:
         wrapped = torch_flavoured(DistributedError)(message)
     wrapped.__cause__ = exc
-    for attr in ("culprit", "peer"):  # the rank blamed (ring backend) and the link that failed
+    for attr in ("culprit", "peer"):  # the rank blamed and the link that failed
         if hasattr(exc, attr):
             setattr(wrapped, attr, getattr(exc, attr))
+    if culprit is not None:
+        wrapped.culprit = culprit
     return wrapped

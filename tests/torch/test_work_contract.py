@@ -105,6 +105,8 @@ def test_every_survivor_names_the_killed_rank(n, transport):
         named = {int(q) for q in re.findall(r"\brank (\d+)\b", match.group(1))} - {r.rank}
         assert f"rank {victim} " in match.group(1) + " " and named <= {victim} | _reporters(match.group(1)), \
             f"rank {r.rank} does not name the killed rank {victim}: {match.group(1)}"
+        # torch re-raises DDP's error as a RuntimeError of text only: the culprit rides in it
+        assert f"CULPRIT {victim}\n" in r.stdout, f"rank {r.rank}: adapter.culprit_of() is not {victim}\n{r.stdout}"
 
 
 def _reporters(message: str) -> set[int]:

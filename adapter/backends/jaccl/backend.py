@@ -27,7 +27,7 @@ from typing import Iterator, NamedTuple
 import numpy as np
 
 from ... import config
-from ...errors import BackendUnavailable, ConfigError, DistributedError, PeerError
+from ...errors import BackendUnavailable, ConfigError, DistributedError, PeerError, blaming
 from ..base import Backend, ReduceOp, split_members
 from ..singleton import SingletonBackend
 from ..transport import auth, tcp, tcp_mesh, verbs
@@ -99,7 +99,9 @@ def create(timeout: float | None = None) -> "Backend":
             transport.close()
             raise
     except Exception as exc:
-        side.abort(f"{type(exc).__name__}: {exc}")  # rank 0 tells the others why (no-op elsewhere)
+        blaming(exc, getattr(exc, "mesh_rank", None))  # the mesh numbers ranks as the group does
+        # rank 0 tells the others why, and whom it blames (no-op elsewhere)
+        side.abort(f"{type(exc).__name__}: {exc}", culprit=getattr(exc, "culprit", None))
         raise
     finally:
         side.close()
@@ -323,9 +325,12 @@ class JacclBackend(Backend):
             # at once instead of waiting for their deadline.
             self.failure.mark(f"a split of this group failed: {exc}")
             self._transport.close()
+            mesh_rank = getattr(exc, "mesh_rank", None)  # by the sub-group's numbering: the parent's here
+            if mesh_rank is not None and 0 <= mesh_rank < len(members):
+                blaming(exc, members[mesh_rank])
             if str(exc).startswith(f"rank {me}:"):
                 raise
-            raise type(exc)(f"rank {me}: split(color={color}): {exc}") from None
+            raise blaming(type(exc)(f"rank {me}: split(color={color}): {exc}"), getattr(exc, "culprit", None)) from None
         self._confirm_split(color, colors, keys, transport)
         sub = JacclBackend(transport, devices, mode, self.transport_kind, self._host, token, self._timeout,
                            self._checks, job)
@@ -346,9 +351,9 @@ class JacclBackend(Backend):
         ended = self._ended_parent_peers()
         if ended:
             self.failure.mark("a split of this group failed")
-            raise PeerError(f"rank {self.rank()}: split(color={color}): "
-                            f"{self._member_text(ended[0], colors, keys)} died while the sub-groups formed "
-                            f"(its connection closed)")
+            raise blaming(PeerError(f"rank {self.rank()}: split(color={color}): "
+                                    f"{self._member_text(ended[0], colors, keys)} died while the sub-groups "
+                                    f"formed (its connection closed)"), ended[0])
 
     def _confirm_split(self, color: int, colors: np.ndarray, keys: np.ndarray, transport) -> None:
         """A parent barrier: every new connection is ready everywhere before the new group is used.
@@ -358,9 +363,11 @@ class JacclBackend(Backend):
         except DistributedError as exc:
             if transport is not None:
                 transport.close()
-            ended = ", ".join(self._member_text(p, colors, keys) for p in self._ended_parent_peers())
-            raise PeerError(f"rank {self.rank()}: split(color={color}): the sub-groups did not form on every "
-                            f"rank ({'ended: ' + ended if ended else 'no connection ended'}): {exc}") from None
+            gone = self._ended_parent_peers()
+            ended = ", ".join(self._member_text(p, colors, keys) for p in gone)
+            raise blaming(PeerError(f"rank {self.rank()}: split(color={color}): the sub-groups did not form on "
+                                    f"every rank ({'ended: ' + ended if ended else 'no connection ended'}): {exc}"),
+                          gone[0] if gone else getattr(exc, "culprit", None)) from None
         except BaseException:
             if transport is not None:
                 transport.close()

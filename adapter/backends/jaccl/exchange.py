@@ -27,7 +27,7 @@ import time
 
 import numpy as np
 
-from ...errors import CollectiveTimeout, MismatchError, PeerError
+from ...errors import CollectiveTimeout, MismatchError, PeerError, blaming
 from ..base import GroupFailure, ReduceOp
 from ..elements import reduce_many
 from ..protocol import CHECKSUM, Request, checksum, checksum_error, mismatch_message
@@ -43,6 +43,8 @@ _HS = HEADER.size
 
 _EMPTY = memoryview(b"")
 RECENT_S = 1.0  # a stall report says "slow" when a frame completed this recently, else "stalled"
+STUCK_WAIT_S = 0.15  # after a deadline: how long the peers it waits for have to say they are stuck too
+RELAY_WAIT_S = 0.35  # ... and, when all are, how long to wait for one of them to name the silent rank
 
 
 class FrameExchange:
@@ -141,6 +143,9 @@ class FrameExchange:
             raise wrapped from None
         except BaseException as exc:
             self.failure.mark(f"{type(exc).__name__}: {exc}")
+            notify = getattr(self.t, "notify_failure", None)
+            if isinstance(exc, CollectiveTimeout) and notify is not None:
+                notify(exc)  # whom the deadline blamed, for the peers stuck behind this rank
             raise
 
     # ---- the latency path: every message fits one frame -----------------------------------
@@ -180,7 +185,8 @@ class FrameExchange:
             try:
                 done = t.poll(wake)
             except CollectiveTimeout:
-                wake = self._late(request, deadline, self._pending_messages(sending, waiting))
+                wake = self._late(request, deadline, self._pending_messages(sending, waiting),
+                                  waited=waiting or sending)
                 continue
             for c_kind, peer, _slot, nbytes in done:
                 if c_kind == SEND:
@@ -210,20 +216,53 @@ class FrameExchange:
             return deadline
         return deadline - self.timeout + self.stall_report_s
 
-    def _late(self, request: Request, deadline: float, pending: str, rate: float = 0.0) -> float:
+    def _late(self, request: Request, deadline: float, pending: str, rate: float = 0.0,
+              waited=()) -> float:
         """poll gave up: at the deadline (no frame moved for the timeout) raise naming the
         operation and the peers; before it, report once, "slow, N MB/s" when frames still move
         (rate, bytes/s so far), else "stalled", and return the deadline as the next wake-up."""
         now = time.monotonic()
         if now >= deadline:
-            raise CollectiveTimeout(f"rank {self.rank}: {request.label(self.op_seq)} timed out: waiting for "
-                                    f"{pending} (nothing moved for {self.timeout:g} s)") from None
+            timeout = CollectiveTimeout(f"rank {self.rank}: {request.label(self.op_seq)} timed out: "
+                                        f"waiting for {pending} (nothing moved for {self.timeout:g} s)")
+            raise self._silent_rank(timeout, list(waited)) from None
         if self._stalled_op != self.op_seq:
             self._stalled_op = self.op_seq
             pace = f"slow, {rate / 1e6:.2f} MB/s" if rate > 0 else "stalled"
             log.warning("rank %d: %s is %s (deadline in %.1f s unless more arrives): waiting for %s",
                         self.rank, request.label(self.op_seq), pace, deadline - now, pending)
         return deadline
+
+    def _silent_rank(self, timeout: CollectiveTimeout, waited: list[int]) -> CollectiveTimeout:
+        """The deadline's culprit. On the mesh every rank is linked to every other, so in a
+        collective the ranks it waits for are the silent one itself; point to point they may be
+        stuck behind it. So (TCP mesh) tell every peer this rank is stuck, listen STUCK_WAIT_S
+        for the peers it waits for: one that did not say so is the culprit; when all did, adopt
+        whom one of them names (its notify_failure) within RELAY_WAIT_S."""
+        notify_stuck = getattr(self.t, "notify_stuck", None)
+        if notify_stuck is None or not waited:
+            return blaming(timeout, waited[0] if waited else None)
+        notify_stuck()
+        start = time.monotonic()
+        while True:
+            now = time.monotonic()
+            stuck = self.t.stuck_peers()
+            silent = [p for p in waited if p not in stuck]
+            if silent and now >= start + STUCK_WAIT_S:
+                return _named(timeout, silent[0], f"rank {silent[0]} is the rank that went silent: it neither "
+                                                  f"sent nor said within {STUCK_WAIT_S:g} s that it waits for "
+                                                  f"another rank (it is stopped, or not in this operation)")
+            if not silent and now >= start + RELAY_WAIT_S:
+                return _named(timeout, waited[0], "every rank it waited for was stuck too, and none named another")
+            try:
+                self.t.poll(min(now + 0.02, start + RELAY_WAIT_S))
+            except CollectiveTimeout:
+                pass
+            except PeerError as exc:  # a verdict: the notice of whom a stuck peer blames
+                culprit = getattr(exc, "culprit", None)
+                if culprit is not None and culprit != self.rank:
+                    return _named(timeout, culprit, f"{exc}", peer=getattr(exc, "peer", culprit))
+                return blaming(timeout, waited[0])
 
     # ---- checks ------------------------------------------------------------------------------
 
@@ -321,7 +360,7 @@ class _Transfer:
                 now = time.monotonic()
                 flowing = now - self.deadline + link.timeout < RECENT_S  # a frame completed recently
                 wake = link._late(self.request, self.deadline, self._pending(),
-                                  moved / (now - started) if flowing else 0.0)
+                                  moved / (now - started) if flowing else 0.0, self._waited())
                 continue
             if done:
                 # The deadline measures silence: each completed frame restarts it, so a slow link
@@ -349,6 +388,11 @@ class _Transfer:
     def _busy(self) -> bool:
         return (any(self.next_recv[p] < self.total_in[p] for p in self.targets)
                 or any(self.next_send[p] < self.total_out[p] or self.unacked[p] for p in self.sends))
+
+    def _waited(self) -> list[int]:
+        """The peers still owing frames, else those still to take some."""
+        return ([p for p in self.targets if self.next_recv[p] < self.total_in[p]]
+                or [p for p in self.sends if self.next_send[p] < self.total_out[p] or self.unacked[p]])
 
     def _pending(self) -> str:
         label = self.t.peer_label
@@ -491,3 +535,9 @@ class _Relay(_Transfer):
             while (self.next_send[sink] < self.total_out[sink] and self.unacked[sink] < slots
                    and self._may_send(sink)):
                 self._post_send(sink)
+
+
+def _named(timeout: CollectiveTimeout, culprit: int, why: str, peer: int | None = None) -> CollectiveTimeout:
+    named = CollectiveTimeout(f"{timeout}; {why}")
+    named.culprit, named.peer = culprit, culprit if peer is None else peer  # type: ignore[attr-defined]
+    return named

@@ -22,12 +22,12 @@ import socket
 import struct
 import time
 
-from ...errors import DistributedError, PeerError
+from ...errors import DistributedError, PeerError, blaming
 from ..transport import tcp
 
 PURPOSE_SIDE_CHANNEL = 0x4A43  # "JC": rejects connections meant for other backends
 _LEN = struct.Struct("<I")
-_ABORT = 0xFFFFFFFF            # in place of a length: an abort frame (text length, text) follows
+_ABORT = 0xFFFFFFFF            # in place of a length: an abort frame (culprit + 1, text length, text) follows
 ABORT_GRACE_S = 1.0
 LATECOMER_GRACE_S = 5.0        # rank 0, after a death: how long ranks still on their way get the verdict
 _ABORT_SEND_S = 0.5
@@ -59,13 +59,13 @@ class SideChannel:
             try:
                 self._gather_ranks(listener, deadline)
             except PeerError as exc:
-                self.abort(str(exc))
+                self.abort(str(exc), culprit=getattr(exc, "culprit", None))
                 if not isinstance(exc, _Died):
                     self.close()
                     raise
-                self._tell_latecomers(listener, str(exc))
+                self._tell_latecomers(listener, str(exc), getattr(exc, "culprit", None))
                 self.close()
-                raise PeerError(str(exc)) from None
+                raise blaming(PeerError(str(exc)), getattr(exc, "culprit", None)) from None
             finally:
                 listener.close()
         else:
@@ -86,14 +86,18 @@ class SideChannel:
             try:
                 self.watch()
             except PeerError as exc:
-                raise _Died(str(exc)) from None
+                raise blaming(_Died(str(exc)), getattr(exc, "culprit", None)) from None
             # Every connection waiting now (one readiness wake-up may stand for several).
             while (taken := listener.take(lambda h: h.sender not in self._peers, time.monotonic(), None)) is not None:
                 self._peers[taken[1].sender] = taken[0]
             if len(self._peers) < self.size - 1 and time.monotonic() >= deadline:
-                listener.take(lambda h: h.sender not in self._peers, deadline, f"JACCL ranks {waiting} (side channel)")
+                try:
+                    listener.take(lambda h: h.sender not in self._peers, deadline,
+                                  f"JACCL ranks {waiting} (side channel)")
+                except PeerError as exc:
+                    raise blaming(exc, waiting[0]) from None
 
-    def _tell_latecomers(self, listener: tcp.Listener, reason: str) -> None:
+    def _tell_latecomers(self, listener: tcp.Listener, reason: str, culprit: int | None) -> None:
         """Rank 0, after a death: ranks still on their way get the abort too, for LATECOMER_GRACE_S
         at most (a rank that is not there by then waits for its own deadline)."""
         until = time.monotonic() + LATECOMER_GRACE_S
@@ -102,7 +106,7 @@ class SideChannel:
             if taken is None:
                 return
             self._peers[taken[1].sender] = taken[0]
-            self.abort(reason, [taken[1].sender])
+            self.abort(reason, [taken[1].sender], culprit)
 
     def local_host(self) -> str:
         """The address of this host on the network that reaches the coordinator."""
@@ -119,16 +123,25 @@ class SideChannel:
     def _recv(self, peer: int) -> bytes:
         # Rank 0 works to the same deadline: give its verdict (an abort frame) time to arrive.
         deadline = self._deadline + (ABORT_GRACE_S if peer == 0 else 0.0)
+        try:
+            return self._recv_frame(peer, deadline)
+        except DistributedError as exc:
+            raise blaming(exc, peer)  # silent or gone (an abort frame names its own culprit)
+
+    def _recv_frame(self, peer: int, deadline: float) -> bytes:
         sock, who = self._peers[peer], self._who(peer)
         head = bytearray(_LEN.size)
         tcp.recv_exact(sock, memoryview(head), deadline, who)
         (length,) = _LEN.unpack(head)
         if length == _ABORT and peer == 0:
             tcp.recv_exact(sock, memoryview(head), deadline, who)
+            culprit = _LEN.unpack(head)[0] - 1
+            tcp.recv_exact(sock, memoryview(head), deadline, who)
             text = bytearray(min(_LEN.unpack(head)[0], MAX_ABORT_BYTES))
             tcp.recv_exact(sock, memoryview(text), deadline, who)
-            raise PeerError(f"rank {self.rank}: the JACCL coordinator (rank 0 at {self._where}) stopped forming "
-                            f"the group: {text.decode(errors='replace')}")
+            raise blaming(PeerError(f"rank {self.rank}: the JACCL coordinator (rank 0 at {self._where}) stopped "
+                                    f"forming the group: {text.decode(errors='replace')}"),
+                          culprit if 0 <= culprit < self.size else 0)
         # Rank 0 sends the whole table (a length and a blob per rank); the others one blob.
         limit = self.size * (_LEN.size + MAX_BLOB_BYTES) if peer == 0 else MAX_BLOB_BYTES
         if length > limit:
@@ -150,23 +163,24 @@ class SideChannel:
             if sock.fileno() not in ready:
                 continue
             if self.rank == 0:
-                raise PeerError(f"rank 0: JACCL rank {peer} died while the group formed (its side-channel "
-                                f"connection to rank 0 closed)")
+                raise blaming(PeerError(f"rank 0: JACCL rank {peer} died while the group formed (its "
+                                        f"side-channel connection to rank 0 closed)"), peer)
             try:
                 self._recv(0)  # an abort frame raises, naming the coordinator's reason
             except PeerError as exc:
                 if "stopped forming" in str(exc):
                     raise
-            raise PeerError(f"rank {self.rank}: the JACCL coordinator (rank 0 at {self._where}) died while the "
-                            f"group formed (its side-channel connection closed)")
+            raise blaming(PeerError(f"rank {self.rank}: the JACCL coordinator (rank 0 at {self._where}) died "
+                                    f"while the group formed (its side-channel connection closed)"), 0)
 
-    def abort(self, reason: str, peers: list[int] | None = None) -> None:
+    def abort(self, reason: str, peers: list[int] | None = None, culprit: int | None = None) -> None:
         """Rank 0 only: tell every connected rank (or those of `peers`) why the group cannot
         form (best effort: a rank that is gone already does not delay the others)."""
         if self.rank != 0:
             return
         text = reason.encode()[:60000]
-        frame = _LEN.pack(_ABORT) + _LEN.pack(len(text)) + text
+        blamed = culprit + 1 if culprit is not None and 0 <= culprit < self.size else 0  # 0: unknown
+        frame = _LEN.pack(_ABORT) + _LEN.pack(blamed) + _LEN.pack(len(text)) + text
         for peer, sock in self._peers.items():
             if peers is not None and peer not in peers:
                 continue

@@ -30,7 +30,7 @@ import numpy as np
 from ... import config, logs
 from ...config import connect_timeout as default_connect_timeout
 from ...config import env_rank, op_timeout
-from ...errors import ConfigError, DistributedError, PeerError
+from ...errors import ConfigError, DistributedError, PeerError, blaming
 from ..base import Backend, ReduceOp
 from ..elements import byte_view, split_evenly
 from ..local import algorithms as shm_algorithms
@@ -151,8 +151,8 @@ class RingBackend(Backend):
                 self._forming.give_up(exc, tell_unlinked=watch is None)
                 self.close()  # the listeners, so a failed formation leaves no fd behind
                 if watch is None and isinstance(exc, FormationAbandoned):
-                    raise PeerError(str(exc)) from None  # the culprit matters inside the formation only
-                raise
+                    raise blaming(PeerError(str(exc)), exc.culprit) from None
+                raise blaming(exc, getattr(exc, "missing_rank", None))
 
     # ---- what other parts of the ring use ---------------------------------------------------
 

@@ -32,6 +32,8 @@ from .state import RingState
 log = logging.getLogger("jacklring.ring")
 
 ABORT_NOTICE_S = 1.0  # how long a rank that gave up tries to reach a neighbour it had no connection with
+VERDICT_GRACE_S = 0.45  # the closing barrier of init() waits this long past the connect deadline
+                        # for a neighbour's verdict on a missing rank (within the deadline's 0.5 s)
 
 
 class Wording:
@@ -214,7 +216,9 @@ class Forming:
         whose barrier fails passes the verdict on over the ring (see plumbing.Plumbing.collective)."""
         state = self._state
         state.abandon_on_failure = True
-        op_timeout, state.timeout = state.timeout, max(0.001, self._deadline - time.monotonic())
+        # A little past the connect deadline: a neighbour's verdict on a missing rank (sent at
+        # that deadline) arrives first, so this rank names it instead of the neighbour.
+        op_timeout, state.timeout = state.timeout, max(0.001, self._deadline - time.monotonic()) + VERDICT_GRACE_S
         seq = state.seq
         try:
             barrier()  # waits for the slowest rank's formation: the connect deadline bounds it
@@ -223,6 +227,11 @@ class Forming:
             raise
         except DistributedError as exc:
             peer = getattr(exc, "peer", -1)
+            waited = getattr(exc, "waiting_on", None)  # past the grace: that rank said nothing at all
+            if peer < 0 and waited:
+                raise FormationAbandoned(waited[0], f"rank {state.rank}: {self._words.describe_member(waited[0])} "
+                                                    f"went silent while the group formed (the closing barrier "
+                                                    f"failed: {exc})") from None
             if peer < 0:
                 raise
             raise FormationAbandoned(peer, f"rank {state.rank}: {self._words.describe_member(peer)} died while the "

@@ -9,6 +9,14 @@ the rank it blames (-1: an error of its own, such as a deadline or a mismatch). 
 to P failed then names the rank in P's notice, or P itself when P's address refuses connections
 (P died) or no notice came. The notice is passed on with the same culprit, hop by hop.
 
+A deadline is different: when one rank stops (SIGSTOP, swapped out) or never calls the
+operation, every rank of the ring soon waits for another and all their deadlines fire within
+moments of each other, so each used to blame whom it waited for, often a live rank. So a rank
+whose operation timed out first tells the ranks that may wait for it that it is stuck too (a
+notice naming -1), then listens STUCK_WAIT_S for the ranks it waits for: one that says nothing
+is the culprit (a stopped process cannot, a rank outside the operation does not); when all say
+they are stuck, a rank nearer the silent one names it soon after, and that name is adopted.
+
 The notice has a connection of its own, never bytes in the ring's streams: bytes appended to a
 stream could complete a message the neighbour still expects and be read as data. Groups on one
 host pass the culprit in shared memory instead (local/shm.py, mark_broken).
@@ -19,7 +27,7 @@ import socket
 import threading
 import time
 
-from ...errors import DistributedError, PeerError
+from ...errors import CollectiveTimeout, DistributedError, MismatchError, PeerError
 from ..transport import tcp
 from .state import RingState
 
@@ -29,6 +37,11 @@ RECHECK_S = 0.05     # meanwhile, how often to look whether it still listens (a 
                      # listener can outlive its ring connections by a few milliseconds)
 SEND_S = 0.3         # how long a failing rank spends delivering its notices, at most
 PROBE_S = 0.2        # how long a connection attempt may take to say whether a peer still listens
+STUCK_WAIT_S = 0.15  # after a deadline: how long the ranks waited for have to say they are stuck too
+RELAY_WAIT_S = 0.35  # ... and, when all are, how long to wait for one of them to name the silent rank
+# A notice's culprit of MISMATCH + a * MISMATCH_SPAN + b: ranks a and b called different
+# collectives (nobody died: a bystander learns it was a mismatch, and between whom).
+MISMATCH, MISMATCH_SPAN = 1 << 30, 1 << 14
 # A notice's culprit of OUTER - q or below: rank q of the group whose hosts a leaders' ring links
 # (hierarchy.py), a rank that is not in this ring.
 OUTER = -2
@@ -38,15 +51,28 @@ def admits(sender: int, receiver: int, size: int) -> bool:
     return 0 <= sender < size and sender != receiver
 
 
+def from_ring_links(exc: BaseException) -> bool:
+    """Whether a failure came from the ring's socket links (the stream engine marks its errors),
+    also in a group that otherwise runs over shared memory (a split's records cross the links)."""
+    return hasattr(exc, "waiting_on") or (isinstance(exc, PeerError) and hasattr(exc, "peer")
+                                          and not hasattr(exc, "culprit"))
+
+
 def blame(ring: RingState, exc: BaseException) -> BaseException:
     """The error to raise for a failed collective: when a neighbour's connection failed, it
-    names the rank that neighbour blamed. Sets `culprit` on the error (the rank blamed)."""
+    names the rank that neighbour blamed; at a deadline, the rank that went silent. Sets
+    `culprit` on the error (the rank blamed)."""
+    if isinstance(exc, CollectiveTimeout) and not hasattr(exc, "culprit"):
+        neighbours = {link.peer for link in ring.right + ring.left}
+        return blame_silence(ring, exc, getattr(exc, "waiting_on", ()), neighbours)
     if hasattr(exc, "culprit") or not isinstance(exc, PeerError):
         return exc
     peer = getattr(exc, "peer", None)  # the link that failed (set by the stream engine)
     if peer is None or peer == ring.rank:
         return exc
     notice = _notice_from(ring, peer)
+    if notice is not None and notice >= MISMATCH:
+        return _mismatch_seen(ring, exc, notice, peer)
     if notice is not None and notice <= OUTER:
         outer = OUTER - notice
         relayed = PeerError(f"rank {ring.rank}: {ring.what}: rank {outer} of the group that this ring links "
@@ -67,8 +93,118 @@ def blame(ring: RingState, exc: BaseException) -> BaseException:
     return relayed
 
 
+def blame_silence(ring: RingState, exc: BaseException, waited, tell: set) -> BaseException:
+    """A deadline passed while this rank waited for the ranks `waited`: find the silent one (see
+    the module's docstring). `tell`: the ranks that may be waiting for this one."""
+    me = ring.rank
+    waited = [q for q in waited if q != me]
+    if not waited or not ring.listeners:
+        return exc
+    start = time.monotonic()
+    _send_notices(ring, -1, {me}, sorted(tell - {me}), wait=False)  # "stuck too"
+    stuck: set[int] = set()
+    listener = ring.listeners[0]
+    match = lambda h: h.purpose == PURPOSE_NOTICE and h.sender in waited  # noqa: E731
+    until = start + STUCK_WAIT_S
+    while True:
+        now = time.monotonic()
+        if now >= until:
+            silent = [q for q in waited if q not in stuck]
+            if silent:
+                return _silent(exc, silent[0], STUCK_WAIT_S)
+            if until >= start + RELAY_WAIT_S:
+                return blaming_text(exc, waited[0], f"{exc}; every rank it waited for was stuck too, "
+                                                    f"and none named another rank")
+            until = start + RELAY_WAIT_S
+            continue
+        taken = listener.take(match, until, None)
+        if taken is None:
+            continue
+        sock, hello = taken
+        sock.close()
+        if hello.channel == -1 or hello.channel == me:
+            stuck.add(hello.sender)
+            continue
+        if hello.channel >= MISMATCH:
+            return _mismatch_seen(ring, exc, hello.channel, hello.sender)
+        return _relayed(exc, hello.channel, hello.sender)
+
+
+def blame_p2p(ring: RingState, exc: BaseException, peer: int, partners: set[int]) -> BaseException:
+    """A send to / recv from `peer` failed: the error names the rank at fault (peer, or the rank
+    peer blamed before it gave up, or the silent rank behind a deadline), and the ranks this one
+    exchanges messages with are told, since they may be waiting for it."""
+    if hasattr(exc, "culprit") or not isinstance(exc, (PeerError, CollectiveTimeout)):
+        return exc
+    # Who may wait for this rank: those it exchanges messages with, `partners` (telling all
+    # n - 1 ranks costs a handshake each, too slow for the deadline's window on a loaded host).
+    partners = (set(partners) | {peer}) - {ring.rank}
+    if isinstance(exc, CollectiveTimeout):
+        named = blame_silence(ring, exc, [peer], partners)
+    else:
+        exc.peer = peer  # type: ignore[attr-defined]
+        named = blame(ring, exc)
+    culprit = getattr(named, "culprit", None)
+    if culprit is not None:
+        outer = getattr(named, "outer_culprit", None)
+        _send_notices(ring, culprit if outer is None else OUTER - outer,
+                      {culprit, getattr(named, "peer", None), ring.rank}, partners)
+    return named
+
+
+def _silent(exc: BaseException, culprit: int, waited_s: float) -> BaseException:
+    return blaming_text(exc, culprit, f"{exc}; rank {culprit} is the rank that went silent: it neither "
+                                      f"sent nor said within {waited_s:g} s that it waits for another rank "
+                                      f"(it is stopped, or not in this operation)")
+
+
+def _relayed(exc: BaseException, culprit: int, reporter: int) -> BaseException:
+    if culprit <= OUTER:
+        return blaming_text(exc, reporter, f"{exc}; rank {OUTER - culprit} of the group that this ring links "
+                                           f"the hosts of went silent (reported by rank {reporter})",
+                            outer=OUTER - culprit)
+    return blaming_text(exc, culprit, f"{exc}; rank {culprit} is the rank that went silent (reported by "
+                                      f"rank {reporter}, which waited for it)", peer=reporter)
+
+
+def blaming_text(exc: BaseException, culprit: int, text: str, peer: int | None = None,
+                 outer: int | None = None) -> BaseException:
+    """An error of exc's type with `text`, blaming `culprit`."""
+    try:
+        named = type(exc)(text)
+    except TypeError:
+        named = CollectiveTimeout(text)
+    named.culprit = culprit  # type: ignore[attr-defined]
+    named.peer = culprit if peer is None else peer  # type: ignore[attr-defined]
+    if outer is not None:
+        named.outer_culprit = outer  # type: ignore[attr-defined]
+    return named
+
+
+def mismatch(rank: int, other: int, text: str) -> MismatchError:
+    """The MismatchError of ranks `rank` and `other` disagreeing (notify passes the pair on)."""
+    error = MismatchError(text)
+    error.between = (min(rank, other), max(rank, other))  # type: ignore[attr-defined]
+    return error
+
+
+def _mismatch_seen(ring: RingState, exc: BaseException, code: int, peer: int) -> MismatchError:
+    a, b = divmod(code - MISMATCH, MISMATCH_SPAN)
+    seen = MismatchError(f"rank {ring.rank}: {ring.what}: ranks {a} and {b} called different collectives "
+                         f"(a collective mismatch, reported by rank {peer}, which gave up after that; "
+                         f"their MismatchErrors name both requests)")
+    seen.between, seen.peer = (a, b), peer  # type: ignore[attr-defined]
+    seen.__cause__ = exc
+    return seen
+
+
 def notify(ring: RingState, exc: BaseException) -> None:
     """Tell the live neighbours whom this rank blames, before its links close."""
+    between = getattr(exc, "between", None)
+    if between is not None and max(between) < MISMATCH_SPAN:
+        _send_notices(ring, MISMATCH + between[0] * MISMATCH_SPAN + between[1],
+                      {ring.rank, getattr(exc, "peer", None)})
+        return
     culprit = getattr(exc, "culprit", -1)
     skip = {culprit, getattr(exc, "peer", None), ring.rank}  # the dead, and who told us
     outer = getattr(exc, "outer_culprit", None)
@@ -81,18 +217,20 @@ def notify_outer(ring: RingState, culprit: int) -> None:
     _send_notices(ring, -1 if culprit < 0 else OUTER - culprit, {ring.rank})
 
 
-def _send_notices(ring: RingState, culprit: int, skip: set) -> None:
+def _send_notices(ring: RingState, culprit: int, skip: set, to=None, wait: bool = True) -> None:
     """Best effort, SEND_S at most in all: each notice goes on a thread of its own, and a
     neighbour that accepts but does not answer (a stopped process: the kernel accepts for it)
     is left to its thread, which the handshake's own timeout ends; the error is not held
-    back for it."""
+    back for it. `to`: the ranks to tell (default: the ring neighbours); wait=False: do not
+    wait for the deliveries at all."""
     deadline = time.monotonic() + SEND_S
+    targets = {link.peer for link in ring.right + ring.left} if to is None else set(to)
     senders = [threading.Thread(target=_send_notice, args=(ring, q, culprit, deadline), daemon=True,
                                 name=f"abort-notice-{q}")
-               for q in sorted({link.peer for link in ring.right + ring.left} - skip)]
+               for q in sorted(targets - skip)]
     for sender in senders:
         sender.start()
-    for sender in senders:
+    for sender in senders if wait else ():
         sender.join(max(0.0, deadline - time.monotonic()))
 
 
@@ -120,7 +258,13 @@ def _notice_from(ring: RingState, peer: int) -> int | None:
         taken = ring.listeners[0].take(match, min(deadline, time.monotonic() + RECHECK_S), None)
     sock, hello = taken
     sock.close()
-    return hello.channel
+    culprit = hello.channel
+    # A rank that timed out first said it was stuck (-1), then whom it blames: take the last word.
+    while (taken := ring.listeners[0].take(match, time.monotonic(), None)) is not None:
+        taken[0].close()
+        if taken[1].channel != -1:
+            culprit = taken[1].channel
+    return culprit
 
 
 def _listening(address: str) -> bool:

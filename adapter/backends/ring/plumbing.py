@@ -80,10 +80,12 @@ class Plumbing:
             except BaseException as exc:
                 if state.abandon_on_failure:  # a split's closing barrier: pass the verdict on first
                     abandon(state, self._words, exc.culprit if isinstance(exc, FormationAbandoned)
-                            else getattr(exc, "peer", -1), getattr(exc, "missing", False))
+                            else getattr(exc, "peer", (getattr(exc, "waiting_on", None) or [-1])[0]),
+                            getattr(exc, "missing", False))
                 # Name the rank that failed first, not the neighbour that passed the failure on,
                 # and tell the other neighbour before the links close (origin.py).
-                by_ring = state.shm is None and state.hier is None and not state.abandon_on_failure
+                on_sockets = state.shm is None or origin.from_ring_links(exc)  # a split's records go so
+                by_ring = on_sockets and state.hier is None and not state.abandon_on_failure
                 named = origin.blame(state, exc) if by_ring else exc
                 state.failure.mark(f"{type(named).__name__}: {named}")
                 if by_ring and isinstance(named, Exception):
@@ -145,7 +147,8 @@ class Plumbing:
                                     f"during {describe_header(mine)}")
             # Headers carry the count of collectives before theirs (packed before collective counts it).
             step = "" if reporter + 1 == state.seq else f" (its operation #{reporter + 1}; this rank's #{state.seq})"
-            raise MismatchError(mismatch_message(state.rank, sender, header_request(mine), request, step))
+            raise origin.mismatch(state.rank, sender, mismatch_message(state.rank, sender, header_request(mine),
+                                                                       request, step))
 
     # ---- the socket paths ---------------------------------------------------------------------
 

@@ -21,6 +21,7 @@ from ..elements import byte_view, dtype_code
 from ..transport import integrity, tcp
 from ..transport.spill import CHUNK as SPILL_CHUNK
 from ..transport.spill import Spill
+from . import origin
 from .header import HEADER, HEADER_MAGIC, OP_SEND, PURPOSE_P2P, describe_header
 from .state import RingState
 
@@ -79,11 +80,28 @@ class PointToPoint:
 
     def send(self, buf: np.ndarray, dst: int) -> None:
         with self._send_locks[dst]:
-            self._send(buf, dst)
+            try:
+                self._send(buf, dst)
+            except (PeerError, CollectiveTimeout) as exc:
+                named = origin.blame_p2p(self._state, exc, dst, self._partners())  # and tell the others
+                if named is exc:
+                    raise
+                raise named from None
 
     def recv(self, buf: np.ndarray, src: int) -> None:
         with self._recv_locks[src]:
-            self._recv(buf, src)
+            try:
+                self._recv(buf, src)
+            except (PeerError, CollectiveTimeout) as exc:
+                named = origin.blame_p2p(self._state, exc, src, self._partners())
+                if named is exc:
+                    raise
+                raise named from None
+
+    def _partners(self) -> set[int]:
+        """The ranks this one exchanges messages with: they may be waiting for it."""
+        with self._lock:
+            return set(self._out) | set(self._in)
 
     def close(self) -> None:
         with self._lock:

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ...errors import ConfigError, DistributedError, PeerError
+from ...errors import ConfigError, DistributedError, PeerError, blaming
 from ..base import split_members
 from ..elements import byte_view, dtype_code
 from ..transport import tcp
@@ -81,15 +81,15 @@ def split(ring: "RingBackend", state: RingState, words: Wording, plumbing: Plumb
                    watch=watch, parent_ranks=[e["rank"] for e in members])
     except FormationAbandoned as exc:
         abandon(state, words, exc.culprit, exc.missing)
-        raise PeerError(f"{what}: {exc}") from None
+        raise blaming(PeerError(f"{what}: {exc}"), exc.culprit) from None
     except DistributedError as exc:
         try:
             watch.check()  # the sub-group's failure is often the echo of a death in the parent
         except FormationAbandoned as cause:
             abandon(state, words, cause.culprit, cause.missing)
-            raise PeerError(f"{what}: {cause} ({exc})") from None
+            raise blaming(PeerError(f"{what}: {cause} ({exc})"), cause.culprit) from None
         abandon(state, words, -1)
-        raise type(exc)(f"{what}: {exc}") from None
+        raise blaming(type(exc)(f"{what}: {exc}"), getattr(exc, "missing_rank", None)) from None
     sub.split_formed()
     state.abandon_on_failure = True
     try:
@@ -98,8 +98,9 @@ def split(ring: "RingBackend", state: RingState, words: Wording, plumbing: Plumb
         sub.close()
         neighbours = "; ".join(words.describe_member(p) for p in sorted({link.peer for link in state.right}
                                                                         | {link.peer for link in state.left}))
-        raise PeerError(f"{what}: the sub-groups did not form on every rank: {exc} "
-                        f"(this rank's parent neighbours: {neighbours})") from None
+        blamed = getattr(exc, "culprit", getattr(exc, "peer", (getattr(exc, "waiting_on", None) or [None])[0]))
+        raise blaming(PeerError(f"{what}: the sub-groups did not form on every rank: {exc} "
+                                f"(this rank's parent neighbours: {neighbours})"), blamed) from None
     finally:
         state.abandon_on_failure = False
     return sub

@@ -135,19 +135,24 @@ def _recv_fixed(sock: socket.socket, size: int, timeout_at: float, magic: bytes)
 
 
 def client_handshake(sock: socket.socket, hello: Hello, auth: Auth, where: str, who: str,
-                     answer_timeout: float = ANSWER_TIMEOUT_S) -> Hello:
+                     answer_timeout: float = ANSWER_TIMEOUT_S, deadline: float | None = None) -> Hello:
     """Run the connector's half on a connected socket; returns hello with the acceptor's nonce.
     PeerError (final) when the listener is not a rank of this job or refuses this rank;
-    HandshakeRetry when it closed without a word. answer_timeout: how long the listener may stay
-    silent (shrink() passes a short one: a stopped rank's kernel accepts, nobody answers)."""
+    HandshakeRetry when it closed without a word. The answer is awaited answer_timeout (shrink()
+    passes a short one), or until the caller's deadline when that comes first: a stopped rank's
+    kernel accepts for it, nobody answers."""
     hello_bytes = hello.pack()
+    answer_s = answer_timeout if deadline is None else max(0.01, min(answer_timeout, deadline - time.monotonic()))
     try:
-        sock.settimeout(answer_timeout)
+        sock.settimeout(answer_s)
         sock.sendall(hello_bytes)
-        answer = _recv_fixed(sock, CHALLENGE.size, time.monotonic() + answer_timeout, CHALLENGE_MAGIC)
+        answer = _recv_fixed(sock, CHALLENGE.size, time.monotonic() + answer_s, CHALLENGE_MAGIC)
     except socket.timeout:
+        if answer_s < answer_timeout:
+            raise PeerError(f"{who} at {where} accepted the connection but did not answer the jacklring "
+                            f"handshake before the deadline (stopped, or too busy to answer)") from None
         raise PeerError(f"the process listening on {where} (expected: {who}) accepted the connection but did "
-                        f"not answer the jacklring handshake within {answer_timeout:g} s; another program "
+                        f"not answer the jacklring handshake within {answer_s:.3g} s; another program "
                         f"listens on that address, or the rank is stopped") from None
     except OSError as exc:
         if exc.errno in (errno.ECONNRESET, errno.EPIPE):
@@ -165,9 +170,11 @@ def client_handshake(sock: socket.socket, hello: Hello, auth: Auth, where: str, 
     proof = auth.mac(b"C", hello_bytes, nonce_s)
     try:
         sock.sendall(proof)
-        ack = _recv_fixed(sock, ACK.size, time.monotonic() + answer_timeout, ACK_MAGIC)
+        ack_s = answer_s if deadline is None else max(0.01, min(answer_s, deadline - time.monotonic()))
+        sock.settimeout(ack_s)
+        ack = _recv_fixed(sock, ACK.size, time.monotonic() + ack_s, ACK_MAGIC)
     except socket.timeout:
-        raise PeerError(f"{who} at {where} did not acknowledge the handshake within {answer_timeout:g} s") from None
+        raise PeerError(f"{who} at {where} did not acknowledge the handshake within {ack_s:.3g} s") from None
     except OSError as exc:
         if exc.errno in (errno.ECONNRESET, errno.EPIPE):
             raise HandshakeRetry(exc.strerror or str(exc)) from None

@@ -204,10 +204,15 @@ class Engine:
             if now < spin_until:
                 continue
             if now >= last_move + silence:
-                raise CollectiveTimeout(
+                timeout = CollectiveTimeout(
                     f"rank {self.rank}: {what} timed out: no byte moved for {silence:.3g} s; "
                     + "; ".join(l.describe_pending() for l in links)
                 )
+                # The peers it waits for (those it still expects bytes from, else those that
+                # do not take its bytes): the ring asks them why (ring/origin.py).
+                waited = [l.peer for l in links if l.recvq] or [l.peer for l in links]
+                timeout.waiting_on = sorted(set(waited))  # type: ignore[attr-defined]
+                raise timeout
             wait = last_move + silence - now
             if stall_at is not None:
                 if now >= stall_at:

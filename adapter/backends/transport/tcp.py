@@ -277,7 +277,7 @@ def connect_with_hello(addr: tuple[str, int], hello: Hello, deadline: float, who
                         _report_squat(name, uid, f"the connection to {who}")  # type: ignore[arg-type]
                         sock.close()
                         continue
-                done = client_handshake(sock, hello.fresh(), auth, where, who)
+                done = client_handshake(sock, hello.fresh(), auth, where, who, deadline=deadline)
                 tune(sock)
                 sock.settimeout(None)
                 return sock, done

@@ -33,6 +33,7 @@ PURPOSE_MESH = 0x4A4D  # "JM"
 # A length with this bit set is no message but a failing rank's last word: the rest is the
 # rank it blames (see notify_failure).
 _NOTICE = 1 << 63
+_STUCK = 1 << 62  # a notice of _NOTICE | _STUCK: "this rank timed out too, waiting for another"
 FRAME_BYTES = 1 << 20
 SLOTS = 2
 _LEN = struct.Struct("<Q")
@@ -54,7 +55,7 @@ class _Peer:
 
     __slots__ = ("rank", "sock", "fd", "label", "sends", "recvs", "inbuf", "inview", "in_start", "in_end",
                  "body_len", "body_got", "mask", "gone", "send_raw", "send_views", "recv_views", "spill",
-                 "divert", "body_into", "body_head")
+                 "divert", "body_into", "body_head", "stuck")
 
     def __init__(self, rank: int, sock: socket.socket, label: str, slots: int, spill_limit: int) -> None:
         self.rank = rank
@@ -71,6 +72,7 @@ class _Peer:
         self.body_got = 0
         self.mask = 0
         self.gone: str | None = None           # why the connection ended; an error once a message is awaited
+        self.stuck = False                     # it said it timed out waiting for another rank
         # Bytes that arrived while nobody waited on this peer and the read-ahead buffer was full
         # (the peer may be blocked sending to us while we send to it); they follow inbuf's bytes.
         self.spill = Spill(spill_limit)
@@ -406,6 +408,10 @@ class TcpMeshTransport(Transport):
         if have < _LS:
             return False
         (length,) = _LEN.unpack_from(state.inbuf, start)
+        if length == _NOTICE | _STUCK:
+            state.stuck = True  # not an end: whom it blames may follow (notify_failure)
+            state.in_start += _LS
+            return True
         if length & _NOTICE:
             culprit = length & ~_NOTICE
             exc = PeerError(f"rank {culprit} died or failed (reported by {state.label}, which closed its "
@@ -536,6 +542,21 @@ class TcpMeshTransport(Transport):
             except OSError:
                 pass  # its buffer is full or it is gone: it sees the connection close instead
 
+    def notify_stuck(self) -> None:
+        """This rank's deadline passed: tell every live peer it is stuck too (in band, as
+        notify_failure), so a peer waiting for it does not take it for the silent rank."""
+        notice = _LEN.pack(_NOTICE | _STUCK)
+        for state in self._by_fd.values():
+            if state.gone is None and not state.sends:
+                try:
+                    state.sock.send(notice, socket.MSG_DONTWAIT)
+                except OSError:
+                    pass
+
+    def stuck_peers(self) -> set[int]:
+        """The peers that said they are stuck too (read while a receive from them is posted)."""
+        return {state.rank for state in self._by_fd.values() if state.stuck}
+
     def close(self) -> None:
         if self._closed:
             return
@@ -605,11 +626,13 @@ def connect_mesh(rank: int, size: int, peers: list[int], host: str, exchange: Ex
         everyone = [json.loads(blob)["addr"] for blob in blobs]
         addresses = {p: everyone[p] for p in peers}
         sockets: dict[int, socket.socket] = {}
+        waiting: list[int] = []
         try:
             for p in peers:
                 if p < rank:
                     hello = tcp.Hello(PURPOSE_MESH, rank, p, 0, token)
                     target = tcp.parse_address(addresses[p], f"rank {p}'s mesh address")
+                    waiting = [p]
                     sockets[p] = _in_slices(deadline, watch, lambda until, target=target, hello=hello, p=p: tcp.connect(
                         target, hello, until, f"rank {p} (JACCL TCP mesh)", job))
             while higher - set(sockets):
@@ -617,6 +640,12 @@ def connect_mesh(rank: int, size: int, peers: list[int], host: str, exchange: Ex
                 sock, hello = _in_slices(deadline, watch, lambda until, waiting=waiting: listener.take(
                     lambda h: h.sender not in sockets, until, f"JACCL ranks {waiting} (TCP mesh, rank {rank})"))
                 sockets[hello.sender] = sock
+        except PeerError as exc:
+            for s in sockets.values():
+                s.close()
+            if waiting:
+                exc.mesh_rank = waiting[0]  # type: ignore[attr-defined]  # whom it connected to or waited for
+            raise
         except BaseException:
             for s in sockets.values():
                 s.close()

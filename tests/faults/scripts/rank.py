@@ -76,9 +76,11 @@ if BACKEND == "torch":
 else:
     import adapter
 
+    say("INIT")  # init() starts now: its connect deadline counts from here
     try:
         group = adapter.init(strict=True, backend=BACKEND)
     except DistributedError as exc:
+        say("CULPRIT", getattr(exc, "culprit", None))  # the rank init() blamed (before INITERR)
         say("INITERR", one_line(exc))
         sys.exit(4)
     r, n = group.rank(), group.size()

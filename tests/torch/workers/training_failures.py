@@ -71,6 +71,8 @@ for step in range(STEPS):
     except Exception as exc:
         print(f"RAISED {time.time():.3f} {type(exc).__name__}: {str(exc).splitlines()[0]}", flush=True)
         print(f"FULL {exc!r}"[:2000], flush=True)
+        from adapter import culprit_of
+        print(f"CULPRIT {culprit_of(exc)}", flush=True)  # torch re-raises DDP's errors as text only
         os._exit(0)  # skip destroy: the peer is gone
 print("NO ERROR: training finished without noticing the missing peer", flush=True)
 sys.exit(1)

@@ -1,0 +1,66 @@
+"""`launcher --min-ranks K` (elastic jobs): a lost rank does not stop the job while K ranks are
+left; fewer stops it as without the option. Real processes through the real launcher."""
+import time
+
+import pytest
+from conftest import launch
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def lines(text: str, start: str) -> list[str]:
+    return [line for line in text.splitlines() if line.startswith(start)]
+
+
+@pytest.mark.parametrize("how, said", [("1", "exited with code 1"),
+                                       ("kill", "was killed by SIGKILL (exit code 137)")])
+def test_one_lost_rank_of_three_and_the_others_finish(how, said):
+    r = launch("-n", 3, "--min-ranks", 2, "elastic.py", "--lose", f"1:{how}:0.2", "--sleep", 2)
+    assert r.returncode == 0, r.stderr
+    assert sorted(lines(r.stdout, "[")) == ["[0] done 0", "[0] ready 0", "[1] ready 1",
+                                            "[2] done 2", "[2] ready 2"], r.stdout
+    assert lines(r.stderr, "launcher:") == [
+        f"launcher: lost rank 1 (host 127.0.0.1): it {said}; 2 of 3 ranks go on (--min-ranks 2)",
+        "launcher: finished with 2 of 3 ranks (--min-ranks 2); lost rank 1"], r.stderr
+
+
+def test_fewer_than_min_ranks_left_stops_the_job():
+    started = time.monotonic()
+    r = launch("-n", 4, "--min-ranks", 3, "elastic.py", "--lose", "1:kill:0.2",
+               "--lose", "3:5:0.8", "--sleep", 30)
+    took = time.monotonic() - started
+    assert r.returncode == 5, r.stderr
+    assert took < 15, f"the job was stopped only after {took:.1f} s"
+    assert "done" not in r.stdout, r.stdout
+    assert lines(r.stderr, "launcher:") == [
+        "launcher: lost rank 1 (host 127.0.0.1): it was killed by SIGKILL (exit code 137); "
+        "3 of 4 ranks go on (--min-ranks 3)",
+        "launcher: lost rank 3 (host 127.0.0.1): it exited with code 5; 2 of 4 ranks left, "
+        "fewer than --min-ranks 3: stopping the job",
+        "launcher: rank 1 (host 127.0.0.1) ended first: it was killed by SIGKILL (exit code 137) "
+        "while 3 other ranks were still running",
+        "launcher: rank 3 (host 127.0.0.1) exited with code 5; stopped the other 2 ranks"], r.stderr
+
+
+def test_a_rank_that_ended_with_0_still_counts():
+    """Rank 0 finishes early and well; rank 1 dies later: 2 of 3 are not lost, enough for 2."""
+    r = launch("-n", 3, "--min-ranks", 2, "elastic.py", "--lose", "0:0:0", "--lose", "1:1:0.5",
+               "--sleep", 1.5)
+    assert r.returncode == 0, r.stderr
+    assert "[2] done 2" in r.stdout
+    assert lines(r.stderr, "launcher:")[-1] == \
+        "launcher: finished with 2 of 3 ranks (--min-ranks 2); lost rank 1", r.stderr
+
+
+def test_without_the_option_the_first_failure_stops_everything():
+    r = launch("-n", 3, "elastic.py", "--lose", "1:1:0.2", "--sleep", 30, timeout=20)
+    assert r.returncode == 1, r.stderr
+    assert "done" not in r.stdout
+    assert lines(r.stderr, "launcher:") == [
+        "launcher: rank 1 (host 127.0.0.1) exited with code 1; stopped the other 2 ranks"], r.stderr
+
+
+def test_min_ranks_above_the_job_size_is_a_usage_error():
+    r = launch("-n", 2, "--min-ranks", 3, "elastic.py")
+    assert r.returncode == 2
+    assert r.stderr.strip() == "launcher: error: --min-ranks 3 is more than the job's 2 ranks"
