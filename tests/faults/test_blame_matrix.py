@@ -5,8 +5,8 @@ the victim and whose message names it, in time: within JACKLRING_TIMEOUT (= the 
 deadline here) + 0.5 s of the fault for a silent victim, within KILL_LIMIT_S for a dead one.
 
 The suite runs the slice in SLICE (every fault kind, phase, transport and size at least once);
-JACKLRING_FULL_MATRIX=1 runs every cell, JACKLRING_MATRIX_REPEATS=N each N times, and
-JACKLRING_MATRIX_TABLE=FILE appends one line per trial (for the table in docs/faults.md).
+BLAME_MATRIX_FULL=1 runs every cell, BLAME_MATRIX_REPEATS=N each N times, and
+BLAME_MATRIX_TABLE=FILE appends one line per trial (for the table in docs/faults.md).
 
 What each fault means in each phase:
 - never: init: the victim is not started; later phases: it is alive but never calls the phase's
@@ -37,15 +37,15 @@ SIZES = (2, 3, 4, 6)
 TRANSPORTS = ("shm", "tcp", "jaccl")
 
 # (fault, phase, size, transport): every fault kind, phase and transport, sizes 3, 4 and 6
-# (8 trials of a few seconds each: start-up plus the 3 s deadline; JACKLRING_FULL_MATRIX=1 runs
-# all 144 cells, twice each unless JACKLRING_MATRIX_REPEATS says otherwise).
+# (8 trials of a few seconds each: start-up plus the 3 s deadline; BLAME_MATRIX_FULL=1 runs
+# all 144 cells, twice each unless BLAME_MATRIX_REPEATS says otherwise).
 SLICE = [
     ("never", "init", 3, "jaccl"), ("kill", "init", 4, "tcp"), ("stop", "split", 3, "shm"),
     ("stop", "collective", 4, "tcp"), ("kill", "collective", 6, "jaccl"), ("never", "p2p", 3, "shm"),
     ("kill", "p2p", 3, "tcp"), ("stop", "p2p", 4, "jaccl"),
 ]
-FULL = os.environ.get("JACKLRING_FULL_MATRIX") == "1"
-REPEATS = int(os.environ.get("JACKLRING_MATRIX_REPEATS", "2" if FULL else "1"))
+FULL = os.environ.get("BLAME_MATRIX_FULL") == "1"
+REPEATS = int(os.environ.get("BLAME_MATRIX_REPEATS", "2" if FULL else "1"))
 CELLS = list(itertools.product(FAULTS, PHASES, SIZES, TRANSPORTS)) if FULL else SLICE
 
 # The backends' modules are imported before init() is timed: the deadlines bound waiting, and
@@ -194,7 +194,7 @@ def run_trial(tmp_path, fault: str, phase: str, n: int, transport: str) -> dict:
 
 
 def record(fault, phase, n, transport, outcome) -> None:
-    table = os.environ.get("JACKLRING_MATRIX_TABLE")
+    table = os.environ.get("BLAME_MATRIX_TABLE")
     if not table:
         return
     times = [t for t, _, _ in outcome["results"].values()]
