@@ -24,7 +24,6 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -33,6 +32,8 @@ import time
 from typing import Callable
 
 import numpy as np
+
+from jacklring_shared import ports as port_choice
 
 DEFAULT_SIZES = "4,64,1K,4K,16K,64K,256K,1M,4M,16M,64M"
 # Extra ring groups in the same processes, each formed with these settings.
@@ -47,17 +48,8 @@ MPI_BTLS = {"mpi-sm": "self,sm", "mpi-tcp": "self,tcp"}
 
 
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
-    """count distinct free TCP ports on host (held open together so none repeats)."""
-    socks = []
-    try:
-        for _ in range(count):
-            s = socket.socket()
-            s.bind((host, 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
+    """count distinct free TCP ports on host, below the ephemeral range (jacklring_shared.ports)."""
+    return port_choice.free_ports([host] * count)
 
 
 def parse_size(text: str) -> int:

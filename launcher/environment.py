@@ -9,12 +9,11 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import socket
 from collections import Counter
-from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Optional
 
+from jacklring_shared import ports as port_choice
 from jacklring_shared.secret_file import read_secret_file
 from jacklring_shared.secret_text import decode_secret
 
@@ -226,18 +225,10 @@ def rdma_matrix(hosts: list[Host]) -> list[list]:
 
 
 def free_ports(addresses: list[str]) -> list[int]:
-    """One currently free TCP port per address, all distinct (sockets held until all bound)."""
-    with ExitStack() as stack:
-        ports = []
-        for addr in addresses:
-            family = socket.AF_INET6 if ":" in addr else socket.AF_INET
-            s = stack.enter_context(socket.socket(family, socket.SOCK_STREAM))
-            try:
-                s.bind((addr, 0))
-            except OSError:
-                s.bind(("", 0))  # address not on this machine: any free port is our best guess
-            ports.append(s.getsockname()[1])
-        return ports
+    """One currently free TCP port per address, all distinct, below the ephemeral range (see
+    jacklring_shared.ports: a port from that range can be taken by any outgoing connection
+    before the rank binds it)."""
+    return port_choice.free_ports(addresses)
 
 
 def _host_port(host: str, port: int) -> str:

@@ -35,6 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Optional
 
+from jacklring_shared import ports as port_choice
+
 SSHD = "/usr/sbin/sshd"
 SSH_KEYGEN = shutil.which("ssh-keygen") or "/usr/bin/ssh-keygen"
 START_TIMEOUT = 10.0
@@ -60,9 +62,7 @@ def generate_key(path: Path) -> Path:
 
 
 def free_port(host: str) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    return port_choice.free_ports([host])[0]  # below the ephemeral range
 
 
 @dataclass

@@ -6,21 +6,20 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from adapter.bench import free_ports
+
 REPO = Path(__file__).resolve().parents[2]
 WORKER = REPO / "tests" / "jaccl_scripts" / "worker.py"
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_ports(1)[0]  # below the ephemeral range: no client can take it meanwhile
 
 
 def mesh_matrix(n: int) -> list:

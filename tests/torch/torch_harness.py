@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from dataclasses import dataclass
 
 import ranks
+
+from adapter.bench import free_ports
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -17,9 +18,7 @@ VENV_BIN = os.path.dirname(sys.executable)
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_ports(1)[0]  # below the ephemeral range: no client can take it meanwhile
 
 
 def clean_env(**extra: str) -> dict[str, str]:
