@@ -1,20 +1,40 @@
 """Which text can be a job secret: the one rule the launcher and every rank apply, so a secret
 the launcher hands out is never one the ranks refuse (docs/security.md, "The job secret").
 
-Hex of at least MIN_SECRET_BYTES bytes is taken as random (the launcher's form). Anything else
-is a passphrase: at least MIN_SECRET_BYTES bytes, and passphrase_bits at least
-MIN_PASSPHRASE_BITS. A listener posing as a rank receives a connector's proof and can test
-guesses against it offline (at scrypt's cost), so a guessable passphrase is refused."""
+Hex of at least MIN_SECRET_BYTES bytes is taken as random. Anything else is a passphrase: at
+least MIN_SECRET_BYTES bytes, and passphrase_bits at least MIN_PASSPHRASE_BITS. A listener
+posing as a rank receives a connector's proof and can test guesses against it offline (at
+scrypt's cost), so a guessable passphrase is refused.
+
+The launcher's own secrets have a form of their own, DRAWN_PREFIX and 64 hex digits: 256 bits
+drawn by `secrets`, which the ranks use without the scrypt stretch (a guess of 256 random bits
+is as hopeless at HMAC speed as at scrypt's; docs/security.md, "Why the key is stretched").
+Every other secret, hex included, is stretched."""
 from __future__ import annotations
 
 import math
 import re
+import secrets
 
 MIN_SECRET_BYTES = 16      # a user-supplied secret shorter than this is refused
 MIN_PASSPHRASE_BITS = 80   # a non-hex secret estimated weaker than this is refused
 WORD_BITS = 13             # a run of letters or digits counts at most as one dictionary word (7776 words)
 SEPARATOR_BITS = 2         # any other character: a predictable separator, mostly
 GENERATE_HINT = "e.g. `python -c 'import secrets; print(secrets.token_hex(32))'`"
+
+
+DRAWN_PREFIX = "drawn256:"
+DRAWN_BYTES = 32
+
+
+def drawn_secret_text() -> str:
+    """A fresh secret in the launcher's form: 256 bits from `secrets`, marked as drawn."""
+    return DRAWN_PREFIX + secrets.token_hex(DRAWN_BYTES)
+
+
+def is_drawn(text: str) -> bool:
+    """Whether the text is in the launcher's form (decode_secret checks the digits)."""
+    return text.strip().startswith(DRAWN_PREFIX)
 
 
 class WeakSecretError(ValueError):
@@ -42,6 +62,16 @@ def decode_secret(text: str, where: str) -> bytes:
     raw = text.strip()
     if not raw:
         raise WeakSecretError(f"{where} is empty")
+    if raw.startswith(DRAWN_PREFIX):
+        digits = raw[len(DRAWN_PREFIX):]
+        try:
+            value = bytes.fromhex(digits)
+        except ValueError:
+            value = b""
+        if len(value) != DRAWN_BYTES or len(digits) != 2 * DRAWN_BYTES:
+            raise WeakSecretError(f"{where} starts with {DRAWN_PREFIX!r} but is not followed by {2 * DRAWN_BYTES} "
+                                  f"hex digits (that form is for secrets the launcher draws; {GENERATE_HINT})")
+        return value
     try:
         value, passphrase = bytes.fromhex(raw), False
     except ValueError:

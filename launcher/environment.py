@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Optional
 
 from jacklring_shared import ports as port_choice
 from jacklring_shared.secret_file import read_secret_file
-from jacklring_shared.secret_text import decode_secret
+from jacklring_shared.secret_text import decode_secret, drawn_secret_text
 
 from .hostfile import Host
 
@@ -109,7 +108,7 @@ def job_secret(user_env: dict[str, str], environ: Optional[dict[str, str]] = Non
             if text:
                 decode_secret(text, f"{SECRET_FILE_ENV}={path!r}")
                 return text
-    return secrets.token_hex(32)
+    return drawn_secret_text()  # 256 random bits, marked so the ranks need not stretch them
 
 
 def default_threads(host: Host, ranks_on_host: int, options: LaunchOptions) -> Optional[int]:

@@ -86,7 +86,7 @@ def store_auth(store, prefix: str, rank: int, wait_s: float = 120.0, listen_host
     if len(value) != auth.SECRET_BYTES:
         raise IntegrityError(f"rank {rank}: jacklring rendezvous: the store value at key {key!r} (rank 0's "
                              f"group key) was tampered with: not {auth.SECRET_BYTES} bytes of hex")
-    return auth.auth_from_secret(value)
+    return auth.auth_from_secret(value, drawn=True)  # 256 bits rank 0 drew
 
 
 def listen_host(store) -> str:

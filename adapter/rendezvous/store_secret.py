@@ -135,7 +135,8 @@ def auth_for_store_ring(store_address: tuple[str, int] | None = None,
                         listen_host: str = "127.0.0.1") -> auth.Auth | None:
     """The configured secret's Auth, else a derived one, else None (the key goes through the
     store: listeners on loopback only, or the opt-out). ConfigError for a group spanning hosts."""
-    secret = auth.job_secret()
-    if secret is None:
-        secret = derived_secret(os.environ, store_address, listen_host)
-    return None if secret is None else auth.auth_from_secret(secret)
+    secret = auth.configured_secret()
+    if secret is not None:
+        return auth.auth_from_secret(secret.value, drawn=secret.drawn)
+    derived = derived_secret(os.environ, store_address, listen_host)  # 256 bits drawn by local_secret
+    return None if derived is None else auth.auth_from_secret(derived, drawn=True)

@@ -55,6 +55,34 @@ def test_the_key_is_stretched_once_per_secret_and_salt():
     assert auth.auth_from_secret(b"z" * 32, b"other addresses") != first
 
 
+def test_only_a_secret_in_the_launchers_drawn_form_skips_the_stretch(monkeypatch):
+    from jacklring_shared.secret_text import DRAWN_PREFIX
+    from launcher.environment import job_secret as launcher_secret
+
+    monkeypatch.delenv("JACKLRING_SECRET", raising=False)
+    monkeypatch.delenv("JACKLRING_SECRET_FILE", raising=False)
+    drawn = launcher_secret({}, {})
+    assert drawn.startswith(DRAWN_PREFIX) and len(drawn) == len(DRAWN_PREFIX) + 64
+    assert launcher_secret({}, {}) != drawn  # fresh bits every job
+    value = bytes.fromhex(drawn[len(DRAWN_PREFIX):])
+    monkeypatch.setenv("JACKLRING_SECRET", drawn)
+    assert auth.configured_secret() == auth.Secret(value, drawn=True)
+    assert auth.job_secret() == value
+    salt = b"the ring's addresses"
+    key = auth.job_auth(b"context", salt=salt)
+    assert key.secret and key == auth.auth_from_secret(value, salt, drawn=True)
+    assert key != auth.auth_from_secret(value, salt)  # the stretched key of the same bytes
+    assert auth.auth_from_secret(value, b"other addresses", drawn=True) != key
+    # The same bits set by a user, in hex: stretched, as every user-set secret is.
+    monkeypatch.setenv("JACKLRING_SECRET", value.hex())
+    assert auth.configured_secret() == auth.Secret(value, drawn=False)
+    assert auth.job_auth(b"context", salt=salt) == auth.Auth(auth._stretched_key(value, salt), True)
+    for bad in (DRAWN_PREFIX + "ab" * 31, DRAWN_PREFIX + "ab" * 33, DRAWN_PREFIX + "zz" * 32, DRAWN_PREFIX):
+        monkeypatch.setenv("JACKLRING_SECRET", bad)
+        with pytest.raises(ConfigError, match="hex digits"):
+            auth.job_secret()
+
+
 def test_require_auth_refuses_a_job_without_a_secret(monkeypatch):
     monkeypatch.delenv("JACKLRING_SECRET", raising=False)
     monkeypatch.delenv("JACKLRING_SECRET_FILE", raising=False)

@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 from sshd import ssh_client_home, ssh_servers  # noqa: F401  (fixtures)
 
+from jacklring_shared.secret_text import DRAWN_PREFIX
+
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 TOKEN = "api-token-5f0c1d9e7a"
@@ -72,9 +74,11 @@ def run_and_inspect(tmp_path: Path, args: list[str], ranks: int, env: dict | Non
             time.sleep(0.05)
         records = [f.read_text().split("\n") for f in sorted(hold.glob("rank*.txt"))]
         secrets_seen = {r[0] for r in records}
-        assert len(secrets_seen) == 1 and len(secrets_seen.pop()) == 64, records  # one 256-bit secret
+        assert len(secrets_seen) == 1, records
+        secret = secrets_seen.pop()  # one 256-bit secret, in the launcher's drawn form
+        assert secret.startswith(DRAWN_PREFIX) and len(bytes.fromhex(secret[len(DRAWN_PREFIX):])) == 32, records
         assert all(r[1] == TOKEN for r in records)
-        found = leaks([records[0][0], TOKEN])
+        found = leaks([secret, secret[len(DRAWN_PREFIX):], TOKEN])  # the digits alone are the secret too
         (hold / "go").touch()
         out, err = proc.communicate(timeout=40)
     finally:

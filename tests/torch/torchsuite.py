@@ -90,8 +90,8 @@ def define_suite() -> type:
     distributed_test.BACKEND = backend  # read when a test runs: init_process_group, branches in tests
     if backend == "jacklring":
         _route_monitored_barrier()
-        # Loaded once here, not in every forked rank: binding patomic through cffi costs about a
-        # second per process on a loaded 2-core machine, paid by each process's first same-host group.
+        # Loaded once here, not in every forked rank: each process's first same-host group would
+        # bind patomic again (cheap since atomic_words skips the atomics package, but still a load).
         from adapter.backends.local import atomic_words
 
         atomic_words.available()

@@ -7,11 +7,15 @@ and only then does the acceptor prove it in turn. Nothing secret crosses the wir
 recorded handshake is worthless because the nonces are new every time.
 
 The key is stretched from the job secret when one is configured (JACKLRING_SECRET, or
-JACKLRING_SECRET_FILE; the launcher always provides one): scrypt, memory-hard, salted by the
-job's addresses, once per process and salt (cached). A listener squatting a rank's address
-receives a connector's proof over its own nonce and can test guesses of the secret against it
-offline; scrypt makes each guess cost ~75 ms and 16 MiB, and a passphrase must be strong
-enough (jacklring_shared/secret_text.py) that guessing is hopeless anyway. Without a secret the key is
+JACKLRING_SECRET_FILE): scrypt, memory-hard, salted by the job's addresses, once per process and
+salt (cached). A listener squatting a rank's address receives a connector's proof over its own
+nonce and can test guesses of the secret against it offline; scrypt makes each guess cost
+~75 ms and 16 MiB, and a passphrase must be strong enough (jacklring_shared/secret_text.py)
+that guessing is hopeless anyway. A secret jacklring drew itself (the launcher's form
+"drawn256:...", the derived 0600 file, a store ring's group key) is 256 random bits: its key is
+an HMAC of it under the same salt, with no stretch. That costs an attacker nothing: the proof
+is a MAC under a 256-bit key, which could always be guessed directly at HMAC speed, so 2**256
+HMACs was already the cheapest offline attack on such a secret, and it still is. Without a secret the key is
 derived from public facts about the job (its addresses): that still keeps stray connections of other jobs out, but anyone who
 can see those facts can join, and JACKLRING_REQUIRE_AUTH=1 refuses to run that way.
 """
@@ -25,7 +29,7 @@ import secrets
 from dataclasses import dataclass
 
 from jacklring_shared.secret_file import ENV_SECRET_FILE, SecretFileError, read_secret_file
-from jacklring_shared.secret_text import WeakSecretError, decode_secret
+from jacklring_shared.secret_text import WeakSecretError, decode_secret, is_drawn
 
 from ... import config
 from ...errors import ConfigError
@@ -41,18 +45,27 @@ ENV_SECRET = "JACKLRING_SECRET"
 
 
 def generate_secret() -> str:
-    """A fresh job secret as text (hex), for a launcher to hand to every rank."""
+    """A fresh job secret as text (hex: 256 random bits), for a file or store record whose
+    reader knows it was drawn (auth_from_secret(..., drawn=True))."""
     return secrets.token_hex(SECRET_BYTES)
 
 
-def _decode(text: str, where: str) -> bytes:
+@dataclass(frozen=True)
+class Secret:
+    """A job secret's bytes, and whether jacklring drew them (256 random bits: not stretched)."""
+
+    value: bytes
+    drawn: bool
+
+
+def _decode(text: str, where: str) -> Secret:
     try:
-        return decode_secret(text, where)
+        return Secret(decode_secret(text, where), is_drawn(text))
     except WeakSecretError as exc:
         raise ConfigError(str(exc)) from None
 
 
-def _read_secret_file(path: str) -> bytes:
+def _read_secret_file(path: str) -> Secret:
     try:
         text = read_secret_file(path)
     except SecretFileError as exc:
@@ -60,7 +73,7 @@ def _read_secret_file(path: str) -> bytes:
     return _decode(text, f"{ENV_SECRET_FILE}={path!r}")
 
 
-def job_secret() -> bytes | None:
+def configured_secret() -> Secret | None:
     """The configured job secret (JACKLRING_SECRET, else JACKLRING_SECRET_FILE), or None."""
     text = config.get(ENV_SECRET)
     if text:
@@ -69,6 +82,12 @@ def job_secret() -> bytes | None:
     if path:
         return _read_secret_file(path)
     return None
+
+
+def job_secret() -> bytes | None:
+    """The configured job secret's bytes (JACKLRING_SECRET, else JACKLRING_SECRET_FILE), or None."""
+    secret = configured_secret()
+    return None if secret is None else secret.value
 
 
 @dataclass(frozen=True)
@@ -97,9 +116,9 @@ def job_auth(public_context: bytes, what: str = "this job", salt: bytes | None =
     public_context: pass what stays the same across the job's groups so the stretch runs once),
     else from public_context (the facts every rank of the job shares, e.g. its address list).
     JACKLRING_REQUIRE_AUTH=1 turns the second case into a ConfigError."""
-    secret = job_secret()
+    secret = configured_secret()
     if secret is not None:
-        return auth_from_secret(secret, public_context if salt is None else salt)
+        return auth_from_secret(secret.value, public_context if salt is None else salt, drawn=secret.drawn)
     if config.get("JACKLRING_REQUIRE_AUTH"):
         raise ConfigError(f"JACKLRING_REQUIRE_AUTH=1 but no job secret is set for {what}: set "
                           f"{ENV_SECRET} (or {ENV_SECRET_FILE}) to the same value on every rank, or "
@@ -107,9 +126,15 @@ def job_auth(public_context: bytes, what: str = "this job", salt: bytes | None =
     return Auth(hashlib.sha256(b"jacklring-v2 public key\0" + public_context).digest(), False)
 
 
-def auth_from_secret(secret: bytes, salt: bytes = b"") -> Auth:
+def auth_from_secret(secret: bytes, salt: bytes = b"", drawn: bool = False) -> Auth:
     """An Auth from an explicit shared secret (e.g. one distributed through a trusted store),
-    stretched with scrypt (once per process for each secret and salt)."""
+    stretched with scrypt (once per process for each secret and salt), unless drawn says
+    jacklring drew it: 256 random bits, which an HMAC under the same salt turns into the key
+    (no guess of them is cheaper than a guess of the key itself)."""
+    if drawn:
+        if len(secret) < SECRET_BYTES:
+            raise ValueError(f"a drawn secret has {SECRET_BYTES} bytes, not {len(secret)}")
+        return Auth(hmac.new(secret, b"jacklring-v3 drawn key\0" + salt, hashlib.sha256).digest(), True)
     return Auth(_stretched_key(secret, salt), True)
 
 

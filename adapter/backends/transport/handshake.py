@@ -12,7 +12,7 @@ either side only once both proofs checked (the connector waits for the ACK). The
 proves first and the acceptor computes its MAC only over a proof that checked: anyone may
 connect to a listener, and no MAC of the key must ever reach them (it would let them test
 guesses of the secret offline, as version 2 did). The connector's proof does reach whatever
-listens where it connects, a squatter included; that is why the key is stretched with scrypt
+listens where it connects, a squatter included; that is why a user-set secret is stretched with scrypt
 and passphrases must be strong (auth.py). Both nonces,
 known to both ends when it is done (Hello.session), key the connection's message MACs
 (integrity.for_link), so no two connections share those keys. Every frame has a
