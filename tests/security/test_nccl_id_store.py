@@ -29,32 +29,41 @@ import torch.distributed as dist
 from adapter.backends.transport import auth
 from adapter.errors import DistributedError
 from adapter.rendezvous.nccl_id import exchange_id_via_store
-rank, port, secret = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
-store = dist.TCPStore("127.0.0.1", port, 4, False, datetime.timedelta(seconds=30))
-job = auth.auth_from_secret(bytes.fromhex(secret))
-try:
-    got = exchange_id_via_store(store, "pg0/nccl_id", rank, 3, lambda: bytes(range(128)), job, 20)
-    print(json.dumps({"rank": rank, "id": got.hex()}), flush=True)
-except DistributedError as exc:
-    print(json.dumps({"rank": rank, "error": type(exc).__name__, "text": str(exc)}), flush=True)
+rank = int(sys.argv[1])
+for exchange in sys.argv[2:]:  # PORT:SECRET, one exchange after the other (torch is imported once)
+    port, secret = exchange.split(":")
+    store = dist.TCPStore("127.0.0.1", int(port), 4, False, datetime.timedelta(seconds=30))
+    job = auth.auth_from_secret(bytes.fromhex(secret))
+    try:
+        got = exchange_id_via_store(store, "pg0/nccl_id", rank, 3, lambda: bytes(range(128)), job, 20)
+        print(json.dumps({"rank": rank, "id": got.hex()}), flush=True)
+    except DistributedError as exc:
+        print(json.dumps({"rank": rank, "error": type(exc).__name__, "text": str(exc)}), flush=True)
 """
 
 
 def run_ranks(port: int, secrets: list[str]) -> list[dict]:
-    procs = [subprocess.Popen([sys.executable, "-c", RANK, str(q), str(port), secrets[q]], cwd=ROOT,
-                              env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE,
+    return run_exchanges([(port, secrets)])[0]
+
+
+def run_exchanges(exchanges: list[tuple[int, list[str]]]) -> list[list[dict]]:
+    """Three rank processes that run the exchanges in turn (each on its store's port, rank q with
+    secrets[q]); for each exchange, every rank's result. One set of processes serves them all:
+    each imports torch (seconds of CPU) once."""
+    procs = [subprocess.Popen([sys.executable, "-c", RANK, str(q), *(f"{port}:{secrets[q]}" for port, secrets in exchanges)],
+                              cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for q in range(3)]
-    results = []
+    per_rank = []
     for p in procs:
         try:
-            out, err = p.communicate(timeout=60)
+            out, err = p.communicate(timeout=60 * len(exchanges))
         except subprocess.TimeoutExpired:
             p.kill()
             out, err = p.communicate()
         lines = [line for line in out.splitlines() if line.startswith("{")]
-        assert lines, f"exit {p.returncode}\n{out}\n{err}"
-        results.append(json.loads(lines[-1]))
-    return results
+        assert len(lines) == len(exchanges), f"exit {p.returncode}\n{out}\n{err}"
+        per_rank.append([json.loads(line) for line in lines])
+    return [[per_rank[q][i] for q in range(3)] for i in range(len(exchanges))]
 
 
 def serve():
@@ -65,10 +74,11 @@ def serve():
 @pytest.mark.timeout(120)
 def test_every_rank_gets_rank_0s_id_and_a_rank_of_another_key_is_refused():
     server, port = serve()
-    results = run_ranks(port, ["11" * 32] * 3)
-    assert [r.get("id") for r in results] == [THE_ID.hex()] * 3, results
     server2, port2 = serve()
-    results = run_ranks(port2, ["11" * 32, "11" * 32, "22" * 32])  # rank 2 holds another job's key
+    results, results2 = run_exchanges([(port, ["11" * 32] * 3),
+                                       (port2, ["11" * 32, "11" * 32, "22" * 32])])  # rank 2 holds another job's key
+    assert [r.get("id") for r in results] == [THE_ID.hex()] * 3, results
+    results = results2
     assert results[1].get("id") == THE_ID.hex(), results
     assert results[2].get("error") == "IntegrityError" and "'pg0/nccl_id/0'" in results[2]["text"], results
 
