@@ -118,8 +118,10 @@ class TempDirReaper:
         with self.lock:
             try:
                 if self.proc is None:
+                    # -I -S: the standard library is all it needs; no site-packages, .pth files
+                    # or PYTHON* variables to read (about 20 ms of CPU per launch).
                     self.proc = subprocess.Popen(
-                        [sys.executable, "-c", self.CODE], stdin=subprocess.PIPE,
+                        [sys.executable, "-I", "-S", "-c", self.CODE], stdin=subprocess.PIPE,
                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                         start_new_session=True, text=True)
                 self.proc.stdin.write(path + "\n")
