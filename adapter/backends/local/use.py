@@ -17,8 +17,9 @@ from . import shm
 
 log = logging.getLogger("jacklring.shm")
 
-YIELD_US = 1000.0              # checking while yielding, when the host has a CPU per rank of the segment
-OVERSUBSCRIBED_YIELD_US = 0.0  # when ranks outnumber CPUs: sleep at once (see docs/shared-memory.md)
+YIELD_US = 1000.0              # checking while yielding, unless the host is oversubscribed (below)
+OVERSUBSCRIBED_YIELD_US = 0.0  # sleep at once (see docs/shared-memory.md, "Waiting")
+YIELDING_RANKS_PER_CPU = 2     # up to this many ranks of the segment per CPU, waiters still yield
 
 
 def _cpus() -> int:
@@ -31,11 +32,12 @@ def _cpus() -> int:
 def yield_seconds(local_ranks: int) -> float:
     """How long a shared-memory waiter checks while yielding its CPU before it sleeps:
     JACKLRING_SHM_YIELD_US when set, else YIELD_US, or OVERSUBSCRIBED_YIELD_US when the segment
-    has more ranks than this process may run on CPUs (each check then hands a CPU to a rank
-    that has nothing to do either, and every peer's wake-up waits behind them)."""
+    has more than YIELDING_RANKS_PER_CPU ranks per CPU this process may run on: a yield then
+    mostly hands the CPU to another rank that has nothing to do either, and the step's last
+    rank waits behind them all (at 2 ranks per CPU it still finds the one with work at once)."""
     value = config.get("JACKLRING_SHM_YIELD_US")
     if value is None:
-        value = YIELD_US if local_ranks <= _cpus() else OVERSUBSCRIBED_YIELD_US
+        value = YIELD_US if local_ranks <= YIELDING_RANKS_PER_CPU * _cpus() else OVERSUBSCRIBED_YIELD_US
     return value * 1e-6
 
 
