@@ -16,7 +16,8 @@ reductions go one way round the ring only (JACKLRING_RING_DIRECTIONS=1). mpi mea
 mpi-sm (Open MPI's shared-memory BTL) and mpi-tcp (its TCP BTL): a BTL is chosen per job, so
 every MPI variant after the first runs as a job of its own right after the main one (its column
 is then not interleaved with the others). --api adds numpy-api (adapter.all_sum(src, out=dst) on the
-default group, what the backend column does through the user's call) and torch-api (dist.all_reduce
+default group, what the backend column does through the user's call), tensor-api (the same
+call on torch tensors over src and dst) and torch-api (dist.all_reduce
 in place on a tensor over dst, jacklring group; timed without refilling it, so its column has no copy
 the others lack). A second table gives rank 0's CPU time per call (time.process_time: every core
 it kept busy, spinning included), which load on the machine inflates far less than wall time.
@@ -46,7 +47,7 @@ RING_VARIANTS = {"ring-unix": {"JACKLRING_LOCAL_TRANSPORT": "unix"},
 OURS = ("ring", *RING_VARIANTS, "jaccl", "mpi-adapter")
 OTHERS = ("gloo", "mpi-sm", "mpi-tcp", "mlx")
 # --api: the user-facing calls over the configured group, beside the backend's own all_reduce.
-APIS = {"numpy": "numpy-api", "torch": "torch-api"}
+APIS = {"numpy": "numpy-api", "tensor": "tensor-api", "torch": "torch-api"}
 MPI_BTLS = {"mpi-sm": "self,sm", "mpi-tcp": "self,tcp"}
 
 
@@ -103,6 +104,20 @@ class Runner:
             import adapter
             adapter.init(strict=True)
             self.fn = _numpy_api_all_sum(adapter)
+        elif name == "tensor-api":
+            import torch
+
+            import adapter
+            adapter.init(strict=True)
+            over: dict = {}
+
+            def tensor_all_sum(src, dst):  # adapter.all_sum on tensors (tensor parallelism's call)
+                pair = over.get((id(src), id(dst)))
+                if pair is None or pair[1].data_ptr() != dst.ctypes.data or pair[0].data_ptr() != src.ctypes.data:
+                    over.clear()
+                    pair = over[(id(src), id(dst))] = (torch.from_numpy(src), torch.from_numpy(dst))
+                adapter.all_sum(pair[0], out=pair[1])
+            self.fn = tensor_all_sum
         elif name in ("gloo", "torch-api"):
             import torch
             import torch.distributed as dist
@@ -363,8 +378,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--compare", default="",
                     help="others in the same run, comma separated: gloo, mpi (= mpi-sm,mpi-tcp), mpi-sm, mpi-tcp, mlx")
     ap.add_argument("--api", default="",
-                    help="the user-facing calls too, comma separated: numpy (adapter.all_sum), "
-                         "torch (dist.all_reduce on a jacklring group, in place)")
+                    help="the user-facing calls too, comma separated: numpy (adapter.all_sum), tensor "
+                         "(adapter.all_sum on torch tensors), torch (dist.all_reduce on a jacklring group, in place)")
     ap.add_argument("--sizes", default=DEFAULT_SIZES, help=f"message sizes in bytes (default {DEFAULT_SIZES})")
     ap.add_argument("--rounds", type=int, default=7, help="interleaved rounds per size (median reported)")
     ap.add_argument("--stat", choices=("median", "min"), default="median",
