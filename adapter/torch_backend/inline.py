@@ -11,21 +11,33 @@ its checks and its messages. Ordering and the Work contract are the executor's (
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch.distributed as dist
 
 from . import ops
 
 if TYPE_CHECKING:
-    from .process_group import JacklringProcessGroup
     from .work import JacklringWork
+
+
+
+@dataclass(frozen=True)
+class Lane:
+    """What the short path needs of one open process group, handed over once when the group is
+    made: the group checks that it is open before calling in, so no function here reads it."""
+    comm: Any                  # the group's backend
+    size: int
+    run_inline: Callable       # the executor's run_inline(what, tensors, fn): the Work, or None
+    reduce_plans: dict = field(default_factory=dict)  # (RedOpType, dtype) -> reduce_plan's answer
+
 
 _SUM = dist.ReduceOp.SUM
 _SUM_PLAN = ("SUM", ops.BACKEND_SUM, False)
 
 
-def reduce_plan(pg: JacklringProcessGroup, opts: Any, tensor: Any) -> tuple | None:
+def reduce_plan(lane: Lane, opts: Any, tensor: Any) -> tuple | None:
     """(name, backend op, whether to divide by the size afterwards) for this op and dtype, or
     None when the general path must refuse it (its message is the one to give). Looked up once
     per (op, dtype): reading a ReduceOp's name costs microseconds."""
@@ -33,27 +45,27 @@ def reduce_plan(pg: JacklringProcessGroup, opts: Any, tensor: Any) -> tuple | No
     if op == _SUM:
         return _SUM_PLAN
     key = (op.op, tensor.dtype)
-    plan = pg._reduce_plans.get(key)
+    plan = lane.reduce_plans.get(key)
     if plan is None:
         name = ops.reduce_op_name(op)
         try:
             ops.check_reduce_op(name, tensor)
         except (ValueError, TypeError):
             return None
-        plan = pg._reduce_plans[key] = (name, ops.backend_op(name), name == "AVG")
+        plan = lane.reduce_plans[key] = (name, ops.backend_op(name), name == "AVG")
     return plan
 
 
-def all_reduce(pg: JacklringProcessGroup, tensors: list, opts: Any) -> JacklringWork | None:
+def all_reduce(lane: Lane, tensors: list, opts: Any) -> JacklringWork | None:
     tensor = tensors[0]
     array = ops.plain_view(tensor)
-    if array is None or pg._closed:
+    if array is None:
         return None
-    plan = reduce_plan(pg, opts, tensor)
+    plan = reduce_plan(lane, opts, tensor)
     if plan is None:
         return None
     name, op, average = plan
-    comm = pg._comm
+    comm = lane.comm
     if average:
         def run() -> None:
             comm.all_reduce(array, array, op)
@@ -61,16 +73,16 @@ def all_reduce(pg: JacklringProcessGroup, tensors: list, opts: Any) -> Jacklring
     else:
         def run() -> None:
             comm.all_reduce(array, array, op)
-    return pg._collectives.run_inline(f"allreduce({name})", tensors, run)
+    return lane.run_inline(f"allreduce({name})", tensors, run)
 
 
-def broadcast(pg: JacklringProcessGroup, tensors: list, opts: Any) -> JacklringWork | None:
+def broadcast(lane: Lane, tensors: list, opts: Any) -> JacklringWork | None:
     array = ops.plain_view(tensors[0])
     root = opts.rootRank
-    if array is None or pg._closed or not 0 <= root < pg._size:
+    if array is None or not 0 <= root < lane.size:
         return None
-    comm = pg._comm
-    return pg._collectives.run_inline(f"broadcast(root {root})", tensors, lambda: comm.broadcast(array, root))
+    comm = lane.comm
+    return lane.run_inline(f"broadcast(root {root})", tensors, lambda: comm.broadcast(array, root))
 
 
 def _apart(a: Any, b: Any) -> bool:
@@ -79,34 +91,32 @@ def _apart(a: Any, b: Any) -> bool:
     return lo + a.nbytes <= hi or hi + b.nbytes <= lo
 
 
-def all_gather_into_tensor(pg: JacklringProcessGroup, output: Any, input: Any) -> JacklringWork | None:
+def all_gather_into_tensor(lane: Lane, output: Any, input: Any) -> JacklringWork | None:
     src, dst = ops.plain_view(input), ops.plain_view(output)
-    if (src is None or dst is None or pg._closed or dst.size != src.size * pg._size or dst.dtype != src.dtype
+    if (src is None or dst is None or dst.size != src.size * lane.size or dst.dtype != src.dtype
             or not _apart(src, dst)):
         return None
-    comm = pg._comm
-    return pg._collectives.run_inline("all_gather_into_tensor", [output], lambda: comm.all_gather(src, dst))
+    comm = lane.comm
+    return lane.run_inline("all_gather_into_tensor", [output], lambda: comm.all_gather(src, dst))
 
 
-def reduce_scatter_tensor(pg: JacklringProcessGroup, output: Any, input: Any, opts: Any) -> JacklringWork | None:
+def reduce_scatter_tensor(lane: Lane, output: Any, input: Any, opts: Any) -> JacklringWork | None:
     src, dst = ops.plain_view(input), ops.plain_view(output)
-    if (src is None or dst is None or pg._closed or src.size != dst.size * pg._size or dst.dtype != src.dtype
+    if (src is None or dst is None or src.size != dst.size * lane.size or dst.dtype != src.dtype
             or not _apart(src, dst)):
         return None
-    plan = reduce_plan(pg, opts, output)
+    plan = reduce_plan(lane, opts, output)
     if plan is None:
         return None
     name, op, average = plan
-    comm = pg._comm
+    comm = lane.comm
 
     def run() -> None:
         comm.reduce_scatter(src, dst, op)
         if average:
             ops.finish_average(output, name, comm.size())
-    return pg._collectives.run_inline(f"reduce_scatter_tensor({name})", [output], run)
+    return lane.run_inline(f"reduce_scatter_tensor({name})", [output], run)
 
 
-def barrier(pg: JacklringProcessGroup) -> JacklringWork | None:
-    if pg._closed:
-        return None
-    return pg._collectives.run_inline("barrier", [], pg._comm.barrier)
+def barrier(lane: Lane) -> JacklringWork | None:
+    return lane.run_inline("barrier", [], lane.comm.barrier)

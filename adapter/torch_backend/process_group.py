@@ -95,7 +95,7 @@ class JacklringProcessGroup(dist.ProcessGroup):
         self._closed = False
         self._close_lock = threading.Lock()
         self._monitored_barriers = 0  # how many this rank entered: the next one's tag
-        self._reduce_plans: dict = {}  # (RedOpType, dtype) -> what inline.reduce_plan decided
+        self._lane = inline.Lane(comm, size, self._collectives.run_inline)  # the short path's view of this group
 
     # ---- identity ---------------------------------------------------------------------------
 
@@ -179,8 +179,8 @@ class JacklringProcessGroup(dist.ProcessGroup):
     # ---- all-reduce -------------------------------------------------------------------------
 
     def allreduce(self, tensors: Any, opts: Any = None) -> JacklringWork:
-        if getattr(opts, "asyncOp", True) is False and type(tensors) is list and len(tensors) == 1:
-            work = inline.all_reduce(self, tensors, opts)
+        if getattr(opts, "asyncOp", True) is False and type(tensors) is list and len(tensors) == 1 and not self._closed:
+            work = inline.all_reduce(self._lane, tensors, opts)
             if work is not None:
                 return work
         tensors = _as_list(tensors)
@@ -237,8 +237,8 @@ class JacklringProcessGroup(dist.ProcessGroup):
         return self._collective(f"reduce_scatter({name})", outputs, run, opts)
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> JacklringWork:
-        if getattr(opts, "asyncOp", True) is False:
-            work = inline.reduce_scatter_tensor(self, output, input, opts)
+        if getattr(opts, "asyncOp", True) is False and not self._closed:
+            work = inline.reduce_scatter_tensor(self._lane, output, input, opts)
             if work is not None:
                 return work
         name = _op_name(opts)
@@ -291,8 +291,8 @@ class JacklringProcessGroup(dist.ProcessGroup):
         return self._collective("allgather_coalesced", [t for outs in output_lists for t in outs], run, opts)
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> JacklringWork:
-        if getattr(opts, "asyncOp", True) is False:
-            work = inline.all_gather_into_tensor(self, output, input)
+        if getattr(opts, "asyncOp", True) is False and not self._closed:
+            work = inline.all_gather_into_tensor(self._lane, output, input)
             if work is not None:
                 return work
         self._check_multiple("all_gather_into_tensor", output.numel(), input.numel())
@@ -317,8 +317,8 @@ class JacklringProcessGroup(dist.ProcessGroup):
     # ---- rooted and personalised ------------------------------------------------------------
 
     def broadcast(self, tensors: Any, opts: Any = None) -> JacklringWork:
-        if getattr(opts, "asyncOp", True) is False and type(tensors) is list and len(tensors) == 1:
-            work = inline.broadcast(self, tensors, opts)
+        if getattr(opts, "asyncOp", True) is False and type(tensors) is list and len(tensors) == 1 and not self._closed:
+            work = inline.broadcast(self._lane, tensors, opts)
             if work is not None:
                 return work
         tensors = _as_list(tensors)
@@ -382,8 +382,8 @@ class JacklringProcessGroup(dist.ProcessGroup):
     alltoall_base = all_to_all_single
 
     def barrier(self, opts: Any = None) -> JacklringWork:
-        if getattr(opts, "asyncOp", True) is False:
-            work = inline.barrier(self)
+        if getattr(opts, "asyncOp", True) is False and not self._closed:
+            work = inline.barrier(self._lane)
             if work is not None:
                 return work
         return self._collective("barrier", [], self._comm.barrier, opts)
