@@ -15,8 +15,12 @@ extra ring groups in the same processes forced onto Unix or TCP sockets, ring-1d
 reductions go one way round the ring only (JACKLRING_RING_DIRECTIONS=1). mpi means both
 mpi-sm (Open MPI's shared-memory BTL) and mpi-tcp (its TCP BTL): a BTL is chosen per job, so
 every MPI variant after the first runs as a job of its own right after the main one (its column
-is then not interleaved with the others). --api adds numpy-api (dst[...] = src, then adapter.all_sum(dst, out=dst)
-on the default group) and torch-api (dist.all_reduce in place on a tensor over dst, jacklring group).
+is then not interleaved with the others). --api adds numpy-api (adapter.all_sum(src, out=dst) on the
+default group, what the backend column does through the user's call), tensor-api (the same
+call on torch tensors over src and dst) and torch-api (dist.all_reduce
+in place on a tensor over dst, jacklring group; timed without refilling it, so its column has no copy
+the others lack). A second table gives rank 0's CPU time per call (time.process_time: every core
+it kept busy, spinning included), which load on the machine inflates far less than wall time.
 """
 from __future__ import annotations
 
@@ -43,7 +47,7 @@ RING_VARIANTS = {"ring-unix": {"JACKLRING_LOCAL_TRANSPORT": "unix"},
 OURS = ("ring", *RING_VARIANTS, "jaccl", "mpi-adapter")
 OTHERS = ("gloo", "mpi-sm", "mpi-tcp", "mlx")
 # --api: the user-facing calls over the configured group, beside the backend's own all_reduce.
-APIS = {"numpy": "numpy-api", "torch": "torch-api"}
+APIS = {"numpy": "numpy-api", "tensor": "tensor-api", "torch": "torch-api"}
 MPI_BTLS = {"mpi-sm": "self,sm", "mpi-tcp": "self,tcp"}
 
 
@@ -72,6 +76,7 @@ class Runner:
 
     def __init__(self, name: str, rank: int, size: int) -> None:
         self.name = name
+        self.check: Callable | None = None  # the correctness call, when the timed one differs
         if name in ("ring", "jaccl", "mpi-adapter"):
             import adapter
             from adapter.backends.base import ReduceOp
@@ -99,15 +104,37 @@ class Runner:
             import adapter
             adapter.init(strict=True)
             self.fn = _numpy_api_all_sum(adapter)
+        elif name == "tensor-api":
+            import torch
+
+            import adapter
+            adapter.init(strict=True)
+            over: dict = {}
+
+            def tensor_all_sum(src, dst):  # adapter.all_sum on tensors (tensor parallelism's call)
+                pair = over.get((id(src), id(dst)))
+                if pair is None or pair[1].data_ptr() != dst.ctypes.data or pair[0].data_ptr() != src.ctypes.data:
+                    over.clear()
+                    pair = over[(id(src), id(dst))] = (torch.from_numpy(src), torch.from_numpy(dst))
+                adapter.all_sum(pair[0], out=pair[1])
+            self.fn = tensor_all_sum
         elif name in ("gloo", "torch-api"):
             import torch
             import torch.distributed as dist
             group = _torch_group("gloo" if name == "gloo" else "jacklring", rank, size)
+            over: dict = {}
+
             def torch_all_reduce(src, dst):  # in place on a tensor over dst, as a training step does
-                t = torch.from_numpy(dst)
-                dst[...] = src
+                t = over.get(id(dst))
+                if t is None or t.data_ptr() != dst.ctypes.data:
+                    over.clear()
+                    t = over[id(dst)] = torch.from_numpy(dst)
                 dist.all_reduce(t, group=group)
-            self.fn = torch_all_reduce
+
+            def check(src, dst):
+                dst[...] = src
+                torch_all_reduce(src, dst)
+            self.fn, self.check = torch_all_reduce, check
         elif name in MPI_BTLS:
             from mpi4py import MPI
             comm = MPI.COMM_WORLD
@@ -129,18 +156,14 @@ class Runner:
 
 
 def _numpy_api_all_sum(adapter) -> Callable:
-    """adapter.all_sum in place on dst after copying src there, as the torch column does (out=
-    where this version has it; else the result is copied into dst)."""
+    """adapter.all_sum(src, out=dst), as the backend column's all_reduce(src, dst) (where this
+    version has out=; else the result is copied into dst)."""
     probe = np.zeros(1, np.float32)
     try:
         adapter.all_sum(probe, out=probe)
     except TypeError:
         return lambda src, dst: np.copyto(dst, adapter.all_sum(src))
-
-    def in_place(src: np.ndarray, dst: np.ndarray) -> None:
-        dst[...] = src
-        adapter.all_sum(dst, out=dst)
-    return in_place
+    return lambda src, dst: adapter.all_sum(src, out=dst)
 
 
 def _torch_group(backend: str, rank: int, size: int):
@@ -179,18 +202,21 @@ def worker(args: argparse.Namespace) -> None:
         expected = (np.arange(count, dtype=np.float32) % 97) * size + size * (size - 1) / 2
         iters = max(1, min(args.iters, int(args.budget_bytes // max(nbytes, 1))))
         for r in runners:  # warm-up and correctness
-            r.fn(src, dst)
-            results.setdefault((nbytes, r.name), {"times": [], "ok": bool(np.array_equal(dst, expected))})
+            (r.check or r.fn)(src, dst)
+            results.setdefault((nbytes, r.name), {"times": [], "cpu": [], "ok": bool(np.array_equal(dst, expected))})
         for _ in range(args.rounds):
             for r in runners:
                 r.fn(src, dst)  # re-align the ranks before timing
+                cpu = time.process_time()
                 start = time.perf_counter()
                 for _ in range(iters):
                     r.fn(src, dst)
-                results[(nbytes, r.name)]["times"].append((time.perf_counter() - start) / iters)
+                res = results[(nbytes, r.name)]
+                res["times"].append((time.perf_counter() - start) / iters)
+                res["cpu"].append((time.process_time() - cpu) / iters)
     if rank == 0:
         with open(args.results, "w") as f:
-            json.dump([[nbytes, name, res["times"], res["ok"]] for (nbytes, name), res in results.items()], f)
+            json.dump([[nbytes, name, res["times"], res["ok"], res["cpu"]] for (nbytes, name), res in results.items()], f)
     if any(r.name in ("gloo", "torch-api") for r in runners):
         import torch.distributed as dist
         dist.destroy_process_group()
@@ -227,6 +253,12 @@ def report(args: argparse.Namespace, results: dict, n: int, link_rate: float | N
             t0 = pick(results[(nbytes, base)]["times"])
             print(f"{human(nbytes):>8} | " + " | ".join(
                 f"{pick(results[(nbytes, name)]['times']) / t0:>10.2f}" for name in names[1:]))
+    if all(results[(nbytes, name)].get("cpu") for nbytes in args.sizes for name in names):
+        print(f"\n# CPU time per call, rank 0, us ({args.stat} of rounds)")
+        print(f"{'bytes':>8} | " + " | ".join(f"{name:>10}" for name in names))
+        for nbytes in args.sizes:
+            print(f"{human(nbytes):>8} | " + " | ".join(
+                f"{pick(results[(nbytes, name)]['cpu']) * 1e6:>10.1f}" for name in names))
     sys.stdout.flush()
 
 
@@ -281,8 +313,8 @@ def measure(args: argparse.Namespace, argv: list[str], env: dict, tmp: str,
         if run_job(args, cmd, env, btl, rank_prefix, mpi_launch):
             return None
         with open(out) as f:
-            for nbytes, name, times, ok in json.load(f):
-                results[(nbytes, name)] = {"times": times, "ok": ok}
+            for nbytes, name, times, ok, *cpu in json.load(f):
+                results[(nbytes, name)] = {"times": times, "ok": ok, "cpu": cpu[0] if cpu else []}
     return results
 
 
@@ -346,8 +378,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--compare", default="",
                     help="others in the same run, comma separated: gloo, mpi (= mpi-sm,mpi-tcp), mpi-sm, mpi-tcp, mlx")
     ap.add_argument("--api", default="",
-                    help="the user-facing calls too, comma separated: numpy (adapter.all_sum), "
-                         "torch (dist.all_reduce on a jacklring group, in place)")
+                    help="the user-facing calls too, comma separated: numpy (adapter.all_sum), tensor "
+                         "(adapter.all_sum on torch tensors), torch (dist.all_reduce on a jacklring group, in place)")
     ap.add_argument("--sizes", default=DEFAULT_SIZES, help=f"message sizes in bytes (default {DEFAULT_SIZES})")
     ap.add_argument("--rounds", type=int, default=7, help="interleaved rounds per size (median reported)")
     ap.add_argument("--stat", choices=("median", "min"), default="median",

@@ -109,6 +109,24 @@ def _all_reduce(x: Any, op: ReduceOp, group: Group | None, out: Any = None, what
     return restore(out)
 
 
+def _plain_into(g: Group, src: np.ndarray, dst: np.ndarray | None, op: ReduceOp) -> bool:
+    """The common out= call, done: src a C-contiguous array of a native (dtype, op) pair the
+    checks accept, dst a writable C-contiguous array of its shape and dtype in memory apart from
+    it. Every check of the general path holds then, so none of its messages can be due; False
+    (nothing done) for anything else."""
+    if (dst is None or dst.shape != src.shape or dst.dtype != src.dtype or (src.dtype, op) not in _REDUCIBLE
+            or not (src.flags.c_contiguous and dst.flags.c_contiguous and dst.flags.writeable)):
+        return False
+    lo, hi = src.ctypes.data, dst.ctypes.data
+    if not (lo + src.nbytes <= hi or hi + dst.nbytes <= lo):
+        return False  # overlapping without being one array: the general path says so
+    if g.size() > 1:
+        g.backend.all_reduce(src.reshape(-1), dst.reshape(-1), op)
+    else:
+        dst[...] = src
+    return True
+
+
 def _all_reduce_into(g: Group, x: Any, op: ReduceOp, out: Any, what: str) -> Any:
     if type(x) is np.ndarray:
         if out is x and (x.dtype, op) in _REDUCIBLE and x.flags.c_contiguous and x.flags.writeable:
@@ -117,6 +135,8 @@ def _all_reduce_into(g: Group, x: Any, op: ReduceOp, out: Any, what: str) -> Any
             if g.size() > 1:
                 whole = x if x.ndim == 1 else x.reshape(-1)
                 g.backend.all_reduce(whole, whole, op)
+            return out
+        if type(out) is np.ndarray and _plain_into(g, x, out, op):
             return out
         arr = x if x.flags.c_contiguous and x.dtype.isnative else as_numpy(x)[0]
     else:
@@ -131,6 +151,8 @@ def _all_reduce_into(g: Group, x: Any, op: ReduceOp, out: Any, what: str) -> Any
                 arr = flat(arr)
                 g.backend.all_reduce(arr, arr, op)
             return out
+        elif _plain_into(g, arr, plain_cpu_tensor_view(out), op):
+            return out  # plain tensors in and out (tensor parallelism's call)
     check_reducible(arr.dtype, op)
     dst = _checked_out(g, what, out, arr.shape, arr.dtype, arr)
     if g.size() == 1:

@@ -24,7 +24,7 @@ import torch.distributed as dist
 from ..backends.base import Backend
 from ..errors import CollectiveTimeout, DistributedError
 from ..group import DEFAULT_SHRINK_TIMEOUT_S
-from . import cpp_handles, ops, shrink
+from . import cpp_handles, inline, ops, shrink
 from .work import AnySource, Completer, Executor, Inbox, JacklringWork, PeerExecutors, PostedRecv, torch_flavoured, wrap_error
 
 log = logging.getLogger("jacklring.torch")
@@ -36,9 +36,6 @@ _STOP_TIMEOUT_S = 5.0
 # group uses MONITORED_BARRIER_TAG - n, so a late rank's message of a barrier that timed out can
 # never be taken for one of a later barrier.
 MONITORED_BARRIER_TAG = -0x4A4C4D42
-
-
-_ALLREDUCE_SUM = "allreduce(SUM)"  # the Work's name, as the general path words it
 
 
 def _as_list(tensors: Any) -> list[torch.Tensor]:
@@ -98,6 +95,7 @@ class JacklringProcessGroup(dist.ProcessGroup):
         self._closed = False
         self._close_lock = threading.Lock()
         self._monitored_barriers = 0  # how many this rank entered: the next one's tag
+        self._lane = inline.Lane(comm, size, self._collectives.run_inline)  # the short path's view of this group
 
     # ---- identity ---------------------------------------------------------------------------
 
@@ -181,8 +179,8 @@ class JacklringProcessGroup(dist.ProcessGroup):
     # ---- all-reduce -------------------------------------------------------------------------
 
     def allreduce(self, tensors: Any, opts: Any = None) -> JacklringWork:
-        if getattr(opts, "asyncOp", True) is False and type(tensors) is list and len(tensors) == 1:
-            work = self._allreduce_inline(tensors, opts)
+        if getattr(opts, "asyncOp", True) is False and type(tensors) is list and len(tensors) == 1 and not self._closed:
+            work = inline.all_reduce(self._lane, tensors, opts)
             if work is not None:
                 return work
         tensors = _as_list(tensors)
@@ -194,17 +192,6 @@ class JacklringProcessGroup(dist.ProcessGroup):
             ops.check_reduce_op(name, t)
         return self._collective(f"allreduce({name})", tensors,
                                 lambda: ops.all_reduce(self._comm, tensors, name), opts)
-
-    def _allreduce_inline(self, tensors: list[torch.Tensor], opts: Any) -> JacklringWork | None:
-        """dist.all_reduce(t) of one plain CPU tensor with SUM, run at once on this thread: the
-        general path's checks all pass for such a tensor, so only what differs is looked at.
-        None (nothing done) for anything else, or when ops of this group are queued or running."""
-        array = ops.plain_view(tensors[0])
-        if array is None or self._closed or opts.reduceOp != _SUM:
-            return None
-        comm = self._comm
-        return self._collectives.run_inline(_ALLREDUCE_SUM, tensors,
-                                            lambda: comm.all_reduce(array, array, ops.BACKEND_SUM))
 
     def _sparse_allreduce(self, tensors: list[torch.Tensor], name: str, opts: Any = None) -> JacklringWork:
         if name != "SUM":
@@ -250,6 +237,10 @@ class JacklringProcessGroup(dist.ProcessGroup):
         return self._collective(f"reduce_scatter({name})", outputs, run, opts)
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> JacklringWork:
+        if getattr(opts, "asyncOp", True) is False and not self._closed:
+            work = inline.reduce_scatter_tensor(self._lane, output, input, opts)
+            if work is not None:
+                return work
         name = _op_name(opts)
         ops.check_reduce_op(name, output)
         self._check_multiple("reduce_scatter_tensor", input.numel(), output.numel())
@@ -300,6 +291,10 @@ class JacklringProcessGroup(dist.ProcessGroup):
         return self._collective("allgather_coalesced", [t for outs in output_lists for t in outs], run, opts)
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> JacklringWork:
+        if getattr(opts, "asyncOp", True) is False and not self._closed:
+            work = inline.all_gather_into_tensor(self._lane, output, input)
+            if work is not None:
+                return work
         self._check_multiple("all_gather_into_tensor", output.numel(), input.numel())
         return self._collective("all_gather_into_tensor", [output],
                                 lambda: ops.all_gather_flat(self._comm, output, input), opts)
@@ -322,6 +317,10 @@ class JacklringProcessGroup(dist.ProcessGroup):
     # ---- rooted and personalised ------------------------------------------------------------
 
     def broadcast(self, tensors: Any, opts: Any = None) -> JacklringWork:
+        if getattr(opts, "asyncOp", True) is False and type(tensors) is list and len(tensors) == 1 and not self._closed:
+            work = inline.broadcast(self._lane, tensors, opts)
+            if work is not None:
+                return work
         tensors = _as_list(tensors)
         root = _root(opts)
         self._check_root("broadcast", root)
@@ -383,6 +382,10 @@ class JacklringProcessGroup(dist.ProcessGroup):
     alltoall_base = all_to_all_single
 
     def barrier(self, opts: Any = None) -> JacklringWork:
+        if getattr(opts, "asyncOp", True) is False and not self._closed:
+            work = inline.barrier(self._lane)
+            if work is not None:
+                return work
         return self._collective("barrier", [], self._comm.barrier, opts)
 
     def monitored_barrier(self, opts: Any = None, wait_all_ranks: bool = False) -> None:

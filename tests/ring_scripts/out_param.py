@@ -79,6 +79,12 @@ inplace, t = x.copy(), torch.from_numpy(x.copy())
 assert adapter_calls(lambda: adapter.all_sum(inplace, out=inplace)) <= 8
 assert adapter_calls(lambda: adapter.all_sum(t, out=t)) <= 10
 assert np.array_equal(inplace, expected_sum) and np.array_equal(t.numpy(), expected_sum)
+# Into a separate array or plain tensor (tensor parallelism's call): no checks either when every
+# one holds: 8 calls for arrays, 10 for tensors here; the checked path made 11 and 13.
+src, dst, tsrc, tdst = x.copy(), np.empty_like(x), torch.from_numpy(x.copy()), torch.empty(x.shape)
+assert adapter_calls(lambda: adapter.all_sum(src, out=dst)) <= 9
+assert adapter_calls(lambda: adapter.all_sum(tsrc, out=tdst)) <= 11
+assert np.array_equal(dst, expected_sum) and np.array_equal(tdst.numpy(), expected_sum)
 
 
 def refused(call, error, words):

@@ -33,8 +33,9 @@ def _load_ops():
     if _ops is None and _why_not is None:
         try:
             ops = _patomic_binding().Patomic.ops(8)
-            if not (ops.fp_load and ops.fp_store and ops.binary_ops.fp_fetch_or and ops.binary_ops.fp_fetch_and):
-                raise RuntimeError("patomic has no lock-free 64-bit load/store/fetch_or/fetch_and here")
+            if not (ops.fp_load and ops.fp_store and ops.binary_ops.fp_fetch_or and ops.binary_ops.fp_fetch_and
+                    and ops.unsigned_ops.fp_fetch_add):
+                raise RuntimeError("patomic has no lock-free 64-bit load/store/fetch_or/fetch_and/fetch_add here")
             _ops = ops
         except Exception as exc:  # ImportError, a changed layout, an unsupported CPU
             _why_not = f"the atomics package is unusable ({type(exc).__name__}: {exc})"
@@ -89,6 +90,7 @@ class AtomicWords:
         self._fp_store = pointer(ops.fp_store, "void(*)(void *, void *, int)")
         self._fp_fetch_or = pointer(ops.binary_ops.fp_fetch_or, "void(*)(void *, void *, int, void *)")
         self._fp_fetch_and = pointer(ops.binary_ops.fp_fetch_and, "void(*)(void *, void *, int, void *)")
+        self._fp_fetch_add = pointer(ops.unsigned_ops.fp_fetch_add, "void(*)(void *, void *, int, void *)")
         self._buffer = ffi.from_buffer(mem)  # keeps the mapping exported (and its address valid)
         self._arg = ffi.new("uint64_t *")
         self._res = ffi.new("uint64_t *")
@@ -118,6 +120,15 @@ class AtomicWords:
         self._arg[0] = bits
         self._fp_fetch_and(addr, self._arg, order, self._res)
         return self._res[0]
+
+    def fetch_add(self, addr, value: int, order: int = SEQ_CST) -> int:
+        self._arg[0] = value
+        self._fp_fetch_add(addr, self._arg, order, self._res)
+        return self._res[0]
+
+    def integer_address(self, addr) -> int:
+        """The address of a word from address() as an integer (for system calls on it)."""
+        return int(self._ffi.cast("uintptr_t", addr))
 
     def release(self) -> None:
         """Drop the export of the mmap's buffer so the mmap can be closed."""

@@ -13,23 +13,27 @@ the same step (acquire loads); then it may read the peers' buffers of that parit
 rewritten two steps later, by which time every peer has published the step in between, so it
 has finished reading. Every step is a full barrier, which is what makes that argument hold.
 
-Waiting spins briefly, then spins calling sched_yield() (so that a peer waiting for this CPU
-runs at once), then sleeps in poll() on a doorbell (an abstract Unix datagram socket),
-the peers' pidfds (readable the moment a peer exits) and the backend's sockets (a peer that
-closed them broke the group). A waiter announces its sleep in a shared bit mask (seq_cst
-fetch_or), re-checks, then sleeps; a publisher stores its counter (seq_cst) and rings the bell
-of every rank whose bit is set: with both sides sequentially consistent, either the waiter sees
-the new counter or the publisher sees the bit (no lost wake-up). Memory ordering comes from
-atomic_words (C11 atomics), never from x86's store order.
+Waiting spins briefly (only when asked), then checks while giving the CPU away with
+sched_yield() (when the host has a CPU for every rank of the segment: a peer waiting for this CPU
+runs at once), then sleeps in a futex (futex.py) on the segment's arrival word: every rank adds
+one to it after publishing its counter, and the rank whose addition completes a step (the word
+reaches a multiple of the segment's size) wakes every sleeper with one system call. A waiter
+announces its sleep in a shared bit mask (seq_cst fetch_or), reads the arrival word, re-checks
+the counter it waits for, then sleeps while the arrival word is unchanged; the completing rank
+adds (seq_cst) and reads the mask (seq_cst): either the waiter sees the counter, or the
+completing addition comes later and sees the bit (no lost wake-up; FUTEX_WAIT itself refuses to
+sleep once the word moved). So each sleeper wakes once per step, not once per arrival. Sleeps are
+bounded: between them the waiter checks its deadline, the peers' "left after an error" words and,
+without blocking, the peers' pidfds (readable the moment a peer exits) and the backend's sockets
+(a peer that closed them broke the group), sooner at first and every 50 ms at most. Memory
+ordering comes from atomic_words (C11 atomics), never from x86's store order.
 """
 from __future__ import annotations
 
-import errno
 import json
 import logging
 import mmap
 import os
-import secrets
 import select
 import socket
 import sys
@@ -40,7 +44,7 @@ from typing import Callable
 import numpy as np
 
 from ...errors import CollectiveTimeout, MismatchError, PeerError
-from . import atomic_words
+from . import atomic_words, futex
 from .atomic_words import ACQUIRE, SEQ_CST, AtomicWords
 
 log = logging.getLogger("jacklring.shm")
@@ -48,6 +52,8 @@ log = logging.getLogger("jacklring.shm")
 MASK64 = (1 << 64) - 1
 BEYOND = MASK64                 # a step no rank reaches
 MAX_RANKS = 64                  # ranks per host: one bit per rank in the sleepers mask
+SLEEPERS, ARRIVALS = 0, 64      # in the first control block: the sleepers mask, the arrival count
+LIVENESS_FIRST_S, LIVENESS_MAX_S = 0.002, 0.05  # a sleeper's checks for dead peers, backing off
 CONTROL = 128                   # bytes per control block (a cache line on Apple silicon)
 COUNTER, BROKEN, HEADER = 0, 8, 16  # step counter, "left after an error" word, two headers (by parity)
 # The "left after an error" word: 0 while the rank is in the group, else BROKEN_BASE + the rank it
@@ -154,12 +160,8 @@ def form(rank: int, size: int, gather: Callable[[bytes], list[bytes]], chunk_byt
     local = members.index(rank)
     total = SharedGroup.segment_bytes(len(members), chunk_bytes)
     fd = -1
-    bell = None
     record: dict = {"ok": True, "pid": os.getpid()}
     try:
-        if len(members) > 1:
-            bell, name = bind_doorbell()
-            record["bell"] = name.hex()
         if local == 0 and len(members) > 1:
             fd = os.memfd_create("jacklring-shm", os.MFD_CLOEXEC)
             os.fchmod(fd, 0o600)
@@ -174,11 +176,8 @@ def form(rank: int, size: int, gather: Callable[[bytes], list[bytes]], chunk_byt
         mine: dict = {"ok": all(r["ok"] for r in second)}
         if mine["ok"] and len(members) > 1:
             try:
-                bells = [bytes.fromhex(second[q]["bell"]) for q in members]
                 group = SharedGroup(local, len(members), chunk_bytes, first["path"] if local else fd,
-                                    (bell, bells), [second[q]["pid"] for q in members], members,
-                                    describe, mismatch)
-                bell = None  # the group owns it now
+                                    [second[q]["pid"] for q in members], members, describe, mismatch)
             except Exception as exc:  # whatever it is, every rank must still reach the last exchange
                 why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
                 mine = {"ok": False, "why": f"rank {rank} cannot attach: {why}"}
@@ -186,8 +185,6 @@ def form(rank: int, size: int, gather: Callable[[bytes], list[bytes]], chunk_byt
     finally:
         if fd >= 0:
             os.close(fd)  # the mappings keep the memory alive; nothing else refers to it now
-        if bell is not None:
-            bell.close()
     if not all(r["ok"] for r in third):
         if group is not None:
             group.close()
@@ -195,30 +192,6 @@ def form(rank: int, size: int, gather: Callable[[bytes], list[bytes]], chunk_byt
         log.warning("rank %d: shared memory could not be set up (%s); using sockets", rank, "; ".join(sorted(reasons)))
         return nothing
     return Placement(hosts, group, True)
-
-
-def bind_doorbell() -> tuple[socket.socket, bytes]:
-    """This rank's doorbell: an abstract Unix datagram socket under a random name, bound before
-    the name is told to anyone. Abstract names are visible to every user of the host
-    (/proc/net/unix), so names known in advance (a shared nonce and a rank number) could be
-    bound first by an outsider; a name that is already bound by its owner when it is published
-    cannot be taken. An outsider may still send to it: a doorbell only makes a waiter look at
-    the step counters again, so a stray datagram costs a wake-up, nothing more."""
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    try:
-        sock.setblocking(False)
-        for _ in range(8):
-            name = f"\0jacklring-shm-{secrets.token_hex(16)}".encode()
-            try:
-                sock.bind(name)
-                return sock, name
-            except OSError as exc:
-                if exc.errno != errno.EADDRINUSE:
-                    raise
-        raise OSError(errno.EADDRINUSE, "no free doorbell name after 8 random draws")
-    except BaseException:
-        sock.close()
-        raise
 
 
 def _by_host(identities: list[dict]) -> list[list[int]]:
@@ -229,7 +202,7 @@ def _by_host(identities: list[dict]) -> list[list[int]]:
 
 
 class SharedGroup:
-    """One group's segment, step counters, doorbells and liveness watch."""
+    """One group's segment, step counters, wake-ups and liveness watch."""
 
     @staticmethod
     def segment_bytes(size: int, chunk_bytes: int) -> int:
@@ -240,14 +213,11 @@ class SharedGroup:
         return -(-(CONTROL * (size + 1)) // PAGE) * PAGE
 
     def __init__(self, rank: int, size: int, chunk_bytes: int, segment: int | str,
-                 doorbells: tuple[socket.socket, list[bytes]],
                  pids: list[int], names: list[int] | None = None,
                  describe: Callable[[bytes], str] = bytes.hex,
                  mismatch: Callable[[int, int, bytes, bytes], str] | None = None) -> None:
         """rank and size count the segment's members; names[q] is member q's rank in the whole
-        group (what every message and culprit uses: a host's segment may hold some ranks only).
-        doorbells: this rank's bound doorbell (bind_doorbell) and every member's doorbell name;
-        the group closes the socket."""
+        group (what every message and culprit uses: a host's segment may hold some ranks only)."""
         self.rank, self.size, self.chunk_bytes = rank, size, chunk_bytes
         self.pids = pids
         self._describe = describe
@@ -257,7 +227,7 @@ class SharedGroup:
         total = self.segment_bytes(size, chunk_bytes)
         fd = segment if isinstance(segment, int) else os.open(segment, os.O_RDWR | os.O_CLOEXEC)
         self._pidfds: dict[int, int] = {}
-        self._bell: socket.socket | None = doorbells[0]
+        self._open = True
         try:
             if os.fstat(fd).st_size != total:
                 raise OSError(0, f"segment is {os.fstat(fd).st_size} bytes, expected {total}")
@@ -266,15 +236,17 @@ class SharedGroup:
             if not isinstance(segment, int):
                 os.close(fd)
         try:
-            self._setup(doorbells[1])
+            self._setup()
         except BaseException:
             self.close()
             raise
 
-    def _setup(self, bell_names: list[bytes]) -> None:
+    def _setup(self) -> None:
         n, r = self.size, self.rank
         self.words = AtomicWords(self.mem)
-        self._mask_addr = self.words.address(0)
+        self._mask_addr = self.words.address(SLEEPERS)
+        self._arrivals_addr = self.words.address(ARRIVALS)
+        self._futex = futex.Futex(self.words.integer_address(self._arrivals_addr))
         self._counter_addr = [self.words.address(CONTROL * (q + 1) + COUNTER) for q in range(n)]
         self._broken_addr = [self.words.address(CONTROL * (q + 1) + BROKEN) for q in range(n)]
         # Plain reads of the counters (index of each counter word): a cheap hint while spinning,
@@ -292,16 +264,14 @@ class SharedGroup:
         self.plans: dict = {}
         self.step = 0
         self.peers = [q for q in range(n) if q != r]
-        self._bell_names = list(bell_names)
         self._poll = select.poll()
-        self._poll.register(self._bell.fileno(), select.POLLIN)
         for q in self.peers:
             fd = os.pidfd_open(self.pids[q])
             self._pidfds[fd] = q
             self._poll.register(fd, select.POLLIN)
         self._watched: dict[int, tuple[str, int]] = {}
         self.spin_s = 0.0
-        self.yield_s = 0.0
+        self.yield_s = 0.0  # use.attach sets both (from the settings and the host's CPUs)
         self.stall_report_s: float | None = None
         self.deadline = float("inf")
         self.what: object = "collective"
@@ -351,9 +321,12 @@ class SharedGroup:
         step = self.step
         words = self.words
         words.store(self._counter_addr[self.rank], step, SEQ_CST)
-        sleepers = words.load(self._mask_addr, SEQ_CST) & ~(1 << self.rank)
-        if sleepers:
-            self._ring(sleepers)
+        # The addition that brings the arrival word to a multiple of the size completes a step
+        # (not necessarily this one: a rank already past it may add first): its rank wakes the
+        # sleepers, and nobody else makes a system call.
+        if (words.fetch_add(self._arrivals_addr, 1, SEQ_CST) + 1) % self.size == 0 \
+                and words.load(self._mask_addr, SEQ_CST) & ~(1 << self.rank):
+            self._futex.wake()
         plain, index = words.plain, self._counter_word
         try:
             for q in self.peers:
@@ -383,15 +356,6 @@ class SharedGroup:
         return (f"rank {me}: collective mismatch with rank {peer}: this rank called "
                 f"{self._describe(mine)} but rank {peer} called {self._describe(theirs)}")
 
-    def _ring(self, sleepers: int) -> None:
-        bell = self._bell
-        for q in self.peers:
-            if sleepers >> q & 1:
-                try:
-                    bell.sendto(b"\0", self._bell_names[q])
-                except OSError:
-                    pass  # its queue is full (a wake-up is pending anyway) or it is gone (its pidfd says so)
-
     def _value(self, q: int, step: int) -> int | None:
         v = self.words.load(self._counter_addr[q], ACQUIRE)
         if v >= step:
@@ -420,8 +384,8 @@ class SharedGroup:
     def _wait(self, q: int, step: int) -> None:
         plain, index = self.words.plain, self._counter_word[q]
         # Busy-spin (the peer is running elsewhere and about to publish), then spin giving the
-        # CPU away (the peer may be waiting for this very CPU: more runnable processes than
-        # CPUs), then sleep until a doorbell, a death or the deadline.
+        # CPU away (the peer may be waiting for this very CPU), then sleep until the step
+        # completes, a peer leaves or dies, or the deadline.
         now = time.monotonic()
         spin_until = now + self.spin_s
         yield_until = spin_until + self.yield_s
@@ -431,16 +395,30 @@ class SharedGroup:
             if now >= spin_until:
                 os.sched_yield()
             now = time.monotonic()
+        self._sleep(q, step)
+
+    def _sleep(self, q: int, step: int) -> None:
         bit = 1 << self.rank
         words = self.words
         words.fetch_or(self._mask_addr, bit)
-        stall_at = time.monotonic() + self.stall_report_s if self.stall_report_s else None
+        now = time.monotonic()
+        stall_at = now + self.stall_report_s if self.stall_report_s else None
+        every = LIVENESS_FIRST_S
+        check_at = now + every
         try:
             while True:
+                arrivals = words.load(self._arrivals_addr, SEQ_CST)  # before the counter: see the module doc
                 v = words.load(self._counter_addr[q], SEQ_CST)
                 if v >= step or self._value(q, step) is not None:  # _value raises if q left
                     return
+                for other in self.peers:  # any rank that gave up dooms this collective too
+                    if other != q and words.load(self._broken_addr[other], ACQUIRE):
+                        self._value(other, BEYOND)
                 now = time.monotonic()
+                if now >= check_at:
+                    self._check_alive(q, step)
+                    every = min(every * 2, LIVENESS_MAX_S)
+                    check_at = now + every
                 if now >= self.deadline:
                     late = CollectiveTimeout(
                         f"rank {self.names[self.rank]}: {self.what} timed out: rank {self.names[q]} "
@@ -450,7 +428,7 @@ class SharedGroup:
                     # the peers this rank's exit fails name the stalled rank too, never this live one.
                     late.culprit = self.names[q]
                     raise late
-                wait = self.deadline - now
+                wait = min(self.deadline, check_at) - now
                 if stall_at is not None:
                     if now >= stall_at:
                         log.warning("rank %d: %s is stalled: waiting for rank %d (pid %d) over shared memory",
@@ -458,27 +436,20 @@ class SharedGroup:
                         stall_at = None
                     else:
                         wait = min(wait, stall_at - now)
-                for fd, _ in self._poll.poll(max(1, int(min(wait, 60.0) * 1000) + 1)):
-                    gone = self._event(fd)
-                    # A peer that exited after finishing its part is no error: re-check first.
-                    if gone is not None and self._value(q, step) is None:
-                        raise self._peer_error(*gone)
-                for other in self.peers:  # any rank that gave up dooms this collective too
-                    if other != q and words.load(self._broken_addr[other], ACQUIRE):
-                        self._value(other, BEYOND)
+                self._futex.wait(arrivals, wait)
         finally:
             words.fetch_and(self._mask_addr, ~bit & MASK64)
 
+    def _check_alive(self, q: int, step: int) -> None:
+        """Raise when a peer exited or a watched socket's peer hung up (a look, never a wait)."""
+        for fd, _ in self._poll.poll(0):
+            gone = self._event(fd)
+            # A peer that exited after finishing its part is no error: re-check first.
+            if gone is not None and self._value(q, step) is None:
+                raise self._peer_error(*gone)
+
     def _event(self, fd: int) -> tuple[str, int] | None:
-        """Handle one poll event: None for a doorbell, else what happened and the rank to blame."""
-        bell = self._bell
-        if bell is not None and fd == bell.fileno():
-            try:
-                while bell.recv(64):
-                    pass
-            except (BlockingIOError, InterruptedError):
-                pass
-            return None
+        """What a poll event on a pidfd or a watched socket means, and the rank to blame."""
         q = self._pidfds.get(fd)
         label, peer = self._watched.get(fd, (f"fd {fd}", -1)) if q is None else ("", self.names[q])
         # A peer that raised marked its word before it closed its links (or exited): name
@@ -495,21 +466,22 @@ class SharedGroup:
     def mark_broken(self, culprit: int = -1) -> None:
         """Tell every peer (waiting or not) that this rank left the group after an error, and
         which rank of the whole group it blames (-1: its own error)."""
-        if self._bell is None:
+        if not self._open:
             return
         try:
             self.words.store(self._broken_addr[self.rank], BROKEN_BASE + max(culprit, -1), SEQ_CST)
+            # Move the arrival word (by a multiple of the size, which keeps the completion rule):
+            # a peer about to sleep on it then returns at once instead of sleeping through this.
+            self.words.fetch_add(self._arrivals_addr, self.size, SEQ_CST)
         except Exception:
             return
-        self._ring(MASK64)
+        self._futex.wake()
 
     def close(self) -> None:
         for fd in self._pidfds:
             os.close(fd)
         self._pidfds = {}
-        if self._bell is not None:
-            self._bell.close()
-            self._bell = None
+        self._open = False
         words = getattr(self, "words", None)
         if words is not None:
             words.release()

@@ -9,12 +9,36 @@ to their backend's sockets together, since the decision is collective.
 from __future__ import annotations
 
 import logging
+import os
 from typing import Callable
 
 from ... import config
 from . import shm
 
 log = logging.getLogger("jacklring.shm")
+
+YIELD_US = 1000.0              # checking while yielding, unless the host is oversubscribed (below)
+OVERSUBSCRIBED_YIELD_US = 0.0  # sleep at once (see docs/shared-memory.md, "Waiting")
+YIELDING_RANKS_PER_CPU = 2     # up to this many ranks of the segment per CPU, waiters still yield
+
+
+def _cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def yield_seconds(local_ranks: int) -> float:
+    """How long a shared-memory waiter checks while yielding its CPU before it sleeps:
+    JACKLRING_SHM_YIELD_US when set, else YIELD_US, or OVERSUBSCRIBED_YIELD_US when the segment
+    has more than YIELDING_RANKS_PER_CPU ranks per CPU this process may run on: a yield then
+    mostly hands the CPU to another rank that has nothing to do either, and the step's last
+    rank waits behind them all (at 2 ranks per CPU it still finds the one with work at once)."""
+    value = config.get("JACKLRING_SHM_YIELD_US")
+    if value is None:
+        value = YIELD_US if local_ranks <= YIELDING_RANKS_PER_CPU * _cpus() else OVERSUBSCRIBED_YIELD_US
+    return value * 1e-6
 
 
 def attach(rank: int, size: int, gather: Callable[[bytes], list[bytes]], describe: Callable[[bytes], str],
@@ -37,7 +61,7 @@ def attach(rank: int, size: int, gather: Callable[[bytes], list[bytes]], describ
         # and never keeps a peer that waits for this CPU off it, whatever else the host runs; pure
         # busy-spinning measured several times slower on a loaded host, so it is off unless asked for.
         group.spin_s = (config.get("JACKLRING_SPIN_US") or 0.0) * 1e-6
-        group.yield_s = config.get("JACKLRING_SHM_YIELD_US") * 1e-6
+        group.yield_s = yield_seconds(group.size)
         group.stall_report_s = config.get("JACKLRING_STALL_REPORT")
     return placement
 

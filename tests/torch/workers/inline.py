@@ -37,6 +37,53 @@ def torch_backend_calls(call) -> int:
     return count
 
 
+def short_paths(rank: int, world: int) -> None:
+    """Every common synchronous op on plain CPU tensors takes the short path (inline.py): few
+    Python calls, right results for every reduce op, and the general path's refusals intact."""
+    R = dist.ReduceOp
+    ops = {
+        "all_reduce MAX": lambda: dist.all_reduce(torch.ones(3), op=R.MAX),
+        "all_reduce AVG": lambda: dist.all_reduce(torch.ones(3), op=R.AVG),
+        "broadcast": lambda: dist.broadcast(torch.ones(3), 0),
+        "all_gather_into_tensor": lambda: dist.all_gather_into_tensor(torch.empty(3 * world), torch.ones(3)),
+        "reduce_scatter_tensor": lambda: dist.reduce_scatter_tensor(torch.empty(3), torch.ones(3 * world)),
+        "barrier": lambda: dist.barrier(),
+    }
+    for name, call in ops.items():
+        call()
+        calls = torch_backend_calls(call)
+        # 6-13 here (two tensors' views at most); the general paths made 12-31.
+        assert calls <= 14, f"{name} made {calls} Python calls in adapter/"
+    for op, expected in ((R.SUM, sum(range(1, world + 1))), (R.MAX, world), (R.MIN, 1),
+                         (R.PRODUCT, float(torch.arange(1, world + 1).prod())), (R.AVG, (world + 1) / 2)):
+        x = torch.full((5,), float(rank + 1))
+        dist.all_reduce(x, op=op)
+        assert torch.equal(x, torch.full((5,), float(expected))), (op, x)
+        out = torch.empty(2)
+        dist.reduce_scatter_tensor(out, torch.full((2 * world,), float(rank + 1)), op=op)
+        assert torch.equal(out, torch.full((2,), float(expected))), (op, out)
+    ints = torch.full((4,), 7 + rank, dtype=torch.int64)
+    dist.all_reduce(ints, op=R.AVG)  # truncated toward zero, as NCCL does
+    assert torch.equal(ints, torch.full((4,), (7 * world + world * (world - 1) // 2) // world)), ints
+    bits = torch.full((4,), 1 << rank, dtype=torch.int32)
+    dist.all_reduce(bits, op=R.BOR)
+    assert torch.equal(bits, torch.full((4,), (1 << world) - 1, dtype=torch.int32)), bits
+    try:
+        dist.all_reduce(torch.ones(2), op=R.BAND)
+    except ValueError as exc:
+        assert "BAND" in str(exc), exc
+    else:
+        raise AssertionError("BAND on a float tensor was accepted")
+    data = torch.full((3,), float(rank))
+    dist.broadcast(data, world - 1)
+    assert torch.equal(data, torch.full((3,), float(world - 1))), data
+    # FSDP gathers into the output from a slice of it: the general path copies the input first.
+    whole = torch.zeros(2 * world)
+    whole[2 * rank:2 * rank + 2] = rank
+    dist.all_gather_into_tensor(whole, whole[2 * rank:2 * rank + 2])
+    assert torch.equal(whole, torch.arange(world).repeat_interleave(2).float()), whole
+
+
 def main() -> None:
     rank, world = init()
     pg = dist.distributed_c10d._get_default_group()
@@ -54,6 +101,8 @@ def main() -> None:
     dist.broadcast(t, 0)
     dist.barrier()
     assert torch.equal(t, torch.full((4,), float(world) ** 10)), t
+    assert helper_threads() == [], f"synchronous collectives started threads: {helper_threads()}"
+    short_paths(rank, world)
     assert helper_threads() == [], f"synchronous collectives started threads: {helper_threads()}"
 
     opts = dist.AllreduceOptions()
