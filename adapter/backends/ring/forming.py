@@ -10,7 +10,7 @@ import time
 from typing import Callable
 
 from ... import config
-from ...errors import DistributedError, PeerError
+from ...errors import CollectiveTimeout, DistributedError, PeerError
 from ..transport import integrity, tcp
 from ..transport.stream_engine import Engine, Stream
 from . import origin, shrink
@@ -32,8 +32,9 @@ from .state import RingState
 log = logging.getLogger("jacklring.ring")
 
 ABORT_NOTICE_S = 1.0  # how long a rank that gave up tries to reach a neighbour it had no connection with
-VERDICT_GRACE_S = 0.45  # the closing barrier of init() waits this long past the connect deadline
-                        # for a neighbour's verdict on a missing rank (within the deadline's 0.5 s)
+VERDICT_GRACE_S = 0.05  # the closing barrier of init() waits this long past the connect deadline
+                        # (a neighbour's verdict sent at that deadline comes first), then probes
+                        # who is silent (plumbing.Plumbing._unresponsive_member, within 0.5 s)
 
 
 class Wording:
@@ -174,6 +175,10 @@ class Forming:
                 state.verify, state.auth, state.token, r, prv, f"ring {prv}->{r} #{c}", left_hellos[c].session))
                 for c, sock in enumerate(left_socks)]
         except BaseException as exc:
+            try:
+                arrivals()  # queued while a handshake blocked: they must hear the verdict too
+            except Exception:
+                pass
             self.give_up(exc, tell_unlinked=self.own)  # before the connections close
             for item in right:
                 item.close()
@@ -227,11 +232,16 @@ class Forming:
             raise
         except DistributedError as exc:
             peer = getattr(exc, "peer", -1)
-            waited = getattr(exc, "waiting_on", None)  # past the grace: that rank said nothing at all
-            if peer < 0 and waited:
-                raise FormationAbandoned(waited[0], f"rank {state.rank}: {self._words.describe_member(waited[0])} "
-                                                    f"went silent while the group formed (the closing barrier "
-                                                    f"failed: {exc})") from None
+            # A member whose listener did not answer (plumbing), or past the grace the rank this
+            # one waited for: it said nothing at all.
+            silent = getattr(exc, "culprit", None) if isinstance(exc, CollectiveTimeout) else None
+            waited = getattr(exc, "waiting_on", None)
+            if silent is None and peer < 0 and waited:
+                silent = waited[0]
+            if silent is not None and silent >= 0:
+                raise FormationAbandoned(silent, f"rank {state.rank}: {self._words.describe_member(silent)} "
+                                                 f"went silent while the group formed (the closing barrier "
+                                                 f"failed: {exc})") from None
             if peer < 0:
                 raise
             raise FormationAbandoned(peer, f"rank {state.rank}: {self._words.describe_member(peer)} died while the "

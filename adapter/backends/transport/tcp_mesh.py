@@ -524,6 +524,25 @@ class TcpMeshTransport(Transport):
                 ended.append(state.rank)
         return sorted(ended)
 
+    def pending_notices(self) -> dict[int, int]:
+        """{peer: the rank it blames} for the peers whose next unread bytes are a failure notice
+        (between exchanges, such as while a split forms; nothing is consumed)."""
+        found = {}
+        for state in self._by_fd.values():
+            if state.in_end - state.in_start >= _LS:
+                head = bytes(state.inview[state.in_start:state.in_start + _LS])
+            else:
+                try:
+                    head = bytes(state.inview[state.in_start:state.in_end]) + state.sock.recv(
+                        _LS - (state.in_end - state.in_start), socket.MSG_PEEK | socket.MSG_DONTWAIT)
+                except OSError:
+                    continue
+            if len(head) == _LS:
+                (length,) = _LEN.unpack(head)
+                if length & _NOTICE and not length & _STUCK:
+                    found[state.rank] = length & ~_NOTICE
+        return found
+
     def notify_failure(self, exc: BaseException) -> None:
         """Before this rank gives up because a peer's connection failed, tell every other live
         peer whom it blames, so that a peer waiting on this rank names the rank that died rather
