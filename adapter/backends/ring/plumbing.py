@@ -108,6 +108,8 @@ class Plumbing:
         this rank first (its messages come from the left); exc as it is when all answer."""
         state = self._state
         n, r = state.size, state.rank
+        if n <= 2:
+            return exc  # the one it waits for is the only one it can be
         silent = blame.first_unresponsive([(r - i) % n for i in range(1, n)],
                                           lambda q: state.addresses[q][0], state.token, r)
         # A member that gave up passed its verdict on before it left (and no longer answers).

@@ -37,7 +37,9 @@ OUTER = -2
 MISMATCH, MISMATCH_SPAN = 1 << 30, 1 << 14
 STUCK_WAIT_S = 0.15  # after a deadline: how long the ranks waited for have to say they are stuck too
 RELAY_WAIT_S = 0.35  # ... and, when all are, how long to wait for one of them to name the silent rank
-PROBE_S = 0.3        # how long a live member's acceptor may take to answer a liveness probe
+PROBE_S = 0.3        # how long a live member's acceptor may take to answer a liveness probe, at most
+PROBE_MIN_S = 0.1    # ... at least, once another member answered
+ANSWER_FACTOR = 4    # ... and, in between, this many times the slowest answer seen
 PROBE_MAX = 32       # members probed at once (the nearest, in the caller's order)
 
 
@@ -73,8 +75,7 @@ def silence_text(culprit: int, waited_s: float) -> str:
 
 
 def unresponsive_text(described: str) -> str:
-    return (f"{described} went silent: its listener did not answer a liveness probe within {PROBE_S:g} s "
-            f"(it is stopped, or gone)")
+    return f"{described} went silent: its listener did not answer a liveness probe (it is stopped, or gone)"
 
 
 ALIVE_, SILENT, GONE = "alive", "silent", "gone"
@@ -116,22 +117,64 @@ def answers(address: str, token: int, sender: int, receiver: int, until: float) 
     return GONE
 
 
+class Probe:
+    """Liveness probes of the members in `order` (the first PROBE_MAX), side by side, started at
+    once; decided() says, without blocking, whether they are decided and whom they blame.
+
+    A live member answers in milliseconds (its acceptor thread, whatever its main thread does);
+    on a loaded host in tens. So once some have answered, the rest get ANSWER_FACTOR times the
+    slowest answer seen (at least PROBE_MIN_S), not the whole budget: that is what an error
+    waits for when a member is stopped."""
+
+    def __init__(self, order: Sequence[int], address_of: Callable[[int], str], token: int, sender: int,
+                 budget: float = PROBE_S) -> None:
+        self.order = list(order)[:PROBE_MAX]
+        self._start = time.monotonic()
+        self._until = self._start + budget
+        self._verdicts: dict[int, tuple[str, float]] = {}
+        self._changed = threading.Condition()
+        for q in self.order:
+            threading.Thread(target=self._probe, args=(q, address_of(q), token, sender), daemon=True,
+                             name=f"liveness-probe-{q}").start()
+
+    def _probe(self, q: int, address: str, token: int, sender: int) -> None:
+        verdict = answers(address, token, sender, q, self._until)
+        with self._changed:
+            self._verdicts[q] = (verdict, time.monotonic() - self._start)
+            self._changed.notify_all()
+
+    def _closes_at(self) -> float:
+        answered = [took for verdict, took in self._verdicts.values() if verdict != SILENT]
+        if not answered:
+            return self._until
+        return min(self._until, self._start + max(PROBE_MIN_S, ANSWER_FACTOR * max(answered)))
+
+    def decided(self, accept_gone: bool = True) -> tuple[bool, int | None]:
+        """(whether the probes are decided, the culprit): the first member that accepts but does
+        not answer (stopped: it cannot have said anything), else (accept_gone) the first that
+        refuses (dead or never started; one that gave up and left has usually passed its
+        verdict on by then, which the caller looks at first); None when all answer."""
+        with self._changed:
+            done = len(self._verdicts) == len(self.order) or time.monotonic() >= self._closes_at()
+            found = {q: self._verdicts.get(q, (SILENT, 0.0))[0] for q in self.order}
+        if not done:
+            return False, None
+        silent = next((q for q in self.order if found[q] == SILENT), None)
+        if silent is None and accept_gone:
+            silent = next((q for q in self.order if found[q] == GONE), None)
+        return True, silent
+
+    def wait(self, accept_gone: bool = True) -> int | None:
+        """Block until decided; the culprit (see decided)."""
+        while True:
+            done, culprit = self.decided(accept_gone)
+            if done:
+                return culprit
+            with self._changed:
+                self._changed.wait(max(0.001, self._closes_at() - time.monotonic()))
+
+
 def first_unresponsive(order: Sequence[int], address_of: Callable[[int], str], token: int, sender: int,
                        budget: float = PROBE_S) -> int | None:
-    """Probe the members in `order` (the first PROBE_MAX) side by side for `budget` seconds. The
-    culprit: the first that accepts but does not answer (stopped: it cannot have said anything),
-    else the first that refuses (dead or never started; a member that gave up and left has
-    usually passed its verdict on by then, which the caller looks at first); None when all answer."""
-    order = list(order)[:PROBE_MAX]
-    until = time.monotonic() + budget
-    verdicts: dict[int, str] = {}
-
-    def probe(q: int) -> None:
-        verdicts[q] = answers(address_of(q), token, sender, q, until)
-    threads = [threading.Thread(target=probe, args=(q,), daemon=True, name=f"liveness-probe-{q}") for q in order]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(max(0.0, until - time.monotonic()) + 0.05)
-    found = {q: verdicts.get(q, SILENT) for q in order}
-    return next((q for q in order if found[q] == SILENT), next((q for q in order if found[q] == GONE), None))
+    """Probe the members in `order` and wait for the verdict (Probe.decided)."""
+    return Probe(order, address_of, token, sender, budget).wait()
