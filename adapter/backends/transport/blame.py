@@ -84,7 +84,8 @@ ALIVE_, SILENT, GONE = "alive", "silent", "gone"
 def answers(address: str, token: int, sender: int, receiver: int, until: float) -> str:
     """How the listener of rank `receiver` of the group `token` at address answers a liveness
     probe before `until` (time.monotonic): ALIVE_; SILENT (it accepts, nobody answers: stopped,
-    or too busy); GONE (refused: dead, never started, or it gave up and left)."""
+    or too busy); GONE (refused or closed unanswered: dead, never started, leaving after it gave
+    up, or another incarnation's listener)."""
     host, port = tcp.parse_address(address)
     name = tcp.local_name(host, port)
     targets = ([(socket.AF_UNIX, name)] if name else []) + [(socket.AF_INET6 if ":" in host else socket.AF_INET,
@@ -107,13 +108,15 @@ def answers(address: str, token: int, sender: int, receiver: int, until: float) 
                     answer += chunk
         except (ConnectionRefusedError, FileNotFoundError):
             continue  # no Unix socket (another host, or gone): try TCP; refused there too: gone
+        except (ConnectionResetError, BrokenPipeError):
+            return GONE  # its listener closed with this connection queued: the process is leaving
         except OSError:
-            return SILENT  # timed out (stopped) or reset mid-answer
+            return SILENT  # no answer in time: stopped (or unreachable)
         if len(answer) == CHALLENGE.size:
             magic, status, _ = CHALLENGE.unpack(answer)
             if magic == CHALLENGE_MAGIC and status == ALIVE:
                 return ALIVE_
-        return SILENT  # closed without the answer: not this group's live listener
+        return GONE  # closed without the answer: leaving, or not this group's listener any more
     return GONE
 
 
@@ -122,9 +125,10 @@ class Probe:
     once; decided() says, without blocking, whether they are decided and whom they blame.
 
     A live member answers in milliseconds (its acceptor thread, whatever its main thread does);
-    on a loaded host in tens. So once some have answered, the rest get ANSWER_FACTOR times the
-    slowest answer seen (at least PROBE_MIN_S), not the whole budget: that is what an error
-    waits for when a member is stopped."""
+    on a loaded host in tens. So once all but one have answered, the last gets ANSWER_FACTOR
+    times the slowest answer seen (at least PROBE_MIN_S), not the whole budget: that is what an
+    error waits for when a member is stopped. While two or more are silent, at least one is
+    only slow (with a single fault): they get the whole budget."""
 
     def __init__(self, order: Sequence[int], address_of: Callable[[int], str], token: int, sender: int,
                  budget: float = PROBE_S) -> None:
@@ -145,8 +149,8 @@ class Probe:
 
     def _closes_at(self) -> float:
         answered = [took for verdict, took in self._verdicts.values() if verdict != SILENT]
-        if not answered:
-            return self._until
+        if not answered or len(self.order) - len(self._verdicts) > 1:
+            return self._until  # two still silent: one is only slow (a single fault), wait for it
         return min(self._until, self._start + max(PROBE_MIN_S, ANSWER_FACTOR * max(answered)))
 
     def decided(self, accept_gone: bool = True) -> tuple[bool, int | None]:
