@@ -82,3 +82,59 @@ def test_jaccl_death_after_the_first_mesh_connection(tmp_path):
     errors = run_init_death(tmp_path, "jaccl", 2, MESH, slow=3)  # rank 3 connects to 0, 1, 2
     for r, (_, text) in errors.items():
         assert "while the group formed" in text, (r, text)
+
+
+# The victim listens, lives LIVES_S, then dies before its first connection of the formation; its
+# left neighbour holds its own connections back longer than that, so nobody connected to or from
+# the victim. Only its right neighbour's probes of its listener (answered, then refused) tell.
+BEFORE_ANY_CONNECTION = """
+import signal
+from adapter.backends.transport import tcp
+
+real_connect = tcp.connect_with_hello
+
+if r == SLOW:
+    def connect(addr, hello, *args, **kwargs):
+        if hello.purpose == 1:
+            time.sleep(3.0)
+        return real_connect(addr, hello, *args, **kwargs)
+    tcp.connect_with_hello = connect
+
+if r == VICTIM:
+    def connect(addr, hello, *args, **kwargs):
+        if hello.purpose == 1:
+            time.sleep(LIVES_S)  # its listener answers meanwhile
+            say("KILLED", hello.receiver)
+            os.kill(os.getpid(), signal.SIGKILL)
+        return real_connect(addr, hello, *args, **kwargs)
+    tcp.connect_with_hello = connect
+"""
+
+
+@pytest.mark.timeout(60)
+def test_ring_death_before_any_connection_is_named_without_the_deadline(tmp_path):
+    """kill -9 of a ring rank that listened but made no connection, with a 120 s connect
+    deadline: every survivor names it within seconds (a rank never started still costs the
+    deadline: tests/faults/test_missing_rank.py)."""
+    n, victim = 4, 2
+    prelude = (BEFORE_ANY_CONNECTION.replace("VICTIM", str(victim)).replace("SLOW", str(victim - 1))
+               .replace("LIVES_S", "1.5"))
+    procs = start("ring", n, "say('FORMED')", tmp_path,
+                  env={"JACKLRING_CONNECT_TIMEOUT": "120", "FAULT_BEFORE_INIT": prelude})
+    try:
+        killed_at = float(procs[victim].wait_line("KILLED", 30)[1])
+        errors = {}
+        for p in procs:
+            if p.rank != victim:
+                fields = p.wait_line("INITERR", 15)
+                culprit = p.tagged("CULPRIT")[0][2] if p.tagged("CULPRIT") else None
+                errors[p.rank] = (float(fields[1]) - killed_at, culprit, " ".join(fields[2:]))
+        codes = finish_all(procs, 10)
+    finally:
+        stop_all(procs)
+    print({r: f"{t:.2f} s, culprit {c}: {m}" for r, (t, c, m) in errors.items()})
+    assert [c for i, c in enumerate(codes) if i != victim] == [4] * (n - 1), reports(procs)
+    for r, (took, culprit, text) in errors.items():
+        assert took < LIMIT_S, (r, took, text)
+        assert str(culprit) == str(victim), (r, culprit, text)
+        assert f"rank {victim} died" in text, (r, text)

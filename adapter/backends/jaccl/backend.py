@@ -324,13 +324,20 @@ class JacclBackend(Backend):
             # The parent is now out of step (the others are mid-exchange): close it so they raise
             # at once instead of waiting for their deadline.
             self.failure.mark(f"a split of this group failed: {exc}")
-            self._transport.close()
             mesh_rank = getattr(exc, "mesh_rank", None)  # by the sub-group's numbering: the parent's here
             if mesh_rank is not None and 0 <= mesh_rank < len(members):
                 blaming(exc, members[mesh_rank])
-            if str(exc).startswith(f"rank {me}:"):
-                raise
-            raise blaming(type(exc)(f"rank {me}: split(color={color}): {exc}"), getattr(exc, "culprit", None)) from None
+            culprit = getattr(exc, "culprit", None)
+            # Tell the parent members whom this rank blames before its connections close, or the
+            # ones waiting on it (the other sub-group's, in the closing barrier) blame it.
+            notify = getattr(self._transport, "notify_failure", None)
+            if notify is not None and culprit is not None and culprit != me:
+                notify(blaming(PeerError("a split failed"), culprit))
+            self._transport.close()
+            text = str(exc) if str(exc).startswith(f"rank {me}:") else f"rank {me}: split(color={color}): {exc}"
+            if culprit is not None and 0 <= culprit < self.size() and culprit != me:
+                text += f" ({self._member_text(culprit, colors, keys)} by the parent group's numbering)"
+            raise blaming(type(exc)(text), culprit) from None
         self._confirm_split(color, colors, keys, transport)
         sub = JacclBackend(transport, devices, mode, self.transport_kind, self._host, token, self._timeout,
                            self._checks, job)
@@ -348,6 +355,12 @@ class JacclBackend(Backend):
     def _watch_split(self, color: int, colors: np.ndarray, keys: np.ndarray) -> None:
         """Raise when a parent member's connection ended while the sub-groups form: every rank of
         the TCP mesh is connected to every other, so each sees a death directly."""
+        verdicts = getattr(self._transport, "pending_notices", lambda: {})()
+        for reporter, culprit in verdicts.items():  # a member that gave up said whom it blames
+            self.failure.mark("a split of this group failed")
+            raise blaming(PeerError(f"rank {self.rank()}: split(color={color}): "
+                                    f"{self._member_text(culprit, colors, keys)} failed while the sub-groups "
+                                    f"formed (reported by {self._member_text(reporter, colors, keys)})"), culprit)
         ended = self._ended_parent_peers()
         if ended:
             self.failure.mark("a split of this group failed")
@@ -365,9 +378,11 @@ class JacclBackend(Backend):
                 transport.close()
             gone = self._ended_parent_peers()
             ended = ", ".join(self._member_text(p, colors, keys) for p in gone)
+            culprit = getattr(exc, "culprit", None)
+            relayed = culprit is not None and culprit != getattr(exc, "peer", culprit)  # a notice named it
             raise blaming(PeerError(f"rank {self.rank()}: split(color={color}): the sub-groups did not form on "
                                     f"every rank ({'ended: ' + ended if ended else 'no connection ended'}): {exc}"),
-                          gone[0] if gone else getattr(exc, "culprit", None)) from None
+                          culprit if relayed or not gone else gone[0]) from None
         except BaseException:
             if transport is not None:
                 transport.close()

@@ -31,6 +31,7 @@ from ...errors import CollectiveTimeout, MismatchError, PeerError, blaming
 from ..base import GroupFailure, ReduceOp
 from ..elements import reduce_many
 from ..protocol import CHECKSUM, Request, checksum, checksum_error, mismatch_message
+from ..transport.blame import RELAY_WAIT_S, STUCK_WAIT_S, silence_text, silent_rank
 from ..transport.slots import SEND, Transport
 
 log = logging.getLogger("jacklring.jaccl")
@@ -43,8 +44,6 @@ _HS = HEADER.size
 
 _EMPTY = memoryview(b"")
 RECENT_S = 1.0  # a stall report says "slow" when a frame completed this recently, else "stalled"
-STUCK_WAIT_S = 0.15  # after a deadline: how long the peers it waits for have to say they are stuck too
-RELAY_WAIT_S = 0.35  # ... and, when all are, how long to wait for one of them to name the silent rank
 
 
 class FrameExchange:
@@ -247,12 +246,10 @@ class FrameExchange:
         while True:
             now = time.monotonic()
             stuck = self.t.stuck_peers()
-            silent = [p for p in waited if p not in stuck]
-            if silent and now >= start + STUCK_WAIT_S:
-                return _named(timeout, silent[0], f"rank {silent[0]} is the rank that went silent: it neither "
-                                                  f"sent nor said within {STUCK_WAIT_S:g} s that it waits for "
-                                                  f"another rank (it is stopped, or not in this operation)")
-            if not silent and now >= start + RELAY_WAIT_S:
+            silent = silent_rank(waited, stuck)
+            if silent is not None and now >= start + STUCK_WAIT_S:
+                return _named(timeout, silent, silence_text(silent, STUCK_WAIT_S))
+            if silent is None and now >= start + RELAY_WAIT_S:
                 return _named(timeout, waited[0], "every rank it waited for was stuck too, and none named another")
             try:
                 self.t.poll(min(now + 0.02, start + RELAY_WAIT_S))

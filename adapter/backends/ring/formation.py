@@ -10,6 +10,9 @@ crosses each hop as soon as it arrives (no poll period).
 
 A member nobody has heard from (no connection to or from it yet) cannot be told apart from one
 that has not started yet: for it the connect deadline (JACKLRING_CONNECT_TIMEOUT) still applies.
+Except the left neighbour, which a rank waits for: its listener is probed every LEFT_PROBE_S
+(forming.py), and one that answered and later refuses connections died (a live member's
+listener stays open while it forms; one that gives up says so first, and that is read first).
 """
 from __future__ import annotations
 
@@ -61,6 +64,9 @@ class Watch:
         self._listeners: list[tcp.Listener] = []
         self._on_arrival: Callable[[], None] | None = None
         self._waits_for: Callable[[int], bool] | None = None
+        self._tick: Callable[[], None] | None = None  # called every _period seconds while waiting
+        self._period = 0.0
+        self._next_tick = 0.0
 
     def explain(self, reporter: int, culprit: int, missing: bool = False) -> str:
         """The message for an abort header from `reporter` naming `culprit`."""
@@ -81,6 +87,14 @@ class Watch:
         (where it should have connected), and comes at about the same time."""
         self._listeners, self._on_arrival, self._waits_for = list(listeners), on_arrival, waits_for
 
+    def every(self, seconds: float, tick: Callable[[], None] | None) -> None:
+        """While waiting, call tick() every `seconds` (None: stop); it may raise to end the wait."""
+        self._tick, self._period, self._next_tick = tick, seconds, time.monotonic() + seconds
+
+    def died(self, peer: int, why: str) -> FormationAbandoned:
+        """The error for member `peer` found dead some other way than by a connection ending."""
+        return self._error(peer, f"{self._prefix}{self._describe(peer)} died while {self._forming} formed ({why})")
+
     def check(self) -> None:
         self._look(0.0)
 
@@ -91,9 +105,16 @@ class Watch:
             self._look(timeout)
             if done is not None and done():
                 return
-            timeout = until - time.monotonic()
+            now = time.monotonic()
+            if self._tick is not None and now >= self._next_tick:
+                self._next_tick = now + self._period
+                self._tick()
+                now = time.monotonic()
+            timeout = until - now
             if timeout <= 0:
                 return
+            if self._tick is not None:
+                timeout = min(timeout, max(0.0, self._next_tick - now))
 
     def pause(self, seconds: float) -> None:
         """tcp.connect's wait between attempts."""

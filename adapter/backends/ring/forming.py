@@ -10,8 +10,8 @@ import time
 from typing import Callable
 
 from ... import config
-from ...errors import DistributedError, PeerError
-from ..transport import integrity, tcp
+from ...errors import CollectiveTimeout, DistributedError, PeerError
+from ..transport import blame, integrity, tcp
 from ..transport.stream_engine import Engine, Stream
 from . import origin, shrink
 from .addresses import links_per_neighbour, ranks_on_this_host
@@ -31,9 +31,12 @@ from .state import RingState
 
 log = logging.getLogger("jacklring.ring")
 
+LEFT_PROBE_S = 0.25  # how often a rank waiting for its left neighbour probes that neighbour's listener
+LEFT_PROBE_ANSWER_S = 0.1  # ... and how long the answer may take (no answer: no conclusion)
 ABORT_NOTICE_S = 1.0  # how long a rank that gave up tries to reach a neighbour it had no connection with
-VERDICT_GRACE_S = 0.45  # the closing barrier of init() waits this long past the connect deadline
-                        # for a neighbour's verdict on a missing rank (within the deadline's 0.5 s)
+VERDICT_GRACE_S = 0.05  # the closing barrier of init() waits this long past the connect deadline
+                        # (a neighbour's verdict sent at that deadline comes first), then probes
+                        # who is silent (plumbing.Plumbing._unresponsive_member, within 0.5 s)
 
 
 class Wording:
@@ -155,6 +158,23 @@ class Forming:
 
         watch.wake_on(listeners, arrivals,
                       lambda p: (p == as_watched(nxt) and len(right) < k) or (p == as_watched(prv) and None in left_socks))
+        left_seen = [False]
+
+        def probe_left() -> None:
+            """A left neighbour whose listener answered and now refuses died before it connected
+            here (a rank merely slow to start never answered: it still has the deadline)."""
+            if None not in left_socks or prv == r:
+                return
+            verdict = blame.answers(state.addresses[prv][0], state.token, r, prv,
+                                    time.monotonic() + LEFT_PROBE_ANSWER_S)
+            if verdict == blame.ALIVE_:
+                left_seen[0] = True
+            elif verdict == blame.GONE and left_seen[0]:
+                arrivals()
+                watch.check()  # if it gave up, its abort (sent before it left) says why
+                raise watch.died(as_watched(prv), "its listener answered, then refused connections before it "
+                                                  "connected to this rank")
+        watch.every(LEFT_PROBE_S, probe_left)
         try:
             for c in range(k):
                 sock, hello = self._connect_right(nxt, c, deadline)
@@ -174,6 +194,10 @@ class Forming:
                 state.verify, state.auth, state.token, r, prv, f"ring {prv}->{r} #{c}", left_hellos[c].session))
                 for c, sock in enumerate(left_socks)]
         except BaseException as exc:
+            try:
+                arrivals()  # queued while a handshake blocked: they must hear the verdict too
+            except Exception:
+                pass
             self.give_up(exc, tell_unlinked=self.own)  # before the connections close
             for item in right:
                 item.close()
@@ -183,6 +207,7 @@ class Forming:
             raise
         finally:
             watch.wake_on([], None)
+            watch.every(0.0, None)
             for sock in aborts:
                 sock.close()
         state.right, state.left = right, left
@@ -227,11 +252,16 @@ class Forming:
             raise
         except DistributedError as exc:
             peer = getattr(exc, "peer", -1)
-            waited = getattr(exc, "waiting_on", None)  # past the grace: that rank said nothing at all
-            if peer < 0 and waited:
-                raise FormationAbandoned(waited[0], f"rank {state.rank}: {self._words.describe_member(waited[0])} "
-                                                    f"went silent while the group formed (the closing barrier "
-                                                    f"failed: {exc})") from None
+            # A member whose listener did not answer (plumbing), or past the grace the rank this
+            # one waited for: it said nothing at all.
+            silent = getattr(exc, "culprit", None) if isinstance(exc, CollectiveTimeout) else None
+            waited = getattr(exc, "waiting_on", None)
+            if silent is None and peer < 0 and waited:
+                silent = waited[0]
+            if silent is not None and silent >= 0:
+                raise FormationAbandoned(silent, f"rank {state.rank}: {self._words.describe_member(silent)} "
+                                                 f"went silent while the group formed (the closing barrier "
+                                                 f"failed: {exc})") from None
             if peer < 0:
                 raise
             raise FormationAbandoned(peer, f"rank {state.rank}: {self._words.describe_member(peer)} died while the "

@@ -28,7 +28,9 @@ import threading
 import time
 
 from ...errors import CollectiveTimeout, DistributedError, MismatchError, PeerError
+from ..transport import blame as rule
 from ..transport import tcp
+from ..transport.blame import MISMATCH, MISMATCH_SPAN, OUTER, RELAY_WAIT_S, STUCK_WAIT_S
 from .state import RingState
 
 PURPOSE_NOTICE = 4  # 3 is taken by the formation's abort connections
@@ -37,14 +39,10 @@ RECHECK_S = 0.05     # meanwhile, how often to look whether it still listens (a 
                      # listener can outlive its ring connections by a few milliseconds)
 SEND_S = 0.3         # how long a failing rank spends delivering its notices, at most
 PROBE_S = 0.2        # how long a connection attempt may take to say whether a peer still listens
-STUCK_WAIT_S = 0.15  # after a deadline: how long the ranks waited for have to say they are stuck too
-RELAY_WAIT_S = 0.35  # ... and, when all are, how long to wait for one of them to name the silent rank
-# A notice's culprit of MISMATCH + a * MISMATCH_SPAN + b: ranks a and b called different
-# collectives (nobody died: a bystander learns it was a mismatch, and between whom).
-MISMATCH, MISMATCH_SPAN = 1 << 30, 1 << 14
-# A notice's culprit of OUTER - q or below: rank q of the group whose hosts a leaders' ring links
-# (hierarchy.py), a rank that is not in this ring.
-OUTER = -2
+# The culprit codes a notice's channel field carries, the rule for whom a deadline blames and
+# the relayed verdict's words are the transport's (transport/blame.py, shared with JACCL's mesh):
+# MISMATCH + a * MISMATCH_SPAN + b, ranks a and b called different collectives; OUTER - q, rank
+# q of the group whose hosts a leaders' ring links (hierarchy.py); -1, an error of its own.
 
 
 def admits(sender: int, receiver: int, size: int) -> bool:
@@ -87,10 +85,7 @@ def blame(ring: RingState, exc: BaseException) -> BaseException:
         own = PeerError(f"{exc}; rank {peer} reported that it gave up after an error of its own")
         own.culprit, own.peer = peer, peer
         return own
-    relayed = PeerError(f"rank {ring.rank}: {ring.what}: rank {notice} died or failed (reported by "
-                        f"rank {peer}, which closed its connection to this rank after that)")
-    relayed.culprit, relayed.peer = notice, peer
-    return relayed
+    return rule.relay_error(f"rank {ring.rank}: {ring.what}: ", notice, peer)
 
 
 def blame_silence(ring: RingState, exc: BaseException, waited, tell: set) -> BaseException:
@@ -109,9 +104,9 @@ def blame_silence(ring: RingState, exc: BaseException, waited, tell: set) -> Bas
     while True:
         now = time.monotonic()
         if now >= until:
-            silent = [q for q in waited if q not in stuck]
-            if silent:
-                return _silent(exc, silent[0], STUCK_WAIT_S)
+            silent = rule.silent_rank(waited, stuck)
+            if silent is not None:
+                return _silent(exc, silent, STUCK_WAIT_S)
             if until >= start + RELAY_WAIT_S:
                 return blaming_text(exc, waited[0], f"{exc}; every rank it waited for was stuck too, "
                                                     f"and none named another rank")
@@ -153,9 +148,7 @@ def blame_p2p(ring: RingState, exc: BaseException, peer: int, partners: set[int]
 
 
 def _silent(exc: BaseException, culprit: int, waited_s: float) -> BaseException:
-    return blaming_text(exc, culprit, f"{exc}; rank {culprit} is the rank that went silent: it neither "
-                                      f"sent nor said within {waited_s:g} s that it waits for another rank "
-                                      f"(it is stopped, or not in this operation)")
+    return blaming_text(exc, culprit, f"{exc}; {rule.silence_text(culprit, waited_s)}")
 
 
 def _relayed(exc: BaseException, culprit: int, reporter: int) -> BaseException:
@@ -189,7 +182,7 @@ def mismatch(rank: int, other: int, text: str) -> MismatchError:
 
 
 def _mismatch_seen(ring: RingState, exc: BaseException, code: int, peer: int) -> MismatchError:
-    a, b = divmod(code - MISMATCH, MISMATCH_SPAN)
+    a, b = rule.mismatch_pair(code)  # type: ignore[misc]
     seen = MismatchError(f"rank {ring.rank}: {ring.what}: ranks {a} and {b} called different collectives "
                          f"(a collective mismatch, reported by rank {peer}, which gave up after that; "
                          f"their MismatchErrors name both requests)")
@@ -202,7 +195,7 @@ def notify(ring: RingState, exc: BaseException) -> None:
     """Tell the live neighbours whom this rank blames, before its links close."""
     between = getattr(exc, "between", None)
     if between is not None and max(between) < MISMATCH_SPAN:
-        _send_notices(ring, MISMATCH + between[0] * MISMATCH_SPAN + between[1],
+        _send_notices(ring, rule.mismatch_code(*between),
                       {ring.rank, getattr(exc, "peer", None)})
         return
     culprit = getattr(exc, "culprit", -1)

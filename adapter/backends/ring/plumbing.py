@@ -4,6 +4,7 @@ failed first), scratch memory, and the socket paths: the one-pass small path and
 reduce-scatter / all-gather / broadcast over every channel (algorithms.py)."""
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from typing import Callable
@@ -11,17 +12,18 @@ from typing import Callable
 import numpy as np
 
 from ... import config
-from ...errors import MismatchError
+from ...errors import CollectiveTimeout, MismatchError
 from ..base import ReduceOp
 from ..elements import DTYPE_CODES, byte_view, dtype_code, reduce_many, split_evenly
 from ..protocol import mismatch_message
+from ..transport import blame
 from . import origin
 from .addresses import ranks_on_this_host
 from .algorithms import Channel, chain_broadcast, reduce_scatter_all_gather
 from .algorithms import all_gather as ring_all_gather
 from .formation import FormationAbandoned
 from .forming import Wording, abandon
-from .header import ABORT_MISSING, HEADER, HEADER_MAGIC, OP_ABORT, describe_header, header_request
+from .header import ABORT_MISSING, HEADER, HEADER_MAGIC, OP_ABORT, describe_header, find_abort, header_request
 from .state import RingState
 
 
@@ -77,10 +79,14 @@ class Plumbing:
             state.what = Described(header)
             try:
                 body(*args)
-            except BaseException as exc:
-                if state.abandon_on_failure:  # a split's closing barrier: pass the verdict on first
+            except BaseException as caught:
+                exc = caught
+                if state.abandon_on_failure:  # a formation's closing barrier: pass the verdict on first
+                    if isinstance(exc, CollectiveTimeout) and not hasattr(exc, "culprit"):
+                        exc = self._unresponsive_member(exc)
                     abandon(state, self._words, exc.culprit if isinstance(exc, FormationAbandoned)
-                            else getattr(exc, "peer", (getattr(exc, "waiting_on", None) or [-1])[0]),
+                            else getattr(exc, "culprit", getattr(exc, "peer", (getattr(exc, "waiting_on", None)
+                                                                                or [-1])[0])),
                             getattr(exc, "missing", False))
                 # Name the rank that failed first, not the neighbour that passed the failure on,
                 # and tell the other neighbour before the links close (origin.py).
@@ -91,9 +97,43 @@ class Plumbing:
                 if by_ring and isinstance(named, Exception):
                     origin.notify(state, named)
                 self.close_links()
-                if named is exc:
+                if named is caught:
                     raise
                 raise named from None
+
+    def _unresponsive_member(self, exc: CollectiveTimeout) -> BaseException:
+        """A formation's closing barrier passed its deadline: the members started apart, so the
+        one this rank waits for may be live and not at its own deadline yet. Blame the member
+        whose listener does not answer a liveness probe (transport/blame.py), the nearest behind
+        this rank first (its messages come from the left); exc as it is when all answer."""
+        state = self._state
+        n, r = state.size, state.rank
+        if n <= 2:
+            return exc  # the one it waits for is the only one it can be
+        silent = blame.first_unresponsive([(r - i) % n for i in range(1, n)],
+                                          lambda q: state.addresses[q][0], state.token, r)
+        # A member that gave up passed its verdict on before it left (and no longer answers).
+        verdict = self._verdict_on_links()
+        if verdict is not None:
+            return verdict
+        if silent is None:
+            return exc
+        return origin.blaming_text(exc, silent, f"{exc}; {blame.unresponsive_text(self._words.describe_member(silent))}")
+
+    def _verdict_on_links(self) -> BaseException | None:
+        """An abort header that arrived on a ring link and was not read yet, as its error."""
+        state, words = self._state, self._words
+        for link in state.right + state.left:
+            try:
+                data = link.sock.recv(4096, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+            except OSError:
+                continue
+            found = find_abort(data)
+            if found is not None:
+                reporter, culprit, missing = found
+                explain = words.formation_text or words.abort_text
+                return words.abandoned(culprit, f"rank {state.rank}: {explain(reporter, culprit, missing)}", missing)
+        return None
 
     def close_links(self) -> None:
         state = self._state

@@ -88,8 +88,10 @@ def split(ring: "RingBackend", state: RingState, words: Wording, plumbing: Plumb
         except FormationAbandoned as cause:
             abandon(state, words, cause.culprit, cause.missing)
             raise blaming(PeerError(f"{what}: {cause} ({exc})"), cause.culprit) from None
-        abandon(state, words, -1)
-        raise blaming(type(exc)(f"{what}: {exc}"), getattr(exc, "missing_rank", None)) from None
+        culprit = getattr(exc, "missing_rank", None)  # by parent rank (the watch's numbering)
+        abandon(state, words, -1 if culprit is None else culprit, culprit is not None)
+        named = f" ({words.describe_member(culprit)} did not join its sub-group)" if culprit is not None else ""
+        raise blaming(type(exc)(f"{what}: {exc}{named}"), culprit) from None
     sub.split_formed()
     state.abandon_on_failure = True
     try:

@@ -53,7 +53,11 @@ ACK = struct.Struct(f"<4sB{MAC_BYTES}s")
 MAGIC, CHALLENGE_MAGIC, ACK_MAGIC = b"JKLR", b"JKLC", b"JKLA"
 VERSION = 3   # 2 answered any HELLO with a MAC of the key
 
-OK, OTHER_JOB, UNEXPECTED, BAD_PROOF = 0, 1, 2, 3
+OK, OTHER_JOB, UNEXPECTED, BAD_PROOF, ALIVE = 0, 1, 2, 3, 4
+# A liveness probe (transport/blame.py): the acceptor answers its HELLO with a CHALLENGE of
+# status ALIVE and closes, nothing queued or logged. The acceptor thread answering proves the
+# process runs (a stopped one's kernel accepts for it, nobody answers; a dead one refuses).
+PURPOSE_PROBE = 0x5052  # "PR"
 STATUS_TEXT = {OTHER_JOB: "it belongs to another job (different job context)",
                UNEXPECTED: "it was not expected there (wrong rank, purpose or connection)",
                BAD_PROOF: "it did not prove the job secret"}
@@ -439,6 +443,11 @@ class Acceptor:
             self._reject(item, f"not a jacklring handshake (first bytes {data[:8].hex()})")
             return
         item.hello, item.hello_bytes = hello, data
+        if hello.purpose == PURPOSE_PROBE and hello.token == self._token and hello.receiver == self._rank:
+            self._pending.remove(item)
+            self._send(item, CHALLENGE.pack(CHALLENGE_MAGIC, ALIVE, bytes(NONCE_BYTES)))
+            item.sock.close()
+            return
         refusal = self._refusal(hello)
         if refusal is not None:
             self._pending.remove(item)

@@ -25,13 +25,14 @@ from typing import Any, Callable
 from ... import config
 from ...errors import CollectiveTimeout, PeerError
 from . import tcp
+from .blame import relay_error
 from .slots import RECV, SEND, BufferPool, Completion, Transport
 from .spill import Spill
 from .tcp import available_cpus, spin_seconds  # noqa: F401  (shared with the ring)
 
 PURPOSE_MESH = 0x4A4D  # "JM"
 # A length with this bit set is no message but a failing rank's last word: the rest is the
-# rank it blames (see notify_failure).
+# rank it blames (see notify_failure; the words and the rule are blame.py's, as the ring's).
 _NOTICE = 1 << 63
 _STUCK = 1 << 62  # a notice of _NOTICE | _STUCK: "this rank timed out too, waiting for another"
 FRAME_BYTES = 1 << 20
@@ -413,10 +414,7 @@ class TcpMeshTransport(Transport):
             state.in_start += _LS
             return True
         if length & _NOTICE:
-            culprit = length & ~_NOTICE
-            exc = PeerError(f"rank {culprit} died or failed (reported by {state.label}, which closed its "
-                            f"connection to this rank after that)")
-            exc.culprit, exc.peer = culprit, state.rank
+            exc = relay_error("", length & ~_NOTICE, state.rank, state.label)
             state.gone = str(exc)
             raise exc
         if length > self.frame_bytes:
@@ -523,6 +521,25 @@ class TcpMeshTransport(Transport):
             except OSError:
                 ended.append(state.rank)
         return sorted(ended)
+
+    def pending_notices(self) -> dict[int, int]:
+        """{peer: the rank it blames} for the peers whose next unread bytes are a failure notice
+        (between exchanges, such as while a split forms; nothing is consumed)."""
+        found = {}
+        for state in self._by_fd.values():
+            if state.in_end - state.in_start >= _LS:
+                head = bytes(state.inview[state.in_start:state.in_start + _LS])
+            else:
+                try:
+                    head = bytes(state.inview[state.in_start:state.in_end]) + state.sock.recv(
+                        _LS - (state.in_end - state.in_start), socket.MSG_PEEK | socket.MSG_DONTWAIT)
+                except OSError:
+                    continue
+            if len(head) == _LS:
+                (length,) = _LEN.unpack(head)
+                if length & _NOTICE and not length & _STUCK:
+                    found[state.rank] = length & ~_NOTICE
+        return found
 
     def notify_failure(self, exc: BaseException) -> None:
         """Before this rank gives up because a peer's connection failed, tell every other live
