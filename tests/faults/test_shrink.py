@@ -87,7 +87,8 @@ def test_kill9_then_shrink_and_the_next_all_sum_is_right(tmp_path, transport):
 def test_a_second_death_during_the_shrink(tmp_path):
     """Rank 1 dies in the loop; rank 0 (the coordinator) dies once it starts shrinking; with
     min_size=2 the last two carry on."""
-    procs = start("ring", 4, body(min_size=2), tmp_path)
+    # MLX_RING_VERBOSE: each rank's agreement (whom it reached, what it coordinated) is in its report.
+    procs = start("ring", 4, body(min_size=2), tmp_path, env={"MLX_RING_VERBOSE": "1"})
     try:
         for p in procs:
             p.wait_line("READY", 30)
@@ -95,7 +96,11 @@ def test_a_second_death_during_the_shrink(tmp_path):
         procs[1].kill(signal.SIGKILL)
         procs[0].wait_line("SHRINKING", 10)
         procs[0].kill(signal.SIGKILL)
-        check_sums(procs, [2, 3])
+        try:
+            check_sums(procs, [2, 3])
+        except AssertionError as exc:
+            finish_all(procs, 10)  # every rank's last words, then all of them
+            raise AssertionError(f"{exc}\n\nevery rank's report:\n{reports(procs)}") from None
         finish_all(procs, 15)
     finally:
         stop_all(procs)

@@ -466,6 +466,9 @@ class SharedGroup:
                 for other in self.peers:  # any rank that gave up dooms this collective too
                     if other != q and words.load(self._broken_addr[other], ACQUIRE):
                         self._value(other, BEYOND)
+                if words.load(self._broken_addr[self.rank], ACQUIRE):  # another thread gave the group up
+                    raise PeerError(f"rank {self.names[self.rank]}: {self.what}: this rank gave the group up "
+                                    f"while this collective waited (shared memory)")
         finally:
             words.fetch_and(self._mask_addr, ~bit & MASK64)
 
@@ -502,6 +505,10 @@ class SharedGroup:
         except Exception:
             return
         self._ring(MASK64)
+        try:  # and this rank's own bell: another of its threads may wait in a collective (a shrink)
+            self._bell.sendto(b"\0", self._bell_names[self.rank])
+        except OSError:
+            pass
 
     def close(self) -> None:
         for fd in self._pidfds:

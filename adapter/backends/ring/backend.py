@@ -194,6 +194,10 @@ class RingBackend(Backend):
         """Close the ring links (the neighbours waiting on them fail at once) and fail every
         later collective; the listeners stay, so a notice already sent can still be taken."""
         self.failure.mark(why)
+        if self._state.shm is not None:
+            # A collective waiting on the segment sleeps in poll(), which closing the links does
+            # not wake: this rank's mark rings every waiter, its own thread's too.
+            self._state.shm.mark_broken()
         self._plumbing.close_links()
 
     # ---- Backend interface ----------------------------------------------------------------

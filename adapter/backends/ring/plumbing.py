@@ -11,7 +11,7 @@ from typing import Callable
 import numpy as np
 
 from ... import config
-from ...errors import MismatchError
+from ...errors import DistributedError, MismatchError, PeerError
 from ..base import ReduceOp
 from ..elements import DTYPE_CODES, byte_view, dtype_code, reduce_many, split_evenly
 from ..protocol import mismatch_message
@@ -78,6 +78,12 @@ class Plumbing:
             try:
                 body(*args)
             except BaseException as exc:
+                earlier = state.failure.why
+                if earlier is not None and isinstance(exc, DistributedError) and not state.abandon_on_failure:
+                    # Another thread gave the group up while this collective ran (break_links: a
+                    # shrink, dist.shrink_group's SHRINK_ABORT): say why, not just what broke.
+                    self.close_links()
+                    raise PeerError(f"{exc}; {earlier}") from None
                 if state.abandon_on_failure:  # a split's closing barrier: pass the verdict on first
                     abandon(state, self._words, exc.culprit if isinstance(exc, FormationAbandoned)
                             else getattr(exc, "peer", (getattr(exc, "waiting_on", None) or [-1])[0]),
