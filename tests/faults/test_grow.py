@@ -172,3 +172,74 @@ def _slot_address(envs, slot: int) -> tuple[str, int]:
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-x", "-q", "-s", f"--rootdir={ROOT}"]))
+
+
+# Every rank (members and newcomers alike) loops all_max(stop flag) + all_sum until the harness
+# creates the stop file; on a failure the members shrink and grow back.
+AGAIN_AND_AGAIN = """
+import adapter
+slot = int(os.environ["MLX_RANK"])
+STOP = {stop!r}
+
+def slots_of():
+    return [int(s) for s in all_gather(np.array([slot], np.int64))]
+
+def grown(g):
+    s = slots_of()
+    say("GROWN", g.rank(), g.size(), ",".join(map(str, s)))
+    return float(sum(q + 1 for q in s))
+
+expected = grown(group) if os.environ.get("JACKLRING_JOIN") == "1" else float(sum(range(1, n + 1)))
+say("READY")
+while True:
+    try:
+        stop = all_max(np.array([1.0 if os.path.exists(STOP) else 0.0]))[0]
+        y = all_sum(np.full(64, float(slot + 1), np.float32))
+        if not np.all(y == expected):
+            say("BAD", float(y[0]), expected)
+        if stop:
+            break
+        time.sleep(0.01)
+    except ERRORS as e:
+        group = group.shrink(timeout=3)
+        say("SHRUNK", group.rank(), group.size())
+        group = group.grow(timeout=15)
+        expected = grown(group)
+say("END", group.rank(), group.size(), ",".join(map(str, slots_of())), float(y[0]))
+"""
+
+
+@pytest.mark.timeout(90)
+def test_two_deaths_two_replacements_in_turn(tmp_path):
+    """Slot 2 dies and is replaced, then slot 0 (the first group's rank 0, the recruiter) dies
+    and is replaced: the lineage of slots carries through shrink and grow."""
+    envs = rank_envs("ring", 4, tmp_path)
+    text = AGAIN_AND_AGAIN.format(stop=str(tmp_path / "stop"))
+    env = {"JACKLRING_LOCAL_TRANSPORT": "tcp"}
+    procs = start("ring", 4, text, tmp_path, env=env, envs=envs)
+    try:
+        for p in procs:
+            p.wait_line("READY", 30)
+        procs[2].kill(signal.SIGKILL)
+        for q in (0, 1, 3):
+            procs[q].wait_line("SHRUNK", 15)
+        procs += start("ring", 4, text, tmp_path, env={**env, "JACKLRING_JOIN": "1"}, envs=envs, ranks=[2])
+        firsts = {q: procs[i].wait_line("GROWN", 20)[2:] for i, q in ((0, 0), (1, 1), (3, 3), (4, "new2"))}
+        procs[0].kill(signal.SIGKILL)
+        for i in (1, 3, 4):
+            procs[i].wait_line("SHRUNK", 15)
+        procs += start("ring", 4, text, tmp_path, env={**env, "JACKLRING_JOIN": "1"}, envs=envs, ranks=[0])
+        seconds = {q: procs[i].wait_line("GROWN", 20)[2:] for i, q in ((1, 1), (3, 3), (4, "new2"), (5, "new0"))}
+        (tmp_path / "stop").write_text("")
+        ends = {i: procs[i].wait_line("END", 20)[2:] for i in (1, 3, 4, 5)}
+        codes = finish_all(procs, 15)
+    finally:
+        stop_all(procs)
+    assert all(f[1:] == ["4", "0,1,3,2"] for f in firsts.values()), firsts
+    assert [firsts[q][0] for q in (0, 1, 3, "new2")] == ["0", "1", "2", "3"], firsts
+    # after slot 0's death: old slots 1, 3, 2 are ranks 0, 1, 2, and the newcomer in slot 0 is rank 3
+    assert all(f[1:] == ["4", "1,3,2,0"] for f in seconds.values()), seconds
+    assert [seconds[q][0] for q in (1, 3, "new2", "new0")] == ["0", "1", "2", "3"], seconds
+    assert all(e[1:] == ["4", "1,3,2,0", "10.0"] for e in ends.values()), ends
+    assert not any(p.tagged("BAD") for p in procs), reports(procs)
+    assert [codes[i] for i in (1, 3, 4, 5)] == [0, 0, 0, 0], reports(procs)
