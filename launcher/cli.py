@@ -16,7 +16,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from jacklring_shared.secret_file import SecretFileError
 from jacklring_shared.secret_text import WeakSecretError
@@ -35,6 +35,9 @@ from .environment import (
 from .hostfile import BACKENDS, Hostfile, HostfileError, check_backend, hosts_from_list, load_hostfile
 from .output import OutputRouter
 from .supervisor import GRACE, Supervisor
+
+if TYPE_CHECKING:
+    from .ranks import RankProcess
 
 USAGE_ERROR = 2
 NOT_FOUND = 127       # shell conventions for a program that cannot be run
@@ -304,7 +307,8 @@ def launch(args) -> int:
                 plan.rank, plan.rank, connections[plan.host.ssh], python, argv, plan.env,
                 plan.files, cwd=args.cwd or os.getcwd(), cwd_required=bool(args.cwd),
                 grace=GRACE, host_label=plan.host.ssh))
-    def replacement(failed, index: int):
+
+    def replacement(failed: RankProcess, index: int) -> RankProcess:
         """The process that replaces `failed`: its rank's plan, told to join the survivors."""
         plan = plans[failed.rank]
         env = {**plan.env, "JACKLRING_JOIN": "1"}
