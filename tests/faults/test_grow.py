@@ -243,3 +243,39 @@ def test_two_deaths_two_replacements_in_turn(tmp_path):
     assert all(e[1:] == ["4", "1,3,2,0", "10.0"] for e in ends.values()), ends
     assert not any(p.tagged("BAD") for p in procs), reports(procs)
     assert [codes[i] for i in (1, 3, 4, 5)] == [0, 0, 0, 0], reports(procs)
+
+
+DIE_BEFORE_FORMING = """
+import adapter.backends.ring.backend as ring_backend
+def die(self, *args, **kwargs):  # accepted the invitation, then gone before the ring forms
+    say("DYING")
+    os._exit(3)
+ring_backend.RingBackend.__init__ = die
+"""
+
+
+@pytest.mark.timeout(60)
+def test_a_newcomer_that_dies_after_accepting_leaves_the_members_group_usable(tmp_path):
+    envs = rank_envs("ring", 4, tmp_path)
+    env = {"JACKLRING_LOCAL_TRANSPORT": "tcp"}
+    procs = start("ring", 4, body(grow_timeout=2.0), tmp_path, env=env, envs=envs)
+    try:
+        for p in procs:
+            p.wait_line("READY", 30)
+        procs[2].kill(signal.SIGKILL)
+        for q in (0, 1, 3):
+            procs[q].wait_line("SHRUNK", 15)
+        procs += start("ring", 4, body(), tmp_path, env={**env, "JACKLRING_JOIN": "1",
+                                                         "FAULT_BEFORE_INIT": DIE_BEFORE_FORMING},
+                       envs=envs, ranks=[2])
+        procs[4].wait_line("DYING", 20)
+        for q in (0, 1, 3):
+            fields = procs[q].wait_line("GROWERR", 20)
+            assert fields[2] == "PeerError" and "did not form" in " ".join(fields), fields
+            assert "this group stays as it was" in " ".join(fields), fields
+            after = procs[q].wait_line("AFTER", 10)
+            assert after[2:] == [str([0, 1, 3].index(q)), "3", "7.0"], after
+        codes = finish_all(procs, 15)
+    finally:
+        stop_all(procs)
+    assert [codes[i] for i in (0, 1, 3)] == [0, 0, 0], reports(procs)
