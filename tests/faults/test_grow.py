@@ -29,8 +29,13 @@ if os.environ.get("JACKLRING_JOIN") != "1":
         say("ERR", type(e).__name__)
     group = group.shrink(timeout=3)
     say("SHRUNK", group.rank(), group.size())
+    shrunk = group
     try:
         group = group.grow(timeout={grow_timeout})
+        try:
+            all_sum(x, group=shrunk)
+        except ERRORS as e:
+            say("OLD", type(e).__name__, str(e).replace("\\n", " "))
     except ERRORS as e:
         say("GROWERR", type(e).__name__, str(e).replace("\\n", " "))
         y = all_sum(np.full(16, float(slot + 1), np.float32))  # the shrunk group still works
@@ -72,6 +77,9 @@ def test_shrink_then_grow_back_to_the_full_size(tmp_path, transport):
             assert ok == "True" and got == expected == "10.0", fields
             assert slots == "0,1,3,2" and size == "4", fields
             sums[p.rank if p is not newcomer else "new"] = (int(new_rank), float(t))
+            if p is not newcomer:
+                old = " ".join(p.wait_line("OLD", 5))
+                assert "this group was grown into a group of 4" in old and "use the Group grow() returned" in old, old
         codes = finish_all(procs + [newcomer], 15)
     finally:
         stop_all(procs + ([newcomer] if newcomer else []))
