@@ -151,6 +151,12 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
     Setting("JACKLRING_ALLOW_UNAUTHENTICATED", flag, False,
             "trusted networks only: a store ring without a job secret shares its key through torch's store "
             "(readable by anyone who reaches it) instead of deriving one or refusing a group that spans hosts"),
+    # elastic groups (docs/faults.md)
+    Setting("JACKLRING_JOIN", flag, False,
+            "1: this process replaces a rank of a running ring group instead of forming one: init() listens at "
+            "its MLX_HOSTFILE slot (MLX_RANK, a vacant one such as a dead rank's) and waits up to "
+            "JACKLRING_CONNECT_TIMEOUT for the members to take it in with Group.grow(); the launcher's "
+            "--restart-failed sets it"),
     # ring
     Setting("JACKLRING_RING_SMALL_BYTES", byte_size, 64 * 1024,
             "largest reduction sent by the one-pass small-message path"),

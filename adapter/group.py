@@ -90,18 +90,46 @@ class Group:
         except ExcludedError as exc:
             self._backend.failure.retire(exc)
             raise
-        new = Group(backend)
+        return self._succeed(Group(backend), "shrunk", "shrink()")
+
+    def grow(self, count: int | None = None, timeout: float | None = None) -> "Group":
+        """This group plus `count` newcomers (default: one for each vacant slot of the hostfile,
+        back to the size the job started with), as a new Group on every member and newcomer.
+
+        Call it on every member at a point they choose (a collective). A newcomer is a process
+        started from the job's hostfile with JACKLRING_JOIN=1 and MLX_RANK set to a vacant slot
+        (a rank of the first group that no member holds now, such as a dead rank's): its init()
+        waits to be taken in and returns the grown group (docs/faults.md, "Growing a group").
+        The members keep their ranks 0..k-1; the newcomers follow in ascending slot order.
+        Only a holder of the job key can be taken in (the handshake is mutual).
+
+        timeout: how long rank 0 looks for the newcomers (default 10 s). If fewer than `count`
+        answered in time, every member raises CollectiveTimeout naming each vacant slot and why,
+        and this group stays usable. On success this group is unusable and says so, and
+        init()'s group is replaced. Ring groups formed from MLX_HOSTFILE (or shrunk or grown
+        from one) only; other backends raise DistributedError."""
+        if count is not None and int(count) < 1:
+            raise ValueError(f"grow: count must be at least 1, not {count}")
+        timeout = DEFAULT_SHRINK_TIMEOUT_S if timeout is None else float(timeout)
+        if self._backend.failure.retired:
+            self._backend.failure.check()  # shrunk or grown already: say so
+        backend = self._backend.grow(None if count is None else int(count), timeout)
+        return self._succeed(Group(backend), "grown", "grow()")
+
+    def _succeed(self, new: "Group", how: str, call: str) -> "Group":
+        """Retire this group in favour of `new` (formed from it by shrink or grow), everywhere
+        init()'s group is cached too."""
         new._predecessor = self
         self._backend.failure.retire(DistributedError(
-            f"rank {self.rank()}: this group was shrunk into a group of {new.size()} (this rank is rank "
-            f"{new.rank()} there); use the Group shrink() returned"))
+            f"rank {self.rank()}: this group was {how} into a group of {new.size()} (this rank is rank "
+            f"{new.rank()} there); use the Group {call} returned"))
         with _lock:
             for name, cached in list(_groups.items()):
                 if cached is self:
                     _groups[name] = new
             global _first
             if _first is self:
-                _first = new  # the operations that default to init()'s group run on the survivors
+                _first = new  # the operations that default to init()'s group run on the new group
         return new
 
     def close(self) -> None:

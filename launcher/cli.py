@@ -16,7 +16,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from jacklring_shared.secret_file import SecretFileError
 from jacklring_shared.secret_text import WeakSecretError
@@ -35,6 +35,9 @@ from .environment import (
 from .hostfile import BACKENDS, Hostfile, HostfileError, check_backend, hosts_from_list, load_hostfile
 from .output import OutputRouter
 from .supervisor import GRACE, Supervisor
+
+if TYPE_CHECKING:
+    from .ranks import RankProcess
 
 USAGE_ERROR = 2
 NOT_FOUND = 127       # shell conventions for a program that cannot be run
@@ -88,6 +91,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="elastic jobs: a rank that fails does not stop the others while at least "
                         "K ranks are left (running or ended with 0); fewer stops the job as usual. "
                         "Exit 0 when every rank left ends with 0 (a line names the lost ranks)")
+    p.add_argument("--restart-failed", type=_positive_int, default=0, metavar="N",
+                   help="elastic jobs (ring backend): when a rank fails, start a replacement with the "
+                        "same rank and JACKLRING_JOIN=1, at most N times in the job; the survivors "
+                        "shrink() and then grow() to take it in (docs/faults.md). Once N are used, a "
+                        "failure stops the job (or --min-ranks applies). Exit 0 when every rank, "
+                        "replacements included, ends with 0; a line names the replaced ranks")
     p.add_argument("--ssh-config", default=None,
                    help="ssh_config file for remote hosts (default: ~/.ssh/config)")
     p.add_argument("command", nargs=argparse.REMAINDER,
@@ -248,6 +257,9 @@ def launch(args) -> int:
         raise UsageError(f"--min-ranks {args.min_ranks} is more than the job's {len(plans)} ranks")
     if args.min_ranks is not None and backend == "mpi":
         raise UsageError("--min-ranks does not apply to --backend mpi: mpirun stops the job itself")
+    if args.restart_failed and backend != "ring":
+        raise UsageError(f"--restart-failed needs --backend ring (a replacement joins through the ring's "
+                         f"grow()); the {backend} backend cannot take one in")
     notice = threads_notice(plans, options)
     if notice:
         print(f"launcher: {notice}", file=sys.stderr)
@@ -295,9 +307,21 @@ def launch(args) -> int:
                 plan.rank, plan.rank, connections[plan.host.ssh], python, argv, plan.env,
                 plan.files, cwd=args.cwd or os.getcwd(), cwd_required=bool(args.cwd),
                 grace=GRACE, host_label=plan.host.ssh))
+
+    def replacement(failed: RankProcess, index: int) -> RankProcess:
+        """The process that replaces `failed`: its rank's plan, told to join the survivors."""
+        plan = plans[failed.rank]
+        env = {**plan.env, "JACKLRING_JOIN": "1"}
+        if plan.host.is_local:
+            return LocalRank(index, plan.rank, argv, env, plan.files, local_cwd)
+        return RemoteRank(index, plan.rank, connections[plan.host.ssh], python, argv, env,
+                          plan.files, cwd=args.cwd or os.getcwd(), cwd_required=bool(args.cwd),
+                          grace=GRACE, host_label=plan.host.ssh)
+
     try:
         return Supervisor(procs, output, stop_on_log_error=args.log_errors == "stop",
-                          min_ranks=args.min_ranks).run()
+                          min_ranks=args.min_ranks, restart_failed=args.restart_failed,
+                          replacement=replacement).run()
     finally:
         for conn in connections.values():
             conn.close()

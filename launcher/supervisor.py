@@ -1,6 +1,7 @@
 """Run a set of ranks to completion: pump output and stdin, and stop everything as soon
-as one rank fails (with `min_ranks`: as soon as fewer than that many are left) or the
-launcher is interrupted. Returns the launcher's exit code."""
+as one rank fails (with `restart_failed`: once the replacements are used up; with `min_ranks`:
+as soon as fewer than that many are left) or the launcher is interrupted. Returns the
+launcher's exit code."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import signal
 import sys
 import threading
 import time
-from typing import Optional
+from typing import Callable, Optional
 
 from .output import OutputRouter
 from .ranks import RankProcess, StartError
@@ -124,8 +125,14 @@ def _signal_name(signum: int) -> str:
 class Supervisor:
     def __init__(self, ranks: list[RankProcess], output: OutputRouter,
                  grace: float = GRACE, log=None, stop_on_log_error: bool = False,
-                 min_ranks: Optional[int] = None) -> None:
+                 min_ranks: Optional[int] = None, restart_failed: int = 0,
+                 replacement: Optional[Callable[[RankProcess, int], RankProcess]] = None) -> None:
         self.ranks = ranks
+        # Replacements: a failed rank is started again (replacement(failed, new index) builds the
+        # process, with the environment that makes it join the survivors) at most this often.
+        self.restart_failed = restart_failed if replacement is not None else 0
+        self.replacement = replacement
+        self.replaced: list[RankProcess] = []   # the processes that were replaced
         # Elastic jobs: a rank that fails is let go while at least min_ranks are not lost.
         self.min_ranks = min_ranks
         self.lost: list[RankProcess] = []
@@ -213,6 +220,8 @@ class Supervisor:
                 if first_end is None and stop_at is None:
                     first_end = (self.ranks[index], describe_exit(code, signum), len(self.running))
                 if code != 0 and failure is None and stop_at is None:
+                    if self._replace(self.ranks[index], describe_exit(code, signum)):
+                        continue
                     if self._let_go(self.ranks[index], describe_exit(code, signum)):
                         continue
                     failure = (self.ranks[index], code, describe_exit(code, signum),
@@ -229,7 +238,7 @@ class Supervisor:
             log_error = late[0]
         if log_error is not None and failure is None and interrupted is None:
             if stop_at is not None:
-                self.log(f"stopped all {len(self.ranks)} ranks: a --log-dir file could not be written "
+                self.log(f"stopped all {len(self.ranks) - len(self.replaced)} ranks: a --log-dir file could not be written "
                          f"(--log-errors stop)")
             else:
                 self.log("a --log-dir file could not be written (--log-errors stop); the ranks had already ended")
@@ -241,18 +250,37 @@ class Supervisor:
                      f"rank{'s were' if left != 1 else ' was'} still running")
         return self._summarize(failure, interrupted)
 
+    def _replace(self, proc: RankProcess, how: str) -> bool:
+        """With restart_failed left: start a replacement for `proc` and say so; True if it started."""
+        if len(self.replaced) >= self.restart_failed or self.pending_signal is not None:
+            return False
+        new = self.replacement(proc, len(self.ranks))
+        self.replaced.append(proc)
+        self.log(f"{proc.describe()} {how}; starting a replacement (--restart-failed: "
+                 f"{len(self.replaced)} of {self.restart_failed} used)")
+        try:
+            new.start(self.sink)
+        except StartError as e:
+            self.log(f"the replacement for rank {proc.rank} could not start: {e}")
+            return False
+        self.ranks.append(new)
+        self.running.add(new.index)
+        self.draining.add(new.index)
+        return True
+
     def _let_go(self, proc: RankProcess, how: str) -> bool:
         """With min_ranks: count `proc` as lost and say so; True while enough ranks are left
         (running, or ended with 0) for the job to go on without it."""
         if self.min_ranks is None:
             return False
         self.lost.append(proc)
-        left = len(self.ranks) - len(self.lost)
+        size = len(self.ranks) - len(self.replaced)
+        left = size - len(self.lost)
         if left >= self.min_ranks:
-            self.log(f"lost {proc.describe()}: it {how}; {left} of {len(self.ranks)} ranks go on "
+            self.log(f"lost {proc.describe()}: it {how}; {left} of {size} ranks go on "
                      f"(--min-ranks {self.min_ranks})")
             return True
-        self.log(f"lost {proc.describe()}: it {how}; {left} of {len(self.ranks)} ranks left, "
+        self.log(f"lost {proc.describe()}: it {how}; {left} of {size} ranks left, "
                  f"fewer than --min-ranks {self.min_ranks}: stopping the job")
         return False
 
@@ -335,10 +363,16 @@ class Supervisor:
             return code if 0 < code < 256 else 1
         if interrupted is not None:
             name = signal.Signals(interrupted).name
-            self.log(f"interrupted by {name}; stopped all {len(self.ranks)} ranks")
+            self.log(f"interrupted by {name}; stopped all {len(self.ranks) - len(self.replaced)} ranks")
             return 128 + interrupted
+        size = len(self.ranks) - len(self.replaced)  # the job's ranks, each counted once
+        if self.replaced:
+            names = ", ".join(str(p.rank) for p in self.replaced)
+            self.log(f"finished with {size - len(self.lost)} of {size} ranks after {len(self.replaced)} "
+                     f"replacement{'s' if len(self.replaced) > 1 else ''} (--restart-failed "
+                     f"{self.restart_failed}); replaced rank{'s' if len(self.replaced) > 1 else ''} {names}")
         if self.lost:
             names = ", ".join(str(p.rank) for p in self.lost)
-            self.log(f"finished with {len(self.ranks) - len(self.lost)} of {len(self.ranks)} ranks "
+            self.log(f"finished with {size - len(self.lost)} of {size} ranks "
                      f"(--min-ranks {self.min_ranks}); lost rank{'s' if len(self.lost) > 1 else ''} {names}")
         return 0

@@ -143,6 +143,12 @@ class Backend(abc.ABC):
                                f"{self.shrink_missing}. Restart the job without the failed rank, or use the "
                                f"ring backend (init(backend='ring')), which can")
 
+    def grow(self, count: int | None, timeout: float) -> "Backend":
+        """A new communicator of the members (ranks kept) and `count` newcomers (after them);
+        called on every member (see Group.grow for the rules)."""
+        raise DistributedError(f"rank {self.rank()}: the {self.name} backend cannot take newcomers into a group "
+                               f"(grow); use the ring backend (init(backend='ring')), which can")
+
     @abc.abstractmethod
     def set_timeout(self, seconds: float) -> None:
         """The per-operation deadline from now on (the torch process group passes its own)."""

@@ -7,6 +7,12 @@ dist.shrink_group: for a jacklring group the survivors agree through the adapter
 shrink() (the ring's; the others raise saying what they lack), and the new process group is
 registered in torch's world the way torch's own _finalize_shrunk_group does (torch's argument
 checks and helpers, so the result behaves like a group torch shrank).
+
+shrink_flags: with SHRINK_DEFAULT an operation of the old group still in flight on this rank
+completes (if every rank it waits for finishes it) or fails when the agreement's decision breaks
+the old group's links; with SHRINK_ABORT the links break before the agreement starts, so it fails
+at once. Either way its Work completes, with an error naming the shrink, and never hangs; the
+works queued behind it fail the same way when torch destroys the old group.
 """
 from __future__ import annotations
 
@@ -57,6 +63,8 @@ def _shrink(target: Any, ranks_to_exclude: list[int], shrink_flags: int) -> Any:
     remaining = [g for i, g in enumerate(members) if i not in excluded]
     metadata = c10d._extract_group_metadata(target)
     name = metadata["new_group_name"]
+    if shrink_flags == getattr(c10d, "SHRINK_ABORT", 1):
+        _abort_in_flight(target, excluded)
     new_pg = target.shrunk(excluded, c10d.PrefixStore(f"{name}/", metadata["store"]), name)
     if is_default:
         c10d._destroy_all_other_groups(exclude_group=target)
@@ -69,3 +77,13 @@ def _shrink(target: Any, ranks_to_exclude: list[int], shrink_flags: int) -> Any:
     if is_default:
         c10d._update_default_pg(new_pg)
     return new_pg
+
+
+def _abort_in_flight(target: Any, excluded: list[int]) -> None:
+    """SHRINK_ABORT: fail this rank's operations of the old group now (the ring's links close, so
+    a collective waiting on them raises at once and the ranks it waits for see the same)."""
+    comm = getattr(target, "_comm", None)  # the adapter Backend under the process group
+    break_links = getattr(comm, "break_links", None)
+    if break_links is not None:
+        break_links(f"rank {target.rank()}: dist.shrink_group({excluded}, SHRINK_ABORT) aborted this group's "
+                    f"operations in flight")

@@ -57,3 +57,20 @@ def test_backends_that_cannot_shrink_say_what_they_lack(cls, missing):
         Backend.shrink(_Named(cls), [], None, 1.0)  # type: ignore[arg-type]
     text = str(info.value)
     assert f"rank 1: the {cls.name} backend cannot shrink a group" in text and missing in text, text
+
+
+def test_grow_checks_its_arguments_and_other_backends_say_they_cannot_grow():
+    group = Group(SingletonBackend())
+    with pytest.raises(ValueError, match="count must be at least 1"):
+        group.grow(count=0)
+    with pytest.raises(adapter.DistributedError, match="the singleton backend cannot take newcomers"):
+        group.grow()
+
+
+def test_a_lineage_knows_the_vacant_slots_through_shrink_and_grow():
+    from adapter.backends.ring.lineage import Lineage
+    first = Lineage([["a:1"], ["b:1"], ["c:1"], ["d:1"]], [0, 1, 2, 3])
+    shrunk = first.keep([0, 1, 3])        # slot 2 died
+    assert shrunk.slots == [0, 1, 3] and shrunk.vacant() == [2]
+    grown = Lineage(shrunk.origin, shrunk.slots + [2])  # the newcomer follows the members
+    assert grown.vacant() == [] and grown.keep([1, 2, 3]).vacant() == [0]

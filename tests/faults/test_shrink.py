@@ -24,13 +24,22 @@ try:
 except ERRORS as e:
     say("ERR", type(e).__name__, str(e).replace("\\n", " ")[:300])
 say("SHRINKING")
-try:
-    new = group.shrink(min_size=MIN, timeout={timeout})
-except ERRORS as e:
-    say("SHRINKERR", type(e).__name__, str(e).replace("\\n", " "))
-    sys.exit(5)
-members = all_gather(np.array([r], np.int64))
-y = all_sum(np.full(4096, float(r + 1), np.float32))
+current = group
+for attempt in range({retries} + 1):
+    try:
+        new = current.shrink(min_size=MIN, timeout={timeout})
+    except ERRORS as e:
+        say("SHRINKERR", type(e).__name__, str(e).replace("\\n", " "))
+        sys.exit(5)
+    try:
+        members = all_gather(np.array([r], np.int64))
+        y = all_sum(np.full(4096, float(r + 1), np.float32))
+        break
+    except ERRORS as e:  # a member died right after the shrink: shrink the new group in turn
+        if attempt == {retries}:
+            raise
+        say("AGAIN", type(e).__name__, str(e).replace("\\n", " ")[:300])
+        current = new
 expected = float(sum(int(m) + 1 for m in members))
 say("SUM", new.rank(), new.size(), ",".join(str(int(m)) for m in members), float(y[0]), expected,
     bool(np.all(y == expected)))
@@ -42,8 +51,9 @@ time.sleep({linger})  # a survivor that stays (training on) answers an excluded 
 """
 
 
-def body(min_size=None, stop_after=30, timeout=3.0, linger=0.0) -> str:
-    return SHRINK_AFTER_FAILURE.format(min_size=min_size, stop_after=stop_after, timeout=timeout, linger=linger)
+def body(min_size=None, stop_after=30, timeout=3.0, linger=0.0, retries=0) -> str:
+    return SHRINK_AFTER_FAILURE.format(min_size=min_size, stop_after=stop_after, timeout=timeout, linger=linger,
+                                       retries=retries)
 
 
 def check_sums(procs, survivors: list[int], killed_at: float | None = None) -> dict[int, float]:
@@ -86,8 +96,18 @@ def test_kill9_then_shrink_and_the_next_all_sum_is_right(tmp_path, transport):
 @pytest.mark.timeout(60)
 def test_a_second_death_during_the_shrink(tmp_path):
     """Rank 1 dies in the loop; rank 0 (the coordinator) dies once it starts shrinking; with
-    min_size=2 the last two carry on."""
-    procs = start("ring", 4, body(min_size=2), tmp_path)
+    min_size=2 the last two carry on.
+
+    The kill lands anywhere from the agreement to after the new ring formed (a shrink takes
+    milliseconds, the harness looks every 20 ms): then the first collective of the new group
+    fails, and the survivors shrink that group in turn, as a program must (retries=1); before,
+    such a run failed (1 in 30 here: ranks 2 and 3 exited on that error). The CI failure in which
+    rank 2 decided alone 0.18 s into its shrink is most likely the kill landing in the new ring's
+    closing barrier: rank 3 finished forming and left on its first collective's error, rank 2's
+    formation failed and it agreed again on the old group, where rank 3's listener then refused.
+    That window is a known gap (docs/faults.md, "Shrinking a group")."""
+    # MLX_RING_VERBOSE: each rank's agreement (whom it reached, what it coordinated) is in its report.
+    procs = start("ring", 4, body(min_size=2, retries=1), tmp_path, env={"MLX_RING_VERBOSE": "1"})
     try:
         for p in procs:
             p.wait_line("READY", 30)
@@ -95,7 +115,11 @@ def test_a_second_death_during_the_shrink(tmp_path):
         procs[1].kill(signal.SIGKILL)
         procs[0].wait_line("SHRINKING", 10)
         procs[0].kill(signal.SIGKILL)
-        check_sums(procs, [2, 3])
+        try:
+            check_sums(procs, [2, 3])
+        except AssertionError as exc:
+            finish_all(procs, 10)  # every rank's last words, then all of them
+            raise AssertionError(f"{exc}\n\nevery rank's report:\n{reports(procs)}") from None
         finish_all(procs, 15)
     finally:
         stop_all(procs)

@@ -40,3 +40,146 @@ def test_shrink_group_after_kill9_and_the_next_all_reduce_is_right(tmp_path):
         stop_all(procs)
     assert [s[2:] for s in sums] == [["0", "2", "3.0", "True"], ["1", "2", "3.0", "True"]], reports(procs)
     assert codes[:2] == [0, 0], reports(procs)
+
+
+# DDP over 3 ranks, each on its shard (data[rank::world]); rank 2 SIGKILLs itself at step 4. The
+# survivors' backward fails, they shrink the default group, rebuild DDP on it (its constructor
+# broadcasts rank 0's parameters) and re-shard. Rank 0 then replays the same training without
+# DDP (3 shards for steps 0-3, 2 from step 4) and compares the parameters.
+DDP_BODY = """
+import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+import adapter
+
+def make():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
+
+data = torch.randn(96, 8, generator=torch.Generator().manual_seed(1))
+target = data.sum(1, keepdim=True)
+model = make()
+ddp = DDP(model)
+opt = torch.optim.SGD(model.parameters(), lr=0.05)
+say("READY")
+step, STEPS = 0, 12
+while step < STEPS:
+    if r == 2 and step == 4:
+        os.kill(os.getpid(), 9)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    x, y = data[rank::world], target[rank::world]
+    opt.zero_grad()
+    try:
+        loss = ((ddp(x) - y) ** 2).mean()
+        loss.backward()
+    except Exception as e:
+        dead = adapter.culprit_of(e)
+        say("ERR", step, dead, type(e).__name__)
+        dist.shrink_group([dead])
+        ddp = DDP(model)
+        say("REBUILT", dist.get_rank(), dist.get_world_size())
+        continue
+    opt.step()
+    step += 1
+flat = torch.cat([p.detach().flatten() for p in model.parameters()])
+gathered = [torch.empty_like(flat) for _ in range(dist.get_world_size())]
+dist.all_gather(gathered, flat)
+same = all(torch.equal(g, flat) for g in gathered)
+replay = make()
+ref_opt = torch.optim.SGD(replay.parameters(), lr=0.05)
+for s in range(STEPS):
+    world = 3 if s < 4 else 2
+    ref_opt.zero_grad()
+    grads = []
+    for q in range(world):
+        replay.zero_grad()
+        ((replay(data[q::world]) - target[q::world]) ** 2).mean().backward()
+        grads.append([p.grad.clone() for p in replay.parameters()])
+    for i, p in enumerate(replay.parameters()):
+        p.grad = sum(g[i] for g in grads) / world
+    ref_opt.step()
+ref = torch.cat([p.detach().flatten() for p in replay.parameters()])
+say("DONE", dist.get_rank(), dist.get_world_size(), step, same, torch.allclose(flat, ref, atol=1e-5),
+    float((flat - ref).abs().max()))
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.timeout(120)
+def test_ddp_rebuilt_on_the_shrunk_group_trains_on_with_resharded_data(tmp_path):
+    pytest.importorskip("torch")
+    procs = start("torch", 3, DDP_BODY, tmp_path)
+    try:
+        errs = [procs[q].wait_line("ERR", 80) for q in (0, 1)]
+        done = [procs[q].wait_line("DONE", 40) for q in (0, 1)]
+        codes = finish_all(procs, 20)
+    finally:
+        stop_all(procs)
+    assert [e[2:4] for e in errs] == [["4", "2"], ["4", "2"]], reports(procs)  # step 4, culprit rank 2
+    assert [d[2:7] for d in done] == [["0", "2", "12", "True", "True"], ["1", "2", "12", "True", "True"]], \
+        (done, reports(procs))
+    assert codes[:2] == [0, 0], reports(procs)
+
+
+# Rank 0 starts an all_reduce that rank 1 never joins (rank 1 calls shrink_group 1.5 s later,
+# rank 2 is excluded and stays out), then shrinks: its Work must complete with an error, not hang.
+ABORT_BODY = """
+FLAGS = {flags}
+x = torch.ones(1024)
+dist.all_reduce(x)
+say("READY")
+if r == 2:
+    time.sleep(8)  # excluded: alive, but outside the shrink (torch's rule: it must not call it)
+    sys.exit(0)
+if r == 0:
+    import threading
+    work = dist.all_reduce(torch.ones(1 << 16), async_op=True)
+    ended = []
+    def waiter():  # when the Work completes, however far shrink_group is
+        try:
+            work.wait()
+            ended.append(("ok", time.monotonic(), ""))
+        except Exception as e:
+            ended.append(("error", time.monotonic(), str(e).replace("\\n", " ")[:400]))
+    time.sleep(0.3)
+    say("INFLIGHT", work.is_completed())
+    watcher = threading.Thread(target=waiter, daemon=True)
+    watcher.start()
+if r == 1:
+    time.sleep(1.5)  # rank 0 shrinks first: with SHRINK_ABORT its own abort must fail the Work
+t0 = time.monotonic()
+pg = dist.shrink_group([2], shrink_flags=FLAGS)
+shrunk_after = time.monotonic() - t0
+if r == 0:
+    watcher.join(30)
+    how, at, text = ended[0] if ended else ("hung", time.monotonic(), "")
+    say("WORK", how, f"{{at - t0:.2f}}", text)
+y = torch.full((16,), float(r + 1))
+dist.all_reduce(y)
+say("SUM", dist.get_rank(), dist.get_world_size(), float(y[0]), f"{{shrunk_after:.2f}}")
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("flags", [0, 1], ids=["SHRINK_DEFAULT", "SHRINK_ABORT"])
+def test_a_work_in_flight_completes_with_an_error_and_never_hangs(tmp_path, flags):
+    pytest.importorskip("torch")
+    procs = start("torch", 3, ABORT_BODY.format(flags=flags), tmp_path)
+    try:
+        assert procs[0].wait_line("INFLIGHT", 80)[2] == "False", reports(procs)
+        work = procs[0].wait_line("WORK", 30)
+        sums = [procs[q].wait_line("SUM", 30) for q in (0, 1)]
+        codes = finish_all(procs, 20)
+    finally:
+        stop_all(procs)
+    assert work[2] == "error", (work, reports(procs))
+    assert float(work[3]) < 5.0, work  # the shrink's own time, not an operation deadline (30 s)
+    text = " ".join(work[4:])
+    if flags:  # aborted by this rank before the agreement, while rank 1 still sleeps
+        assert "SHRINK_ABORT" in text and float(work[3]) < 1.0, work
+    else:  # failed when a decision broke the old group (this rank's, or first the peer's: then it names that peer)
+        said = ("being shrunk", "closed its connection", "left the group", "gave the group up")
+        assert any(s in text for s in said), text
+    assert [s[2:5] for s in sums] == [["0", "2", "3.0"], ["1", "2", "3.0"]], reports(procs)
+    assert codes == [0, 0, 0], reports(procs)
+    print(f"flags {flags}: the Work in flight failed {work[3]} s after shrink_group began: {text[:200]}")

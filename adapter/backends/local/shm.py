@@ -436,6 +436,9 @@ class SharedGroup:
                         stall_at = None
                     else:
                         wait = min(wait, stall_at - now)
+                if words.load(self._broken_addr[self.rank], ACQUIRE):  # another thread gave the group up
+                    raise PeerError(f"rank {self.names[self.rank]}: {self.what}: this rank gave the group up "
+                                    f"while this collective waited (shared memory)")
                 self._futex.wait(arrivals, wait)
         finally:
             words.fetch_and(self._mask_addr, ~bit & MASK64)

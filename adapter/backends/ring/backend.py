@@ -37,7 +37,7 @@ from ..local import algorithms as shm_algorithms
 from ..protocol import REDUCE_CODES
 from ..transport import auth, membership, tcp
 from ..transport.stream_engine import Engine, Stream
-from . import hierarchy, shared, shrink, splitting
+from . import grow, hierarchy, lineage, shared, shrink, splitting
 from .addresses import links_per_neighbour, load_ring_hostfile, validate_addresses
 from .formation import FormationAbandoned, Watch
 from .forming import ABORT_NOTICE_S, Forming, Wording, admit
@@ -79,8 +79,12 @@ def create(timeout: float | None = None) -> "RingBackend":
     path = os.environ["MLX_HOSTFILE"]
     addresses = load_ring_hostfile(path)
     rank = env_rank(len(addresses), f"MLX_HOSTFILE {path!r}")
+    if config.get("JACKLRING_JOIN"):  # a replacement: the members take it in with grow()
+        return grow.join_ring(rank, addresses, timeout, default_connect_timeout())
     _incarnations += 1
-    return RingBackend.from_addresses(rank, addresses, timeout=timeout, incarnation=_incarnations)
+    backend = RingBackend.from_addresses(rank, addresses, timeout=timeout, incarnation=_incarnations)
+    lineage.record(backend, lineage.Lineage(addresses, list(range(len(addresses)))))
+    return backend
 
 
 def _copy(src: np.ndarray, dst: np.ndarray) -> None:
@@ -190,6 +194,10 @@ class RingBackend(Backend):
         """Close the ring links (the neighbours waiting on them fail at once) and fail every
         later collective; the listeners stay, so a notice already sent can still be taken."""
         self.failure.mark(why)
+        if self._state.shm is not None:
+            # A collective waiting on the segment sleeps in poll(), which closing the links does
+            # not wake: this rank's mark rings every waiter, its own thread's too.
+            self._state.shm.mark_broken()
         self._plumbing.close_links()
 
     # ---- Backend interface ----------------------------------------------------------------
@@ -302,6 +310,10 @@ class RingBackend(Backend):
         seat = membership.Seat(state.rank, [a[0] for a in state.addresses], state.listeners[0], state.auth,
                                state.token, shrink.PURPOSE_SHRINK)
         return shrink.shrink_ring(self, seat, state.addresses, exclude, min_size, timeout)
+
+    def grow(self, count: int | None, timeout: float) -> "RingBackend":
+        """A ring of the members and newcomers that wait at vacant hostfile slots (ring/grow.py)."""
+        return grow.grow_ring(self, count, timeout)
 
     def close(self) -> None:
         state = self._state

@@ -12,7 +12,7 @@ from typing import Callable
 import numpy as np
 
 from ... import config
-from ...errors import CollectiveTimeout, MismatchError
+from ...errors import CollectiveTimeout, DistributedError, MismatchError, PeerError
 from ..base import ReduceOp
 from ..elements import DTYPE_CODES, byte_view, dtype_code, reduce_many, split_evenly
 from ..protocol import mismatch_message
@@ -81,6 +81,12 @@ class Plumbing:
                 body(*args)
             except BaseException as caught:
                 exc = caught
+                earlier = state.failure.why
+                if earlier is not None and isinstance(exc, DistributedError) and not state.abandon_on_failure:
+                    # Another thread gave the group up while this collective ran (break_links: a
+                    # shrink, dist.shrink_group's SHRINK_ABORT): say why, not just what broke.
+                    self.close_links()
+                    raise PeerError(f"{exc}; {earlier}") from None
                 if state.abandon_on_failure:  # a formation's closing barrier: pass the verdict on first
                     if isinstance(exc, CollectiveTimeout) and not hasattr(exc, "culprit"):
                         exc = self._unresponsive_member(exc)

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Sequence
 from ...errors import DistributedError, PeerError
 from ..transport import membership, tcp
 from ..transport.handshake import ANSWER_TIMEOUT_S
+from . import lineage
 
 if TYPE_CHECKING:
     from .backend import RingBackend
@@ -35,8 +36,12 @@ def admits(sender: int, rank: int, size: int) -> str | None:
 
 
 def epoch_of(backend: "RingBackend") -> int:
-    """The shrink epoch that formed this group (0 for a group formed at init or by split)."""
+    """The epoch of the shrink or grow that formed this group (0 for a group formed at init or by split)."""
     return _epochs.get(backend, 0)
+
+
+def record_epoch(backend: "RingBackend", epoch: int) -> None:
+    _epochs[backend] = epoch
 
 
 def shrink_ring(old: "RingBackend", seat: membership.Seat, addresses: list[list[str]], exclude: Sequence[int],
@@ -80,6 +85,9 @@ def shrink_ring(old: "RingBackend", seat: membership.Seat, addresses: list[list[
             floor = decision.epoch + 1
             continue
         _epochs[new] = decision.epoch
+        origin = lineage.of(old)
+        if origin is not None:
+            lineage.record(new, origin.keep(members))  # so the survivors can grow again
         _tombstones[old] = membership.Tombstone(seat, decision)
         log.info("rank %d: shrink epoch %d: rank %d of the new group of old ranks %s", seat.rank, decision.epoch,
                  new_rank, members)

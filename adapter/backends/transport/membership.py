@@ -29,7 +29,7 @@ from typing import Sequence
 from ...errors import CollectiveTimeout, DistributedError, ExcludedError, PeerError, QuorumError
 from . import tcp
 from .auth import MAC_BYTES, Auth, equal
-from .handshake import HandshakeRetry
+from .handshake import HandshakeRetry, OtherJob
 
 log = logging.getLogger("jacklring.shrink")
 
@@ -38,6 +38,7 @@ MAX_FRAME = 1 << 16
 PROBE_EVERY_S = 0.1     # how often the coordinator checks whether a silent member's process is gone
 POLL_S = 0.05           # how long the coordinator waits for a join between probes
 HANDSHAKE_RETRIES = 3   # a listener over its handshake budget closes unread: try again this often
+REPLACED_AFTER_S = 0.25  # a silent member whose address accepts is asked once, this far in, who listens there
 
 
 @dataclass(frozen=True)
@@ -124,6 +125,28 @@ def refuses(address: str) -> bool:
         return True
     except OSError:
         return False
+
+
+def replaced(seat: Seat, peer: int, answer_timeout: float) -> bool:
+    """Whether a process of another job context now listens at peer's address: a replacement
+    started in its slot (grow's newcomer), so the member itself is gone. A live member completes
+    the handshake (its listener then holds an idle connection that nobody reads, which is cheap
+    and quiet, where a handshake broken off would be logged as a rejection)."""
+    address = seat.addresses[peer]
+    try:
+        sock = socket.create_connection(tcp.parse_address(address), timeout=answer_timeout)
+    except OSError:
+        return False
+    try:
+        hello = tcp.Hello(seat.purpose, seat.rank, peer, 0, seat.token).fresh()
+        tcp.client_handshake(sock, hello, seat.auth, address, f"rank {peer} ({address})", answer_timeout)
+    except OtherJob:
+        return True
+    except (HandshakeRetry, DistributedError, OSError):
+        return False
+    finally:
+        sock.close()
+    return False
 
 
 def _reach(seat: Seat, peer: int, answer_timeout: float) -> Channel | None:
@@ -213,8 +236,10 @@ def _coordinate(seat: Seat, size: int, mine: dict, unreachable: set[int], min_si
     channels: dict[int, Channel] = {}
     excluded = set(mine["exclude"])
     dead: set[int] = set()
-    end = time.monotonic() + window
+    started = time.monotonic()
+    end = started + window
     next_probe = 0.0
+    asked: set[int] = set()  # members asked once who listens at their address (replaced())
 
     def pending() -> list[int]:
         return [q for q in range(size)
@@ -246,6 +271,11 @@ def _coordinate(seat: Seat, size: int, mine: dict, unreachable: set[int], min_si
         now = time.monotonic()
         if now >= next_probe:
             dead.update(q for q in pending() if refuses(seat.addresses[q]))
+            if now - started >= REPLACED_AFTER_S:
+                for q in [q for q in pending() if q not in asked]:
+                    asked.add(q)
+                    if replaced(seat, q, answer_timeout):
+                        dead.add(q)
             next_probe = now + PROBE_EVERY_S
         take(min(end, time.monotonic() + POLL_S))
     while take(time.monotonic()):  # joins that are already queued still count

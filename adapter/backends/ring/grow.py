@@ -1,0 +1,216 @@
+"""grow() for the ring: the members take in newcomers (replacements for dead ranks) and form a
+new ring with them; the newcomer's side is join_ring().
+
+A newcomer is a process started from the job's hostfile with JACKLRING_JOIN=1 and MLX_RANK set
+to a vacant slot (a rank of the first ring that no member holds now, e.g. a dead rank's): it
+listens at that slot's first address and waits. The members call grow() together. They trade the
+addresses of fresh listeners over their own ring (an all_gather), and rank 0 recruits: it
+connects to each vacant slot's address through the authenticated handshake under the job key
+(transport/enrolment.py) until it has `count` newcomers or `timeout` passes, then broadcasts the
+decision over the members' ring and sends it to each newcomer. The decision names the new
+ranks: the members keep theirs (0..k-1) and the newcomers follow in ascending slot order (k,
+k+1, ...). Everybody then forms a ring on the fresh listeners under a key derived from the job
+key, a fresh nonce and the epoch (the same derivation as shrink's), so a process that was not
+told the decision cannot connect to it. If too few newcomers answered, the newcomers that did
+are told the attempt is off (they wait for the next one) and every member raises
+CollectiveTimeout; the members' group stays as it was.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ...errors import CollectiveTimeout, ConfigError, DistributedError, PeerError
+from ..transport import enrolment, tcp
+from ..transport.auth import Auth
+from . import lineage, shrink
+from .lineage import Lineage
+
+if TYPE_CHECKING:
+    from .backend import RingBackend
+
+log = logging.getLogger("jacklring.grow")
+
+PURPOSE_GROW = 6        # 1-4: the ring's own connections, aborts, origin's notices; 5: shrink
+ADDRESS_BYTES = 4096    # one member's fresh listener addresses, as JSON, in the all_gather
+RECRUIT_EVERY_S = 0.05  # how often the recruiter looks again at a vacant slot nobody answered at
+
+
+def group_key(origin_auth: Auth, nonce: bytes, epoch: int) -> Auth:
+    """The grown group's key: from the job key, so a newcomer (which holds only that) can compute
+    it once told the nonce, and nobody who was not told can."""
+    return origin_auth.derive(b"jacklring-grow-group\0" + nonce + str(epoch).encode())
+
+
+def admit_invitation(hello: tcp.Hello) -> str | None:
+    return None if hello.purpose == PURPOSE_GROW else "this process only waits to be invited into a group (grow)"
+
+
+def grow_ring(old: "RingBackend", count: int | None, timeout: float) -> "RingBackend":
+    """The ring of the members and `count` newcomers (default: one per vacant slot), as this
+    member's new backend (see the module docstring)."""
+    from .backend import RingBackend  # the class of `old`; a lazy import keeps the modules apart
+
+    state = old.state
+    me, size = state.rank, state.size
+    lin = lineage.of(old)
+    if lin is None:
+        raise DistributedError(
+            f"rank {me}: grow: only a ring group formed from MLX_HOSTFILE (the launcher's ranks), or shrunk or "
+            f"grown from one, can take in newcomers: a newcomer is found at that file's addresses. This group "
+            f"was formed through a store (torchrun, Slurm) or by split()")
+    vacant = lin.vacant()
+    want = len(vacant) if count is None else int(count)
+    if not 1 <= want <= len(vacant):
+        raise ValueError(f"rank {me}: grow: count={count} but the hostfile has {len(vacant)} vacant slot(s) "
+                         f"{vacant} (slots held: {lin.slots})")
+    if size > 1 and not state.listeners:
+        raise DistributedError(f"rank {me}: this ring group was closed; it cannot grow")
+    hosts = [tcp.parse_address(a)[0] for a in state.addresses[me]]
+    listeners = [tcp.Listener(host, 0) for host in hosts]
+    epoch = shrink.epoch_of(old) + 1
+    saved = state.timeout
+    try:
+        # Rank 0 recruits for up to `timeout`; the others wait in the broadcast meanwhile.
+        old.set_timeout(max(saved, timeout + 10.0))
+        members = _gather_addresses(old, [s.where() for s in listeners])
+        if me == 0:
+            decision = _recruit(old, lin, vacant, want, members, epoch, timeout)
+        else:
+            decision = {}
+        decision = _broadcast(old, decision)
+    except BaseException:
+        for s in listeners:
+            s.close()
+        raise
+    finally:
+        old.set_timeout(saved)
+    if not decision.get("ok"):
+        for s in listeners:
+            s.close()
+        raise CollectiveTimeout(f"rank {me}: grow: {decision.get('why')} (decided by rank 0); this group "
+                                f"stays as it was")
+    slots, addresses = [int(s) for s in decision["slots"]], decision["addresses"]
+    key = group_key(lineage.origin_auth(lin.origin), bytes.fromhex(decision["nonce"]), epoch)
+    started = time.monotonic()
+    try:
+        new = RingBackend(me, addresses, listeners, saved, connect_timeout=timeout + 5.0, incarnation=epoch,
+                          job=key)
+    except DistributedError as exc:
+        raise PeerError(f"rank {me}: grow epoch {epoch}: the group of {len(slots)} did not form after "
+                        f"{time.monotonic() - started:.2f} s ({exc}); this group stays as it was") from None
+    old.break_links(f"rank {me}: this group grew into a group of {len(slots)} (epoch {epoch})")
+    lineage.record(new, Lineage(lin.origin, slots))
+    shrink.record_epoch(new, epoch)
+    log.info("rank %d: grow epoch %d: %d newcomer(s) from slots %s, %d ranks", me, epoch, len(slots) - size,
+             slots[size:], len(slots))
+    return new
+
+
+def _gather_addresses(old: "RingBackend", mine: list[str]) -> list[list[str]]:
+    text = json.dumps(mine).encode()
+    if len(text) > ADDRESS_BYTES:
+        raise ConfigError(f"rank {old.rank()}: grow: {len(text)} bytes of listener addresses (at most "
+                          f"{ADDRESS_BYTES})")
+    src = np.zeros(ADDRESS_BYTES, np.uint8)
+    src[:len(text)] = np.frombuffer(text, np.uint8)
+    dst = np.zeros(ADDRESS_BYTES * old.size(), np.uint8)
+    old.all_gather(src, dst)
+    return [json.loads(dst[i * ADDRESS_BYTES:(i + 1) * ADDRESS_BYTES].tobytes().rstrip(b"\0"))
+            for i in range(old.size())]
+
+
+def _broadcast(old: "RingBackend", decision: dict) -> dict:
+    """Rank 0's decision on every member (a length, then the JSON)."""
+    text = json.dumps(decision).encode() if old.rank() == 0 else b""
+    length = np.array([len(text)], np.int64)
+    old.broadcast(length, 0)
+    buf = np.zeros(int(length[0]), np.uint8)
+    if old.rank() == 0:
+        buf[:] = np.frombuffer(text, np.uint8)
+    old.broadcast(buf, 0)
+    return json.loads(buf.tobytes())
+
+
+def _recruit(old: "RingBackend", lin: Lineage, vacant: list[int], want: int, members: list[list[str]],
+             epoch: int, timeout: float) -> dict:
+    """As rank 0: find `want` newcomers at the vacant slots within timeout; the decision (sent to
+    each newcomer too), or {"ok": False, "why": ...}."""
+    auth, token = lineage.origin_auth(lin.origin), lineage.origin_token(lin.origin)
+    answer_timeout = min(1.0, max(0.05, timeout / 4))
+    deadline = time.monotonic() + timeout
+    found: dict[int, tuple] = {}
+    why_not: dict[int, str] = {}
+    while True:
+        for s in vacant:
+            if s in found or len(found) >= want:
+                continue
+            got = enrolment.recruit(lin.origin[s][0], s, auth, token, PURPOSE_GROW, 0, epoch, answer_timeout)
+            if isinstance(got, str):
+                why_not[s] = got
+            else:
+                found[s] = got
+                why_not.pop(s, None)
+        if len(found) >= want or time.monotonic() >= deadline:
+            break
+        time.sleep(RECRUIT_EVERY_S)
+    tell_by = time.monotonic() + answer_timeout
+    if len(found) < want:
+        reasons = "; ".join(f"slot {s} ({lin.origin[s][0]}): {why_not.get(s, 'not tried')}" for s in vacant
+                            if s not in found)
+        why = (f"only {len(found)} of {want} newcomer(s) joined within {timeout:g} s (vacant slots {vacant}: "
+               f"{reasons})")
+        for channel, _ in found.values():
+            enrolment.tell(channel, {"kind": "cancel", "why": why}, tell_by)
+        return {"ok": False, "why": why}
+    newcomers = sorted(found)
+    decision = {"ok": True, "kind": "decision", "epoch": epoch, "nonce": os.urandom(16).hex(),
+                "slots": lin.slots + newcomers,
+                "addresses": members + [found[s][1]["addrs"] for s in newcomers]}
+    for s in newcomers:
+        failed = enrolment.tell(found[s][0], decision, tell_by)
+        if failed is not None:
+            log.info("rank 0: grow epoch %d: the newcomer at slot %d was not told: %s", epoch, s, failed)
+    return decision
+
+
+def join_ring(slot: int, origin: list[list[str]], timeout: float | None,
+              connect_timeout: float) -> "RingBackend":
+    """As a newcomer at `slot` of the hostfile `origin`: wait up to connect_timeout to be taken in
+    by a grow(), then form the grown ring; returns this process's backend in it."""
+    from .backend import RingBackend
+
+    auth, token = lineage.origin_auth(origin), lineage.origin_token(origin)
+    host, port = tcp.parse_address(origin[slot][0])
+    try:
+        waiting = tcp.Listener(host, port)
+    except PeerError as exc:
+        raise PeerError(f"slot {slot}: this replacement cannot listen at its slot's address {origin[slot][0]} "
+                        f"({exc}); is the rank it replaces still running?") from None
+    listeners: list[tcp.Listener] = []
+    try:
+        waiting.serve(auth, token, slot, admit_invitation, f"slot {slot} (waiting to join)")
+        listeners = [tcp.Listener(tcp.parse_address(a)[0], 0) for a in origin[slot]]
+        deadline = time.monotonic() + connect_timeout
+        decision = enrolment.await_invitation(waiting, auth, slot, PURPOSE_GROW,
+                                              {"addrs": [s.where() for s in listeners]}, deadline)
+    except BaseException:
+        for s in listeners:
+            s.close()
+        raise
+    finally:
+        waiting.close()
+    slots, epoch = [int(s) for s in decision["slots"]], int(decision["epoch"])
+    rank = slots.index(slot)
+    key = group_key(auth, bytes.fromhex(decision["nonce"]), epoch)
+    new = RingBackend(rank, decision["addresses"], listeners, timeout, connect_timeout=connect_timeout,
+                      incarnation=epoch, job=key)
+    lineage.record(new, Lineage(origin, slots))
+    shrink.record_epoch(new, epoch)
+    log.info("slot %d: joined as rank %d of %d (grow epoch %d)", slot, rank, len(slots), epoch)
+    return new

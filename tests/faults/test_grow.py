@@ -1,0 +1,289 @@
+"""Group.grow() with real processes: a rank dies, the survivors shrink, a replacement started with
+JACKLRING_JOIN=1 at the dead rank's hostfile slot is taken in, and the next collectives of the
+grown group are right on every rank. An outsider without the job key cannot get in that way."""
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+from cluster import ROOT, finish_all, rank_envs, reports, start, stop_all
+
+# A member shrinks after the death of a rank, then grows back; a newcomer (JACKLRING_JOIN=1)
+# gets the grown group from init(). Then every rank checks an all_gather of the slots (the
+# hostfile ranks) and an all_sum of (slot + 1) over the whole group.
+GROW_BACK = """
+import adapter
+slot = int(os.environ["MLX_RANK"])
+if os.environ.get("JACKLRING_JOIN") != "1":
+    x = np.full(4096, float(slot + 1), np.float32)
+    all_sum(x)
+    say("READY")
+    try:
+        while True:
+            all_sum(x)
+    except ERRORS as e:
+        say("ERR", type(e).__name__)
+    group = group.shrink(timeout=3)
+    say("SHRUNK", group.rank(), group.size())
+    shrunk = group
+    try:
+        group = group.grow(timeout={grow_timeout})
+        try:
+            all_sum(x, group=shrunk)
+        except ERRORS as e:
+            say("OLD", type(e).__name__, str(e).replace("\\n", " "))
+    except ERRORS as e:
+        say("GROWERR", type(e).__name__, str(e).replace("\\n", " "))
+        y = all_sum(np.full(16, float(slot + 1), np.float32))  # the shrunk group still works
+        say("AFTER", group.rank(), group.size(), float(y[0]))
+        sys.exit(0)
+say("GROWN", group.rank(), group.size())
+slots = all_gather(np.array([slot], np.int64))
+y = all_sum(np.full(4096, float(slot + 1), np.float32))
+expected = float(sum(int(s) + 1 for s in slots))
+say("SUM", group.rank(), group.size(), ",".join(str(int(s)) for s in slots), float(y[0]), expected,
+    bool(np.all(y == expected)))
+barrier()
+"""
+
+
+def body(grow_timeout: float = 10.0) -> str:
+    return GROW_BACK.format(grow_timeout=grow_timeout)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("transport", ["tcp", "auto"], ids=["tcp", "shared-memory"])
+def test_shrink_then_grow_back_to_the_full_size(tmp_path, transport):
+    envs = rank_envs("ring", 4, tmp_path)
+    env = {"JACKLRING_LOCAL_TRANSPORT": transport}
+    procs = start("ring", 4, body(), tmp_path, env=env, envs=envs)
+    newcomer = None
+    try:
+        for p in procs:
+            p.wait_line("READY", 30)
+        procs[2].kill(signal.SIGKILL)
+        for p in (procs[0], procs[1], procs[3]):
+            p.wait_line("SHRUNK", 15)
+        started = time.monotonic()
+        [newcomer] = start("ring", 4, body(), tmp_path, env={**env, "JACKLRING_JOIN": "1"}, envs=envs, ranks=[2])
+        sums = {}
+        for p in (procs[0], procs[1], procs[3], newcomer):
+            fields = p.wait_line("SUM", 20)
+            _, t, new_rank, size, slots, got, expected, ok = fields
+            assert ok == "True" and got == expected == "10.0", fields
+            assert slots == "0,1,3,2" and size == "4", fields
+            sums[p.rank if p is not newcomer else "new"] = (int(new_rank), float(t))
+            if p is not newcomer:
+                old = " ".join(p.wait_line("OLD", 5))
+                assert "this group was grown into a group of 4" in old and "use the Group grow() returned" in old, old
+        codes = finish_all(procs + [newcomer], 15)
+    finally:
+        stop_all(procs + ([newcomer] if newcomer else []))
+    assert [sums[q][0] for q in (0, 1, 3, "new")] == [0, 1, 2, 3], sums
+    assert [codes[i] for i in (0, 1, 3, 4)] == [0, 0, 0, 0], reports(procs + [newcomer])
+    print(f"{transport}: replacement start to its first correct all_sum: {sums['new'][1] - started:.2f} s")
+
+
+ATTACK = textwrap.dedent("""
+    # An outsider with the standard library only: listens at the dead rank's slot and answers
+    # whoever connects with what it can (it has no job key), noting what it saw.
+    import os, socket, sys, time
+    host, port = sys.argv[1], int(sys.argv[2])
+    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind((host, port)); s.listen(16); s.settimeout(0.2)
+    print("LISTENING", flush=True)
+    end = time.monotonic() + float(sys.argv[3])
+    seen = 0
+    while time.monotonic() < end:
+        try:
+            c, _ = s.accept()
+        except socket.timeout:
+            continue
+        seen += 1
+        c.settimeout(0.5)
+        try:
+            hello = c.recv(200)
+            # the handshake's own frames: a challenge (magic, OK, a nonce), then, after the
+            # connector's proof, an acknowledgement whose MAC it can only guess
+            c.sendall(b"JKLC" + bytes([0]) + os.urandom(32))
+            c.recv(200)
+            c.sendall(b"JKLA" + bytes([0]) + os.urandom(32))
+            c.recv(200)
+        except OSError:
+            pass
+        c.close()
+    print("SEEN", seen, flush=True)
+""")
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("outsider", ["wrong-secret", "uid-65534"])
+def test_an_outsider_cannot_join_through_grow(tmp_path, outsider):
+    """The slot of a dead rank is taken by a process without the job key: the members' grow()
+    raises CollectiveTimeout saying the slot's listener failed the handshake, nobody is taken in,
+    and the shrunk group goes on."""
+    envs = rank_envs("ring", 4, tmp_path)
+    env = {"JACKLRING_SECRET": "6a61636b6c72696e672d746573742d6b65792d61", "JACKLRING_LOCAL_TRANSPORT": "tcp"}
+    procs = start("ring", 4, body(grow_timeout=2.0), tmp_path, env=env, envs=envs)
+    intruder = None
+    try:
+        for p in procs:
+            p.wait_line("READY", 30)
+        procs[2].kill(signal.SIGKILL)
+        procs[2].finish(5)
+        if outsider == "wrong-secret":
+            wrong = {**env, "JACKLRING_SECRET": "77726f6e672d7365637265742d6f662d6f7468",
+                     "JACKLRING_JOIN": "1", "JACKLRING_CONNECT_TIMEOUT": "6"}
+            [intruder] = start("ring", 4, body(), tmp_path, env=wrong, envs=envs, ranks=[2])
+            intruder.wait_line("START", 10)
+            time.sleep(1.0)  # it binds its slot after the imports
+        else:
+            host, port = _slot_address(envs, 2)
+            intruder = subprocess.Popen(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                                         "/usr/bin/python3", "-c", ATTACK, host, str(port), "12"],
+                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd="/")
+            assert intruder.stdout.readline().split() == ["LISTENING"], intruder.stderr.read()
+        for p in (procs[0], procs[1], procs[3]):
+            p.wait_line("SHRUNK", 15)
+        for p in (procs[0], procs[1], procs[3]):
+            fields = p.wait_line("GROWERR", 20)
+            assert fields[2] == "CollectiveTimeout", fields
+            text = " ".join(fields[3:])
+            assert "only 0 of 1 newcomer(s) joined" in text and "slot 2" in text, text
+            assert "it was refused" in text, text  # a handshake was tried there and failed
+            after = p.wait_line("AFTER", 10)
+            assert after[2:] == [str([0, 1, 3].index(p.rank)), "3", "7.0"], after  # slots 0, 1, 3: 1 + 2 + 4
+        codes = finish_all(procs, 15)
+    finally:
+        stop_all(procs)
+        if intruder is not None:
+            if isinstance(intruder, subprocess.Popen):
+                intruder.kill()
+                intruder.wait()
+            else:
+                stop_all([intruder])
+    assert [codes[i] for i in (0, 1, 3)] == [0, 0, 0], reports(procs)
+    if not isinstance(intruder, subprocess.Popen):
+        assert not intruder.tagged("GROWN") and not intruder.tagged("SUM"), intruder.report()
+
+
+def _slot_address(envs, slot: int) -> tuple[str, int]:
+    import json
+    hostfile = json.loads(open(envs[slot]["MLX_HOSTFILE"]).read())
+    host, port = hostfile[slot][0].rsplit(":", 1)
+    return host, int(port)
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-x", "-q", "-s", f"--rootdir={ROOT}"]))
+
+
+# Every rank (members and newcomers alike) loops all_max(stop flag) + all_sum until the harness
+# creates the stop file; on a failure the members shrink and grow back.
+AGAIN_AND_AGAIN = """
+import adapter
+slot = int(os.environ["MLX_RANK"])
+STOP = {stop!r}
+
+def slots_of():
+    return [int(s) for s in all_gather(np.array([slot], np.int64))]
+
+def grown(g):
+    s = slots_of()
+    say("GROWN", g.rank(), g.size(), ",".join(map(str, s)))
+    return float(sum(q + 1 for q in s))
+
+expected = grown(group) if os.environ.get("JACKLRING_JOIN") == "1" else float(sum(range(1, n + 1)))
+say("READY")
+while True:
+    try:
+        stop = all_max(np.array([1.0 if os.path.exists(STOP) else 0.0]))[0]
+        y = all_sum(np.full(64, float(slot + 1), np.float32))
+        if not np.all(y == expected):
+            say("BAD", float(y[0]), expected)
+        if stop:
+            break
+        time.sleep(0.01)
+    except ERRORS as e:
+        group = group.shrink(timeout=3)
+        say("SHRUNK", group.rank(), group.size())
+        group = group.grow(timeout=15)
+        expected = grown(group)
+say("END", group.rank(), group.size(), ",".join(map(str, slots_of())), float(y[0]))
+"""
+
+
+@pytest.mark.timeout(90)
+def test_two_deaths_two_replacements_in_turn(tmp_path):
+    """Slot 2 dies and is replaced, then slot 0 (the first group's rank 0, the recruiter) dies
+    and is replaced: the lineage of slots carries through shrink and grow."""
+    envs = rank_envs("ring", 4, tmp_path)
+    text = AGAIN_AND_AGAIN.format(stop=str(tmp_path / "stop"))
+    env = {"JACKLRING_LOCAL_TRANSPORT": "tcp"}
+    procs = start("ring", 4, text, tmp_path, env=env, envs=envs)
+    try:
+        for p in procs:
+            p.wait_line("READY", 30)
+        procs[2].kill(signal.SIGKILL)
+        for q in (0, 1, 3):
+            procs[q].wait_line("SHRUNK", 15)
+        procs += start("ring", 4, text, tmp_path, env={**env, "JACKLRING_JOIN": "1"}, envs=envs, ranks=[2])
+        firsts = {q: procs[i].wait_line("GROWN", 20)[2:] for i, q in ((0, 0), (1, 1), (3, 3), (4, "new2"))}
+        procs[0].kill(signal.SIGKILL)
+        for i in (1, 3, 4):
+            procs[i].wait_line("SHRUNK", 15)
+        procs += start("ring", 4, text, tmp_path, env={**env, "JACKLRING_JOIN": "1"}, envs=envs, ranks=[0])
+        seconds = {q: procs[i].wait_line("GROWN", 20)[2:] for i, q in ((1, 1), (3, 3), (4, "new2"), (5, "new0"))}
+        (tmp_path / "stop").write_text("")
+        ends = {i: procs[i].wait_line("END", 20)[2:] for i in (1, 3, 4, 5)}
+        codes = finish_all(procs, 15)
+    finally:
+        stop_all(procs)
+    assert all(f[1:] == ["4", "0,1,3,2"] for f in firsts.values()), firsts
+    assert [firsts[q][0] for q in (0, 1, 3, "new2")] == ["0", "1", "2", "3"], firsts
+    # after slot 0's death: old slots 1, 3, 2 are ranks 0, 1, 2, and the newcomer in slot 0 is rank 3
+    assert all(f[1:] == ["4", "1,3,2,0"] for f in seconds.values()), seconds
+    assert [seconds[q][0] for q in (1, 3, "new2", "new0")] == ["0", "1", "2", "3"], seconds
+    assert all(e[1:] == ["4", "1,3,2,0", "10.0"] for e in ends.values()), ends
+    assert not any(p.tagged("BAD") for p in procs), reports(procs)
+    assert [codes[i] for i in (1, 3, 4, 5)] == [0, 0, 0, 0], reports(procs)
+
+
+DIE_BEFORE_FORMING = """
+import adapter.backends.ring.backend as ring_backend
+def die(self, *args, **kwargs):  # accepted the invitation, then gone before the ring forms
+    say("DYING")
+    os._exit(3)
+ring_backend.RingBackend.__init__ = die
+"""
+
+
+@pytest.mark.timeout(60)
+def test_a_newcomer_that_dies_after_accepting_leaves_the_members_group_usable(tmp_path):
+    envs = rank_envs("ring", 4, tmp_path)
+    env = {"JACKLRING_LOCAL_TRANSPORT": "tcp"}
+    procs = start("ring", 4, body(grow_timeout=2.0), tmp_path, env=env, envs=envs)
+    try:
+        for p in procs:
+            p.wait_line("READY", 30)
+        procs[2].kill(signal.SIGKILL)
+        for q in (0, 1, 3):
+            procs[q].wait_line("SHRUNK", 15)
+        procs += start("ring", 4, body(), tmp_path, env={**env, "JACKLRING_JOIN": "1",
+                                                         "FAULT_BEFORE_INIT": DIE_BEFORE_FORMING},
+                       envs=envs, ranks=[2])
+        procs[4].wait_line("DYING", 20)
+        for q in (0, 1, 3):
+            fields = procs[q].wait_line("GROWERR", 20)
+            assert fields[2] == "PeerError" and "did not form" in " ".join(fields), fields
+            assert "this group stays as it was" in " ".join(fields), fields
+            after = procs[q].wait_line("AFTER", 10)
+            assert after[2:] == [str([0, 1, 3].index(q)), "3", "7.0"], after
+        codes = finish_all(procs, 15)
+    finally:
+        stop_all(procs)
+    assert [codes[i] for i in (0, 1, 3)] == [0, 0, 0], reports(procs)
