@@ -107,5 +107,5 @@ def test_tensor_parallel_losses_match_the_unsharded_run(tmp_path: Path) -> None:
 def test_elastic_training_survives_a_kill_and_finishes_with_identical_parameters():
     output = run([sys.executable, str(EXAMPLES / "elastic.py"), "--spawn", "3", "--kill", "1:5", "--epochs", "1"])
     assert "shrunk to 2 rank(s)" in output, output
-    assert output.count("parameters identical on every survivor: True") == 2, output
+    assert output.count("parameters identical on every rank: True") == 2, output
     assert "exit codes [0, -9, 0]" in output, output
