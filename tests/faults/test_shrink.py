@@ -56,22 +56,27 @@ def body(min_size=None, stop_after=30, timeout=3.0, linger=0.0, retries=0) -> st
                                        retries=retries)
 
 
-def check_sums(procs, survivors: list[int], killed_at: float | None = None) -> dict[int, float]:
-    """Every survivor printed a correct SUM in a group of exactly `survivors`; returns the seconds
-    from the kill to each survivor's SUM line."""
-    after = {}
+def check_sums(procs, survivors: list[int], killed_at: float | None = None,
+               or_group: list[int] | None = None) -> dict[int, float]:
+    """Every survivor printed a correct SUM in a group of exactly `survivors` (or, when given,
+    every one of them in `or_group`); returns the seconds from the kill to each survivor's SUM line."""
+    allowed = [survivors] + ([or_group] if or_group else [])
+    after, seen = {}, set()
     for p in procs:
         if p.rank not in survivors:
             continue
         fields = p.wait_line("SUM", 30)
         _, t, new_rank, size, members, got, expected, ok = fields
         assert ok == "True" and got == expected, fields
-        assert members == ",".join(map(str, survivors)), (fields, survivors)
-        assert int(new_rank) == survivors.index(p.rank) and int(size) == len(survivors), fields
+        group = [int(m) for m in members.split(",")]
+        assert group in allowed, (fields, allowed)
+        seen.add(members)
+        assert int(new_rank) == group.index(p.rank) and int(size) == len(group), fields
         if killed_at is not None:
             after[p.rank] = float(t) - killed_at
         old = p.wait_line("OLD", 5)
         assert "shrunk into a group of" in " ".join(old), old
+    assert len(seen) == 1, f"the survivors reported different groups: {sorted(seen)}"
     return after
 
 
@@ -116,7 +121,10 @@ def test_a_second_death_during_the_shrink(tmp_path):
         procs[0].wait_line("SHRINKING", 10)
         procs[0].kill(signal.SIGKILL)
         try:
-            check_sums(procs, [2, 3])
+            # The kill can also land after the shrunk group's first all_sum, to which rank 0 had
+            # already given its part (seen in a full-suite run): then both survivors report that
+            # group of three, with the right sum.
+            check_sums(procs, [2, 3], or_group=[0, 2, 3])
         except AssertionError as exc:
             finish_all(procs, 10)  # every rank's last words, then all of them
             raise AssertionError(f"{exc}\n\nevery rank's report:\n{reports(procs)}") from None
