@@ -170,7 +170,11 @@ def _torch_group(backend: str, rank: int, size: int):
     """The default group when it is of this backend (formed here if none), else a new one."""
     import torch.distributed as dist
     if backend == "jacklring":
+        import adapter
         import adapter.torch_backend  # noqa: F401  registers the backend
+        # The same backend as the numpy-api column (adapter.init()'s group): left to itself, a
+        # jacklring group under mpirun runs over MPI, and the torch column would time MPI.
+        os.environ.setdefault("JACKLRING_TORCH_BACKEND", adapter.init(strict=True).backend_name)
     if not dist.is_initialized():
         dist.init_process_group(backend, rank=rank, world_size=size)
     if dist.get_backend() == backend:
