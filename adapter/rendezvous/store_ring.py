@@ -56,7 +56,10 @@ def store_ring(store, rank: int, size: int, timeout_s: float, scope: str = "") -
         addresses = [[r.value] for r in records]
         log.debug("rank %d: jacklring ring addresses %s (formation %s)", rank, addresses, tag)
         with book.defended(record):  # peers still reading it find it while the ring connects
-            return RingBackend(rank, addresses, [listener], timeout_s, wait_s, job=job)
+            # Each record was published with its rank's listener already open: a peer that then
+            # refuses connections has left (an IntegrityError, a crash), and this rank says so
+            # at once instead of retrying until the connect deadline.
+            return RingBackend(rank, addresses, [listener], timeout_s, wait_s, job=job, peers_listening=True)
     except BaseException:
         listener.close()
         raise

@@ -112,8 +112,11 @@ class Forming:
     watch names members (a split's: by parent rank), and the connect deadline."""
 
     def __init__(self, state: RingState, words: Wording, watch: Watch | None,
-                 parent_ranks: list[int] | None) -> None:
+                 parent_ranks: list[int] | None, peers_listening: bool = False) -> None:
         self._state = state
+        # Every address came from a record its rank published while already listening there (a
+        # store rendezvous), so a refused connection means that rank has left, not "not yet up".
+        self._peers_listening = peers_listening
         self._words = words
         # A split's watch names members by their parent rank (parent_ranks[sub-group rank]).
         self._watched_rank: Callable[[int], int] = (lambda p: p) if parent_ranks is None else parent_ranks.__getitem__
@@ -158,11 +161,12 @@ class Forming:
 
         watch.wake_on(listeners, arrivals,
                       lambda p: (p == as_watched(nxt) and len(right) < k) or (p == as_watched(prv) and None in left_socks))
-        left_seen = [False]
+        left_seen = [self._peers_listening]
 
         def probe_left() -> None:
-            """A left neighbour whose listener answered and now refuses died before it connected
-            here (a rank merely slow to start never answered: it still has the deadline)."""
+            """A left neighbour whose listener answered (or was published listening) and now
+            refuses died before it connected here (a rank merely slow to start never answered:
+            it still has the deadline)."""
             if None not in left_socks or prv == r:
                 return
             verdict = blame.answers(state.addresses[prv][0], state.token, r, prv,
