@@ -7,6 +7,7 @@ directly instead (see adapter.ops).
 """
 from __future__ import annotations
 
+import ctypes
 import sys
 from typing import Any, Callable
 
@@ -78,6 +79,56 @@ def plain_cpu_tensor_view(x: Any) -> np.ndarray | None:
             or not x.is_contiguous() or x.is_conj() or x.is_neg()):
         return None
     return x.numpy()
+
+
+# Views for call_view, by the address of their first byte: (element count, torch dtype, view);
+# and the addresses seen once.
+_CALL_VIEWS: dict[int, tuple] = {}
+_CALL_VIEWS_SEEN: set[int] = set()
+_CALL_VIEWS_KEPT = 64  # a workload cycling through more buffers than this starts over
+
+
+def call_view(x: Any) -> np.ndarray | None:
+    """The 1-D numpy view of a tensor plain_cpu_tensor_view accepts, for a call that holds the
+    tensor until it returns; None for anything else. The view does not keep the tensor's memory
+    alive, so it must not outlive the call (never store it, never hand it to another thread that
+    may run after the call returns).
+
+    x.numpy() costs more than the rest of a small collective's checks together, and the same
+    buffers come back call after call (a layer's activations, a gradient bucket). So views are
+    kept by address, element count and dtype, and one is handed out again only for a live tensor
+    of that dtype covering exactly those bytes: memory freed and reused meanwhile is then the
+    caller's tensor's memory, never stale. Keeping the views does not keep any memory alive."""
+    if type(x) is not _TENSOR_TYPE:
+        if _TENSOR_TYPE is not None:
+            return None
+        plain_cpu_tensor_view(None)  # looks torch up, once
+        if type(x) is not _TENSOR_TYPE:
+            return None
+    if (not x.is_cpu or x.requires_grad or x.dtype not in _PLAIN_TENSOR_DTYPES or not x.is_contiguous()
+            or x.is_conj() or x.is_neg()):
+        return None
+    address, count, dtype = x.data_ptr(), x.numel(), x.dtype
+    kept = _CALL_VIEWS.get(address)
+    if kept is not None and kept[0] == count and kept[1] is dtype:
+        return kept[2]
+    whole = x.numpy().reshape(-1)
+    if not count:
+        return whole
+    if kept is None and address not in _CALL_VIEWS_SEEN:
+        # First sight of this address: a view made now would cost more than x.numpy() (buffers
+        # allocated afresh every call never come back); keep one from the second sight on.
+        if len(_CALL_VIEWS_SEEN) >= _CALL_VIEWS_KEPT:
+            _CALL_VIEWS_SEEN.clear()
+        _CALL_VIEWS_SEEN.add(address)
+        return whole
+    # Over the bytes, not over the tensor (ctypes memory that owns nothing), so the view keeps
+    # nothing alive.
+    view = np.frombuffer((ctypes.c_char * whole.nbytes).from_address(address), whole.dtype)
+    if len(_CALL_VIEWS) >= _CALL_VIEWS_KEPT:
+        _CALL_VIEWS.clear()
+    _CALL_VIEWS[address] = (count, dtype, view)
+    return view
 
 
 def plain_tensor_over(arr: np.ndarray) -> Any:

@@ -14,7 +14,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from . import gpu
-from .arrays import as_numpy, flat, numpy_dtype, out_view, plain_cpu_tensor_view, plain_tensor_over, result_like
+from .arrays import as_numpy, call_view, flat, numpy_dtype, out_view, plain_cpu_tensor_view, plain_tensor_over, result_like
 from .backends.base import ReduceOp
 from .backends.elements import DTYPE_CODES, check_reducible, dtype_code
 from .group import Group, default_group
@@ -127,6 +127,22 @@ def _plain_into(g: Group, src: np.ndarray, dst: np.ndarray | None, op: ReduceOp)
     return True
 
 
+def _plain_tensors_into(g: Group, x: Any, src: np.ndarray, out: Any, op: ReduceOp) -> bool:
+    """_plain_into for a plain CPU tensor x (src: its call_view) and a tensor out: the tensors'
+    shapes and addresses are read from them, which costs far less than from numpy views."""
+    dst = call_view(out)
+    if dst is None or dst.dtype != src.dtype or out.shape != x.shape or (src.dtype, op) not in _REDUCIBLE:
+        return False
+    lo, hi = x.data_ptr(), out.data_ptr()
+    if not (lo + src.nbytes <= hi or hi + dst.nbytes <= lo):
+        return False  # overlapping without being one tensor: the general path says so
+    if g.size() > 1:
+        g.backend.all_reduce(src, dst, op)
+    else:
+        dst[...] = src
+    return True
+
+
 def _all_reduce_into(g: Group, x: Any, op: ReduceOp, out: Any, what: str) -> Any:
     if type(x) is np.ndarray:
         if out is x and (x.dtype, op) in _REDUCIBLE and x.flags.c_contiguous and x.flags.writeable:
@@ -140,19 +156,20 @@ def _all_reduce_into(g: Group, x: Any, op: ReduceOp, out: Any, what: str) -> Any
             return out
         arr = x if x.flags.c_contiguous and x.dtype.isnative else as_numpy(x)[0]
     else:
-        arr = plain_cpu_tensor_view(x)  # a plain CPU tensor in a few attribute reads
+        view = call_view(x)  # a plain CPU tensor's 1-D view in a few attribute reads, for this call
+        if view is not None:
+            if out is x and (view.dtype, op) in _REDUCIBLE:
+                # In place on a plain tensor: out= is x's own memory, so every check of out= holds.
+                if g.size() > 1:
+                    g.backend.all_reduce(view, view, op)
+                return out
+            if _plain_tensors_into(g, x, view, out, op):
+                return out  # plain tensors in and out (tensor parallelism's call)
+        arr = plain_cpu_tensor_view(x)
         if arr is None:
             if _on_device(g, x):
                 _no_device_out(g, what, out)
             arr = as_numpy(x)[0]
-        elif out is x and (arr.dtype, op) in _REDUCIBLE:
-            # In place on a plain tensor: out= is x's own memory, so every check of out= holds.
-            if g.size() > 1:
-                arr = flat(arr)
-                g.backend.all_reduce(arr, arr, op)
-            return out
-        elif _plain_into(g, arr, plain_cpu_tensor_view(out), op):
-            return out  # plain tensors in and out (tensor parallelism's call)
     check_reducible(arr.dtype, op)
     dst = _checked_out(g, what, out, arr.shape, arr.dtype, arr)
     if g.size() == 1:

@@ -69,15 +69,6 @@ def finish_average(tensor: torch.Tensor, name: str, size: int) -> None:
 BACKEND_SUM = ReduceOp.SUM
 
 
-def plain_view(tensor: torch.Tensor) -> np.ndarray | None:
-    """The 1-D numpy view of a plain contiguous CPU tensor (see arrays.plain_cpu_tensor_view),
-    None for anything Staged must copy or look at more closely."""
-    array = plain_cpu_tensor_view(tensor)
-    if array is None or array.ndim == 1:
-        return array
-    return array.reshape(-1)
-
-
 def backend_op(name: str) -> ReduceOp:
     return ReduceOp.SUM if name == "AVG" else RED_OPS[name]
 

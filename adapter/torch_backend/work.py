@@ -26,6 +26,7 @@ import atexit
 import collections
 import datetime
 import gc
+import sys
 import threading
 import time
 import weakref
@@ -187,6 +188,12 @@ def _seconds(timeout: datetime.timedelta | float | None) -> float | None:
 
 _COMPLETERS: weakref.WeakSet = weakref.WeakSet()
 
+# Executor._finished_work's reuse relies on sys.getrefcount counting every reference, as
+# CPython with a GIL does up to 3.13 (3.14 may skip counting references from the stack, and a
+# free-threaded build defers some).
+_REUSE_WORKS = (sys.implementation.name == "cpython" and sys.version_info < (3, 14)
+                and getattr(sys, "_is_gil_enabled", lambda: True)())
+
 
 @atexit.register
 def _collect_garbage_at_exit() -> None:
@@ -319,24 +326,45 @@ class Executor:
         self._describe_error = describe_error
         self._thread: threading.Thread | None = None
 
-    def run_inline(self, what: str, result: list[torch.Tensor], run: Callable[[], Any]) -> JacklringWork | None:
-        """Run the op now on this thread and return its finished Work; None (nothing run) when
-        an op of this executor is queued or running, so the caller must submit it."""
+    def run_inline(self, what: str, result: list[torch.Tensor], run: Callable[..., Any], *args: Any) -> JacklringWork | None:
+        """Run the op, run(*args), now on this thread and return its finished Work; None
+        (nothing run) when an op of this executor is queued or running, so the caller must
+        submit it."""
         if self._queue or not self._busy.acquire(False):
             return None
-        # Made before the op runs, though returned only after: the time after a wait for peers
-        # is the expensive part of a call (the wait handed the core to others, the caches are
-        # cold), so the little left to do there should be little. Nobody sees it until then.
-        work = JacklringWork(what, result, finished=True)
         try:
             if self._queue:  # queued by another thread before this one took _busy: it goes first
                 return None
+            # Taken before the op runs, though returned only after: the time after a wait for
+            # peers is the expensive part of a call (the wait handed the core to others, the
+            # caches are cold), so the little left to do there should be little.
+            work = self._finished_work(what, result)
             try:
-                run()
+                run(*args)
             except BaseException as exc:  # surfaces in wait() / the future, never lost
+                self._spare = None
                 work._error = self._describe_error(what, exc)
         finally:
             self._busy.release()
+        return work
+
+    _spare: JacklringWork | None = None
+
+    def _finished_work(self, what: str, result: list[torch.Tensor]) -> JacklringWork:
+        """A finished Work for an inline op (called holding _busy). Making one costs more than
+        a small op's other checks together, and dist.all_reduce and its kind drop the Work as
+        soon as they have waited: so the last one made is kept, and handed out again when
+        nothing but this executor refers to it. Then nobody can tell the difference: no
+        variable, list, future or callback (a future's callbacks hold the Work), no C++ holder
+        (pybind keeps the Python object referenced while C++ holds it) sees it any more. One
+        that failed, or whose future was asked for, is never handed out again."""
+        spare = self._spare
+        # The references counted: self._spare, `spare`, and getrefcount's argument.
+        if spare is not None and _REUSE_WORKS and spare._future is None and sys.getrefcount(spare) == 3:
+            spare._what = what
+            spare._result = result
+            return spare
+        work = self._spare = JacklringWork(what, result, finished=True)
         return work
 
     def submit(self, work: JacklringWork, run: Callable[[], Any], inline: bool = False) -> JacklringWork:

@@ -7,7 +7,7 @@ import pytest
 
 import adapter
 from adapter import group as group_module
-from adapter.arrays import as_numpy, numpy_dtype
+from adapter.arrays import as_numpy, call_view, numpy_dtype
 
 ENV = ("MLX_RANK", "MLX_HOSTFILE", "MLX_IBV_DEVICES", "MLX_JACCL_COORDINATOR", "MLX_WORLD_SIZE",
        "NCCL_HOST_IP", "NCCL_PORT", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK")
@@ -126,6 +126,41 @@ def test_torch_round_trip_every_dtype():
         assert view.ctypes.data == t.data_ptr()  # zero copy
         back = restore(view)
         assert back.dtype == dt and back.shape == t.shape and torch.equal(back, t)
+
+
+def test_call_views_are_kept_by_address_and_keep_nothing_alive():
+    """arrays.call_view: a tensor's bytes viewed again without x.numpy(), only for a tensor of the
+    same dtype and count at that address, and the view holds no reference to the tensor."""
+    torch = pytest.importorskip("torch")
+    import gc
+    import weakref
+
+    t = torch.arange(6, dtype=torch.float32).reshape(2, 3)
+    views = [call_view(t) for _ in range(3)]
+    assert views[1] is views[2]  # kept from the second sight on
+    for v in views:
+        assert v.shape == (6,) and v.dtype == np.float32 and v.ctypes.data == t.data_ptr()
+        assert np.array_equal(v, np.arange(6, dtype=np.float32))
+    views[2][0] = 42  # the tensor's own memory
+    assert t[0, 0] == 42
+    # Other tensors starting at the same address: another dtype, another count.
+    as_ints = t.view(torch.int32)
+    for _ in range(2):
+        v = call_view(as_ints)
+        assert v.dtype == np.int32 and v.size == 6 and v.ctypes.data == t.data_ptr() and v[0] == as_ints[0, 0]
+        head = call_view(t.reshape(-1)[:2])
+        assert head.dtype == np.float32 and head.size == 2 and head[0] == 42
+    # Not plain: another path must stage or refuse them.
+    assert call_view(t.T) is None
+    assert call_view(torch.ones(2, requires_grad=True)) is None
+    assert call_view(torch.ones(2, dtype=torch.complex64).conj()) is None
+    assert call_view(torch.ones(2, dtype=torch.bfloat16)) is None
+    assert call_view(np.ones(2)) is None
+    assert call_view(torch.empty(0)).size == 0
+    alive = weakref.ref(t)
+    del t, as_ints, views, v, head
+    gc.collect()
+    assert alive() is None, "a kept view kept its tensor alive"
 
 
 def test_unsupported_dtype_is_named():

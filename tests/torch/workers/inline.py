@@ -110,6 +110,21 @@ def main() -> None:
     work = pg.allreduce([t], opts)
     assert work.is_completed() and work.get_future().done() and work.is_success(), work
 
+    # Finished Works are handed out again only when nobody refers to them (work.py,
+    # Executor._finished_work): one held, or whose future was asked for, keeps its op.
+    a, b, c = torch.ones(2), torch.ones(3), torch.ones(4)
+    held = pg.allreduce([a], opts)
+    asked = pg.allreduce([b], opts)
+    future = asked.get_future()
+    del asked
+    later = [pg.allreduce([c], opts) for _ in range(3)]
+    assert held not in later and len({id(w) for w in later}) == 3, "a held Work was handed out again"
+    assert held.result()[0] is a and future.wait()[0] is b and all(w.result()[0] is c for w in later)
+    for _ in range(5):
+        dist.all_reduce(c)  # dropped at once by torch: these may share one Work
+    assert held.result()[0] is a and future.value()[0] is b and held.is_success()
+    assert torch.equal(c, torch.full((4,), float(world) ** 8)), c
+
     # Issue order: a synchronous op behind a queued async one waits its turn.
     big = torch.ones(1 << 20)
     first = dist.all_reduce(big, async_op=True)
