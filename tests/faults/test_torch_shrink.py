@@ -183,3 +183,94 @@ def test_a_work_in_flight_completes_with_an_error_and_never_hangs(tmp_path, flag
     assert [s[2:5] for s in sums] == [["0", "2", "3.0"], ["1", "2", "3.0"]], reports(procs)
     assert codes == [0, 0, 0], reports(procs)
     print(f"flags {flags}: the Work in flight failed {work[3]} s after shrink_group began: {text[:200]}")
+
+
+# FSDP2 (fully_shard) over 3 ranks, rank 2 SIGKILLs itself at step 4. A dead rank takes its
+# shard of every parameter with it, so the recipe keeps a full copy: after each good step every
+# rank gathers the full state (DTensor.full_tensor). On a failure the survivors shrink the default
+# group, build the model again from that copy, fully_shard it on a mesh of the new group, make a
+# new optimizer and redo the step on re-cut shards. Rank 0 then replays the training without FSDP
+# (3 shards for steps 0-3, 2 from step 4) and compares the parameters.
+FSDP2_BODY = """
+import torch.nn as nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import fully_shard
+import adapter
+
+def make():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 1))
+
+def sharded(state):
+    model = make()
+    model.load_state_dict(state)
+    mesh = DeviceMesh.from_group(dist.group.WORLD, "cpu")
+    for layer in model:
+        if isinstance(layer, nn.Linear):
+            fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model, torch.optim.SGD(model.parameters(), lr=0.05)
+
+data = torch.randn(96, 8, generator=torch.Generator().manual_seed(1))
+target = data.sum(1, keepdim=True)
+saved = make().state_dict()
+model, opt = sharded(saved)
+say("READY")
+step, STEPS = 0, 12
+while step < STEPS:
+    if r == 2 and step == 4:
+        os.kill(os.getpid(), 9)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    x, y = data[rank::world], target[rank::world]
+    try:
+        opt.zero_grad()
+        ((model(x) - y) ** 2).mean().backward()
+        opt.step()
+        saved = {k: v.full_tensor() for k, v in model.state_dict().items()}  # the copy to rebuild from
+    except Exception as e:
+        dead = adapter.culprit_of(e)
+        say("ERR", step, dead, type(e).__name__)
+        dist.shrink_group([dead])
+        model, opt = sharded(saved)  # the last good step's parameters, sharded over the survivors
+        say("REBUILT", dist.get_rank(), dist.get_world_size())
+        continue
+    step += 1
+flat = torch.cat([saved[k].flatten() for k in sorted(saved)])
+gathered = [torch.empty_like(flat) for _ in range(dist.get_world_size())]
+dist.all_gather(gathered, flat)
+same = all(torch.equal(g, flat) for g in gathered)
+replay = make()
+ref_opt = torch.optim.SGD(replay.parameters(), lr=0.05)
+for s in range(STEPS):
+    world = 3 if s < 4 else 2
+    ref_opt.zero_grad()
+    grads = []
+    for q in range(world):
+        replay.zero_grad()
+        ((replay(data[q::world]) - target[q::world]) ** 2).mean().backward()
+        grads.append([p.grad.clone() for p in replay.parameters()])
+    for i, p in enumerate(replay.parameters()):
+        p.grad = sum(g[i] for g in grads) / world
+    ref_opt.step()
+ref_state = replay.state_dict()
+ref = torch.cat([ref_state[k].flatten() for k in sorted(ref_state)])
+say("DONE", dist.get_rank(), dist.get_world_size(), step, same, torch.allclose(flat, ref, atol=1e-5),
+    float((flat - ref).abs().max()))
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.timeout(150)
+def test_fsdp2_rebuilt_from_a_full_copy_on_the_shrunk_group_trains_on(tmp_path):
+    pytest.importorskip("torch")
+    procs = start("torch", 3, FSDP2_BODY, tmp_path)
+    try:
+        errs = [procs[q].wait_line("ERR", 100) for q in (0, 1)]
+        done = [procs[q].wait_line("DONE", 40) for q in (0, 1)]
+        codes = finish_all(procs, 20)
+    finally:
+        stop_all(procs)
+    assert [e[2:4] for e in errs] == [["4", "2"], ["4", "2"]], reports(procs)  # step 4, culprit rank 2
+    assert [d[2:7] for d in done] == [["0", "2", "12", "True", "True"], ["1", "2", "12", "True", "True"]], \
+        (done, reports(procs))
+    assert codes[:2] == [0, 0], reports(procs)
