@@ -193,6 +193,7 @@ _COMPLETERS: weakref.WeakSet = weakref.WeakSet()
 # free-threaded build defers some).
 _REUSE_WORKS = (sys.implementation.name == "cpython" and sys.version_info < (3, 14)
                 and getattr(sys, "_is_gil_enabled", lambda: True)())
+_SPARE_MAX_BYTES = 1 << 20  # the most tensor memory a kept Work may keep alive between ops
 
 
 @atexit.register
@@ -357,14 +358,21 @@ class Executor:
         nothing but this executor refers to it. Then nobody can tell the difference: no
         variable, list, future or callback (a future's callbacks hold the Work), no C++ holder
         (pybind keeps the Python object referenced while C++ holds it) sees it any more. One
-        that failed, or whose future was asked for, is never handed out again."""
+        that failed, or whose future was asked for, is never handed out again; nor one over more
+        than _SPARE_MAX_BYTES of tensors."""
         spare = self._spare
+        # Kept, the Work keeps its tensors alive until the next inline op: only small ones (the
+        # ops whose latency this is about), so freeing a big tensor frees its memory.
+        held = (result[0].numel() * result[0].element_size() if len(result) == 1
+                else sum(t.numel() * t.element_size() for t in result))
+        small = _REUSE_WORKS and held <= _SPARE_MAX_BYTES
         # The references counted: self._spare, `spare`, and getrefcount's argument.
-        if spare is not None and _REUSE_WORKS and spare._future is None and sys.getrefcount(spare) == 3:
+        if spare is not None and small and spare._future is None and sys.getrefcount(spare) == 3:
             spare._what = what
             spare._result = result
             return spare
-        work = self._spare = JacklringWork(what, result, finished=True)
+        work = JacklringWork(what, result, finished=True)
+        self._spare = work if small else None
         return work
 
     def submit(self, work: JacklringWork, run: Callable[[], Any], inline: bool = False) -> JacklringWork:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import weakref
 
 import torch
 import torch.distributed as dist
@@ -124,6 +125,12 @@ def main() -> None:
         dist.all_reduce(c)  # dropped at once by torch: these may share one Work
     assert held.result()[0] is a and future.value()[0] is b and held.is_success()
     assert torch.equal(c, torch.full((4,), float(world) ** 8)), c
+    # A big tensor's memory is not kept by a kept Work once the caller lets it go.
+    big = torch.ones(1 << 19)
+    gone = weakref.ref(big)
+    dist.all_reduce(big)
+    del big
+    assert gone() is None, "a finished Work kept a 2 MiB tensor alive"
 
     # Issue order: a synchronous op behind a queued async one waits its turn.
     big = torch.ones(1 << 20)
