@@ -216,6 +216,38 @@ def test_planned_exclusion_on_a_healthy_group(tmp_path, backend):
     assert left and old[2] == "ExcludedError", old
 
 
+TWICE = """
+import adapter
+first = group.shrink(exclude=[1], timeout=3)
+if first is None:
+    sys.exit(0)
+second = first.shrink(exclude=[0], timeout=3)
+if second is None:
+    sys.exit(0)
+y = adapter.all_sum(np.full(8, float(r + 1), np.float32), group=second)
+say("SUM", second.rank(), second.size(), float(y[0]))
+try:
+    second.grow(timeout=1)
+except ERRORS as e:
+    say("GROW", type(e).__name__, str(e))
+"""
+
+
+@pytest.mark.timeout(60)
+def test_a_jaccl_group_shrinks_twice_and_says_it_cannot_grow(tmp_path):
+    """4 -> 3 (old rank 1 out) -> 2 (old rank 0 out): the epochs follow on, as on the ring."""
+    procs = start("jaccl", 4, TWICE, tmp_path)
+    try:
+        sums = {p.rank: p.wait_line("SUM", 30) for p in procs[2:]}
+        grow = procs[2].wait_line("GROW", 10)
+        codes = finish_all(procs, 15)
+    finally:
+        stop_all(procs)
+    assert codes == [0, 0, 0, 0], reports(procs)
+    assert {r: f[2:] for r, f in sums.items()} == {2: ["0", "2", "7.0"], 3: ["1", "2", "7.0"]}, reports(procs)
+    assert grow[2] == "DistributedError" and "JACCL group cannot take newcomers" in " ".join(grow), grow
+
+
 KILL_AT_RANDOM = """
 import adapter
 x = np.full(FLOATS, 1.0, np.float32)

@@ -76,6 +76,10 @@ def create(timeout: float | None = None) -> "Backend":
     if checks.verify == "mac":  # never fall back to a checksum an attacker can recompute
         raise ConfigError("JACKLRING_VERIFY=mac is not supported by the JACCL backend yet; use "
                           "JACKLRING_VERIFY=crc (accidents) or the ring backend (mac)")
+    if config.get("JACKLRING_JOIN"):
+        raise ConfigError(f"rank {cfg.rank}: JACKLRING_JOIN=1 asks to join a running group, which JACCL cannot: its "
+                          f"environment names no address per rank where the members could find this process "
+                          f"(grow is the ring backend's); start the job again, or use the ring backend")
     if cfg.size == 1:
         return SingletonBackend()  # `launcher --backend jaccl -n 1`: nobody to connect to
     check_resolvable(cfg.coordinator[0], f"MLX_JACCL_COORDINATOR={tcp.format_address(cfg.coordinator)}")
@@ -412,6 +416,16 @@ class JacclBackend(Backend):
         seat = membership.Seat(self.rank(), list(self._transport.addresses), listener, self._job, self._token,
                                tcp_mesh.PURPOSE_SHRINK)
         return shrink.shrink_mesh(self, seat, self._host, exclude, min_size, timeout)
+
+    def grow(self, count: int | None, timeout: float) -> Backend:
+        """Refused: JACCL's environment names one address (MLX_JACCL_COORDINATOR, rank 0's side
+        channel), so a newcomer for another rank's slot has no address the members know (the
+        ring's newcomer listens at its slot's hostfile address)."""
+        raise DistributedError(f"rank {self.rank()}: a JACCL group cannot take newcomers (grow): its environment "
+                               f"names one address (MLX_JACCL_COORDINATOR, rank 0's side channel) and no address "
+                               f"per rank, so the members have nowhere to find a replacement for a vacant rank; "
+                               f"shrink() works on the TCP mesh, and the ring backend (init(backend='ring')) can "
+                               f"also grow")
 
     def reformed(self, members: list[int], transport: Transport, token: int, job: auth.Auth) -> "JacclBackend":
         """The group of `members` (old ranks, in order) on a mesh formed for them (a shrink): this
