@@ -51,7 +51,7 @@ class _Named:
 
 
 @pytest.mark.parametrize("cls, missing", [(MPIBackend, "ULFM"), (NcclBackend, "ncclCommShrink"),
-                                          (JacclBackend, "no agreement step")])
+                                          (JacclBackend, "RDMA queue pairs")])
 def test_backends_that_cannot_shrink_say_what_they_lack(cls, missing):
     with pytest.raises(adapter.DistributedError) as info:
         Backend.shrink(_Named(cls), [], None, 1.0)  # type: ignore[arg-type]

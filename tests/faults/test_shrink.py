@@ -1,5 +1,7 @@
-"""Group.shrink() on the ring with real processes: a rank dies (or stops, or is excluded), the
-survivors agree on who is left and carry on in a new group whose sums are right."""
+"""Group.shrink() with real processes, on the ring and on JACCL's TCP mesh: a rank dies (or stops,
+or is excluded), the survivors agree on who is left and carry on in a new group whose sums are
+right. The longer scenarios (random kills, a rank that stops after joining) run on the ring only:
+the agreement and its retries are the same code for both (transport/shrinking.py)."""
 from __future__ import annotations
 
 import random
@@ -80,10 +82,14 @@ def check_sums(procs, survivors: list[int], killed_at: float | None = None,
     return after
 
 
+BACKENDS = pytest.mark.parametrize("backend", ["ring", "jaccl"])
+
+
 @pytest.mark.timeout(60)
+@BACKENDS
 @pytest.mark.parametrize("transport", ["tcp", "auto"], ids=["tcp", "shared-memory"])
-def test_kill9_then_shrink_and_the_next_all_sum_is_right(tmp_path, transport):
-    procs = start("ring", 4, body(), tmp_path, env={"JACKLRING_LOCAL_TRANSPORT": transport})
+def test_kill9_then_shrink_and_the_next_all_sum_is_right(tmp_path, backend, transport):
+    procs = start(backend, 4, body(), tmp_path, env={"JACKLRING_LOCAL_TRANSPORT": transport})
     try:
         for p in procs:
             p.wait_line("READY", 30)
@@ -94,12 +100,13 @@ def test_kill9_then_shrink_and_the_next_all_sum_is_right(tmp_path, transport):
     finally:
         stop_all(procs)
     assert [codes[i] for i in (0, 1, 3)] == [0, 0, 0], reports(procs)
-    print(f"{transport}: kill -9 to the first correct all_sum of the shrunk group (s): {after}")
+    print(f"{backend} {transport}: kill -9 to the first correct all_sum of the shrunk group (s): {after}")
     assert max(after.values()) < 5, after
 
 
 @pytest.mark.timeout(60)
-def test_a_second_death_during_the_shrink(tmp_path):
+@BACKENDS
+def test_a_second_death_during_the_shrink(tmp_path, backend):
     """Rank 1 dies in the loop; rank 0 (the coordinator) dies once it starts shrinking; with
     min_size=2 the last two carry on.
 
@@ -112,7 +119,7 @@ def test_a_second_death_during_the_shrink(tmp_path):
     formation failed and it agreed again on the old group, where rank 3's listener then refused.
     That window is a known gap (docs/faults.md, "Shrinking a group")."""
     # MLX_RING_VERBOSE: each rank's agreement (whom it reached, what it coordinated) is in its report.
-    procs = start("ring", 4, body(min_size=2, retries=1), tmp_path, env={"MLX_RING_VERBOSE": "1"})
+    procs = start(backend, 4, body(min_size=2, retries=1), tmp_path, env={"MLX_RING_VERBOSE": "1"})
     try:
         for p in procs:
             p.wait_line("READY", 30)
@@ -134,8 +141,9 @@ def test_a_second_death_during_the_shrink(tmp_path):
 
 
 @pytest.mark.timeout(60)
-def test_a_stopped_rank_is_excluded_and_told_so_when_it_resumes(tmp_path):
-    procs = start("ring", 4, body(timeout=1.5, linger=4), tmp_path, env={"JACKLRING_TIMEOUT": "2"})
+@BACKENDS
+def test_a_stopped_rank_is_excluded_and_told_so_when_it_resumes(tmp_path, backend):
+    procs = start(backend, 4, body(timeout=1.5, linger=4), tmp_path, env={"JACKLRING_TIMEOUT": "2"})
     try:
         for p in procs:
             p.wait_line("READY", 30)
@@ -153,9 +161,10 @@ def test_a_stopped_rank_is_excluded_and_told_so_when_it_resumes(tmp_path):
 
 
 @pytest.mark.timeout(60)
+@BACKENDS
 @pytest.mark.parametrize("min_size", [None, 2], ids=["no-quorum", "min_size=2"])
-def test_half_the_group_dies(tmp_path, min_size):
-    procs = start("ring", 4, body(min_size=min_size), tmp_path)
+def test_half_the_group_dies(tmp_path, backend, min_size):
+    procs = start(backend, 4, body(min_size=min_size), tmp_path)
     try:
         for p in procs:
             p.wait_line("READY", 30)
@@ -191,8 +200,9 @@ say("SUM", new.rank(), new.size(), float(y[0]))
 
 
 @pytest.mark.timeout(60)
-def test_planned_exclusion_on_a_healthy_group(tmp_path):
-    procs = start("ring", 4, PLANNED, tmp_path)
+@BACKENDS
+def test_planned_exclusion_on_a_healthy_group(tmp_path, backend):
+    procs = start(backend, 4, PLANNED, tmp_path)
     try:
         sums = {p.rank: p.wait_line("SUM", 30) for p in procs if p.rank != 1}
         left = procs[1].wait_line("LEFT", 30)
@@ -204,6 +214,38 @@ def test_planned_exclusion_on_a_healthy_group(tmp_path):
     assert {r: (f[2], f[3], f[4]) for r, f in sums.items()} == {0: ("0", "3", "8.0"), 2: ("1", "3", "8.0"),
                                                                  3: ("2", "3", "8.0")}
     assert left and old[2] == "ExcludedError", old
+
+
+TWICE = """
+import adapter
+first = group.shrink(exclude=[1], timeout=3)
+if first is None:
+    sys.exit(0)
+second = first.shrink(exclude=[0], timeout=3)
+if second is None:
+    sys.exit(0)
+y = adapter.all_sum(np.full(8, float(r + 1), np.float32), group=second)
+say("SUM", second.rank(), second.size(), float(y[0]))
+try:
+    second.grow(timeout=1)
+except ERRORS as e:
+    say("GROW", type(e).__name__, str(e))
+"""
+
+
+@pytest.mark.timeout(60)
+def test_a_jaccl_group_shrinks_twice_and_says_it_cannot_grow(tmp_path):
+    """4 -> 3 (old rank 1 out) -> 2 (old rank 0 out): the epochs follow on, as on the ring."""
+    procs = start("jaccl", 4, TWICE, tmp_path)
+    try:
+        sums = {p.rank: p.wait_line("SUM", 30) for p in procs[2:]}
+        grow = procs[2].wait_line("GROW", 10)
+        codes = finish_all(procs, 15)
+    finally:
+        stop_all(procs)
+    assert codes == [0, 0, 0, 0], reports(procs)
+    assert {r: f[2:] for r, f in sums.items()} == {2: ["0", "2", "7.0"], 3: ["1", "2", "7.0"]}, reports(procs)
+    assert grow[2] == "DistributedError" and "JACCL group cannot take newcomers" in " ".join(grow), grow
 
 
 KILL_AT_RANDOM = """

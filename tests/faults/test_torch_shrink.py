@@ -1,12 +1,21 @@
 """dist.shrink_group on the jacklring process group: kill -9 of a rank, the survivors shrink the
-default group and the next all_reduce on it is right."""
+default group and the next all_reduce on it is right. The group runs on a store ring, and in
+two tests also on JACCL's TCP mesh (JACKLRING_TORCH_BACKEND=jaccl)."""
 from __future__ import annotations
 
 import signal
 import time
 
 import pytest
-from cluster import finish_all, reports, start, stop_all
+from cluster import finish_all, rank_envs, reports, start, stop_all
+
+
+def envs(under: str, n: int, tmp_path) -> list[dict[str, str]] | None:
+    """The ranks' variables: torch's alone (a store ring), or with JACCL's for the default group."""
+    if under == "store-ring":
+        return None
+    return [{**t, **j, "JACKLRING_TORCH_BACKEND": "jaccl"}
+            for t, j in zip(rank_envs("torch", n, tmp_path), rank_envs("jaccl", n, tmp_path))]
 
 BODY = """
 x = np.full(4096, float(r + 1), np.float32)
@@ -26,9 +35,10 @@ dist.destroy_process_group()
 
 
 @pytest.mark.timeout(120)
-def test_shrink_group_after_kill9_and_the_next_all_reduce_is_right(tmp_path):
+@pytest.mark.parametrize("under", ["store-ring", "jaccl"])
+def test_shrink_group_after_kill9_and_the_next_all_reduce_is_right(tmp_path, under):
     pytest.importorskip("torch")
-    procs = start("torch", 3, BODY, tmp_path)
+    procs = start("torch", 3, BODY, tmp_path, envs=envs(under, 3, tmp_path))
     try:
         for p in procs:
             p.wait_line("READY", 80)
@@ -161,10 +171,11 @@ dist.destroy_process_group()
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("flags", [0, 1], ids=["SHRINK_DEFAULT", "SHRINK_ABORT"])
-def test_a_work_in_flight_completes_with_an_error_and_never_hangs(tmp_path, flags):
+@pytest.mark.parametrize("flags, under", [(0, "store-ring"), (1, "store-ring"), (1, "jaccl")],
+                         ids=["SHRINK_DEFAULT", "SHRINK_ABORT", "SHRINK_ABORT-jaccl"])
+def test_a_work_in_flight_completes_with_an_error_and_never_hangs(tmp_path, flags, under):
     pytest.importorskip("torch")
-    procs = start("torch", 3, ABORT_BODY.format(flags=flags), tmp_path)
+    procs = start("torch", 3, ABORT_BODY.format(flags=flags), tmp_path, envs=envs(under, 3, tmp_path))
     try:
         assert procs[0].wait_line("INFLIGHT", 80)[2] == "False", reports(procs)
         work = procs[0].wait_line("WORK", 30)

@@ -95,3 +95,15 @@ def test_restart_failed_needs_the_ring_backend():
     r = launch("-n", 2, "--backend", "jaccl", "--restart-failed", 1, "elastic.py")
     assert r.returncode == 2
     assert "--restart-failed needs --backend ring" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("backend", ["ring", "jaccl"])
+def test_survivors_that_shrink_finish_and_the_job_exits_0(backend):
+    """kill -9 of rank 1 at step 5 of 3: the other two shrink (JACCL on its TCP mesh too) and
+    finish on a group of 2 whose sums are right."""
+    r = launch("--backend", backend, "-n", 3, "--min-ranks", 2, "shrink_on.py", "--victim", 1, "--kill-at", 5)
+    assert r.returncode == 0, r.stdout + r.stderr
+    done = sorted(line.split()[1:] for line in r.stdout.splitlines() if line.split()[1:2] == ["done"])
+    assert done == [["done", "0", "0", "2", "4", backend], ["done", "2", "1", "2", "4", backend]], r.stdout
+    assert lines(r.stderr, "launcher:")[-1] == \
+        "launcher: finished with 2 of 3 ranks (--min-ranks 2); lost rank 1", r.stderr

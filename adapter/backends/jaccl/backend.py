@@ -22,7 +22,7 @@ import logging
 import threading
 import time
 import zlib
-from typing import Iterator, NamedTuple
+from typing import Iterator, NamedTuple, Sequence
 
 import numpy as np
 
@@ -30,11 +30,11 @@ from ... import config
 from ...errors import BackendUnavailable, ConfigError, DistributedError, PeerError, blaming
 from ..base import Backend, ReduceOp, split_members
 from ..singleton import SingletonBackend
-from ..transport import auth, tcp, tcp_mesh, verbs
+from ..transport import auth, membership, tcp, tcp_mesh, verbs
 from ..transport.names import check_resolvable
 from ..transport.slots import Transport
 from . import config as jaccl_config
-from . import local
+from . import local, shrink
 from .algorithms import MeshAlgorithms, RingAlgorithms
 from .config import MESH, RING, DeviceMatrix
 from .exchange import FrameExchange
@@ -76,6 +76,10 @@ def create(timeout: float | None = None) -> "Backend":
     if checks.verify == "mac":  # never fall back to a checksum an attacker can recompute
         raise ConfigError("JACKLRING_VERIFY=mac is not supported by the JACCL backend yet; use "
                           "JACKLRING_VERIFY=crc (accidents) or the ring backend (mac)")
+    if config.get("JACKLRING_JOIN"):
+        raise ConfigError(f"rank {cfg.rank}: JACKLRING_JOIN=1 asks to join a running group, which JACCL cannot: its "
+                          f"environment names no address per rank where the members could find this process "
+                          f"(grow is the ring backend's); start the job again, or use the ring backend")
     if cfg.size == 1:
         return SingletonBackend()  # `launcher --backend jaccl -n 1`: nobody to connect to
     check_resolvable(cfg.coordinator[0], f"MLX_JACCL_COORDINATOR={tcp.format_address(cfg.coordinator)}")
@@ -151,8 +155,9 @@ def _build_transport(kind: str, rank: int, size: int, peers: list[int], device_r
 
 class JacclBackend(Backend):
     name = "jaccl"
-    shrink_missing = ("its mesh and its RDMA queue pairs are formed once, from the device file, and there is "
-                      "no agreement step for them yet")
+    shrink_missing = ("its RDMA queue pairs are created once, from the device file (MLX_IBV_DEVICES), and "
+                      "re-creating them for the survivors is not written; a JACCL group on the TCP mesh "
+                      "(JACKLRING_JACCL_TRANSPORT=tcp) can shrink")
 
     def __init__(self, transport: Transport, devices: DeviceMatrix, mode: str, transport_kind: str,
                  host: str, token: int, timeout: float, checks: Checks = Checks(False, None),
@@ -387,6 +392,50 @@ class JacclBackend(Backend):
             if transport is not None:
                 transport.close()
             raise
+
+    def break_links(self, why: str) -> None:
+        """Fail this group now: its mesh connections end (the peers, and an operation in flight
+        on another thread, fail at once) and every later operation raises `why`; the mesh's
+        listener stays open for shrink's agreement."""
+        self.failure.mark(why)
+        if self._local is not None:
+            self._local.group.mark_broken()  # a shared-memory wait sleeps on the segment, not the links
+        stop = getattr(self._transport, "break_links", None)
+        if stop is not None:
+            stop()
+
+    def shrink(self, exclude: Sequence[int], min_size: int | None, timeout: float) -> Backend:
+        """A mesh of the old members that are still alive (jaccl/shrink.py); the TCP mesh only."""
+        listener = getattr(self._transport, "listener", None)
+        if self.transport_kind != "tcp" or listener is None or self._job is None:
+            raise DistributedError(f"rank {self.rank()}: this JACCL group runs on {self.transport_kind}, which "
+                                   f"cannot shrink: {self.shrink_missing}. Restart the job without the failed "
+                                   f"rank, or run it on the TCP mesh or the ring backend, which can")
+        if self._transport.closed:
+            raise DistributedError(f"rank {self.rank()}: this JACCL group was closed; it cannot shrink")
+        seat = membership.Seat(self.rank(), list(self._transport.addresses), listener, self._job, self._token,
+                               tcp_mesh.PURPOSE_SHRINK)
+        return shrink.shrink_mesh(self, seat, self._host, exclude, min_size, timeout)
+
+    def grow(self, count: int | None, timeout: float) -> Backend:
+        """Refused: JACCL's environment names one address (MLX_JACCL_COORDINATOR, rank 0's side
+        channel), so a newcomer for another rank's slot has no address the members know (the
+        ring's newcomer listens at its slot's hostfile address)."""
+        raise DistributedError(f"rank {self.rank()}: a JACCL group cannot take newcomers (grow): its environment "
+                               f"names one address (MLX_JACCL_COORDINATOR, rank 0's side channel) and no address "
+                               f"per rank, so the members have nowhere to find a replacement for a vacant rank; "
+                               f"shrink() works on the TCP mesh, and the ring backend (init(backend='ring')) can "
+                               f"also grow")
+
+    def reformed(self, members: list[int], transport: Transport, token: int, job: auth.Auth) -> "JacclBackend":
+        """The group of `members` (old ranks, in order) on a mesh formed for them (a shrink): this
+        group's devices, mode and settings, and shared memory as at init (whose all-gather is also
+        the new group's closing barrier). A collective of the new group; on failure it is closed."""
+        devices = [[self._devices[a][b] for b in members] for a in members]
+        new = JacclBackend(transport, devices, self.mode, self.transport_kind, self._host, token, self._timeout,
+                           self._checks, job)
+        new.attach_shared_memory()
+        return new
 
     def close(self) -> None:
         self.failure.mark("the group was closed")

@@ -131,12 +131,16 @@ class FrameExchange:
         try:
             run(*args)
         except PeerError as exc:
+            # Set already: another thread gave the group up while this ran (break_links: a shrink,
+            # dist.shrink_group's SHRINK_ABORT), which is why the links ended: say so.
+            earlier = self.failure.why
             self.failure.mark(f"{type(exc).__name__}: {exc}")
             notify = getattr(self.t, "notify_failure", None)  # the TCP mesh's in-band notice
             if notify is not None:
                 notify(exc)
-            wrapped = PeerError(f"rank {self.rank}: {request.label(self.op_seq)}: {exc}")
-            for name in ("culprit", "peer"):
+            wrapped = PeerError(f"rank {self.rank}: {request.label(self.op_seq)}: {exc}"
+                                + ("" if earlier is None else f"; {earlier}"))
+            for name in ("culprit", "peer") if earlier is None else ():  # the peer is no culprit then
                 if hasattr(exc, name):
                     setattr(wrapped, name, getattr(exc, name))
             raise wrapped from None

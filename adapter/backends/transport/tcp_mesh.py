@@ -31,6 +31,7 @@ from .spill import Spill
 from .tcp import available_cpus, spin_seconds  # noqa: F401  (shared with the ring)
 
 PURPOSE_MESH = 0x4A4D  # "JM"
+PURPOSE_SHRINK = 0x4A53  # "JS": shrink's agreement (membership.py) at a formed mesh's listener
 # A length with this bit set is no message but a failing rank's last word: the rest is the
 # rank it blames (see notify_failure; the words and the rule are blame.py's, as the ring's).
 _NOTICE = 1 << 63
@@ -92,9 +93,14 @@ class TcpMeshTransport(Transport):
 
     def __init__(self, rank: int, size: int, sockets: dict[int, socket.socket],
                  frame_bytes: int = FRAME_BYTES, slots: int = SLOTS, labels: dict[int, str] | None = None,
-                 spin_s: float | None = None) -> None:
+                 spin_s: float | None = None, listener: tcp.Listener | None = None,
+                 addresses: list[str] | None = None) -> None:
         self.rank = rank
         self.size = size
+        # The listener the mesh formed on, kept open (connect_mesh): shrink's agreement reaches
+        # this rank there (PURPOSE_SHRINK), at addresses[rank]; closed with the transport.
+        self.listener = listener
+        self.addresses = addresses
         self.peers = sorted(sockets)
         self.frame_bytes = frame_bytes
         self.slots = slots
@@ -574,6 +580,20 @@ class TcpMeshTransport(Transport):
         """The peers that said they are stuck too (read while a receive from them is posted)."""
         return {state.rank for state in self._by_fd.values() if state.stuck}
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def break_links(self) -> None:
+        """Shut every connection down (the peers, and an operation of this rank's in flight on
+        another thread, see them end at once); the sockets close with close(), the listener
+        stays open for shrink's agreement."""
+        for state in self._by_fd.values():
+            try:
+                state.sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
     def close(self) -> None:
         if self._closed:
             return
@@ -584,6 +604,8 @@ class TcpMeshTransport(Transport):
             except OSError:
                 pass
         self._pool.clear()
+        if self.listener is not None:
+            self.listener.close()
 
 
 def _peer_error(state: _Peer, why: str) -> PeerError:
@@ -620,23 +642,38 @@ def _in_slices(deadline: float, watch: Callable[[], None] | None, attempt: Calla
                 raise
 
 
+def mesh_listener(host: str) -> tcp.Listener:
+    """A listener for a mesh to form on (port 0: a free one). JACKLRING_LOCAL_TRANSPORT=unix:
+    loopback peers connect through its abstract Unix socket, skipping the TCP/IP stack. Not by
+    default: a peer that fails and exits breaks a Unix socket at once, so its neighbours may
+    report the broken pipe instead of the mismatch that made it fail (TCP still takes their
+    messages)."""
+    return tcp.Listener(host, 0, local=config.get("JACKLRING_LOCAL_TRANSPORT") == "unix")
+
+
 def connect_mesh(rank: int, size: int, peers: list[int], host: str, exchange: Exchange,
                  token: int, deadline: float, job: tcp.Auth,
-                 watch: Callable[[], None] | None = None) -> TcpMeshTransport:
+                 watch: Callable[[], None] | None = None, listener: tcp.Listener | None = None) -> TcpMeshTransport:
     """Form the TCP mesh: every rank listens, the addresses are all-gathered with `exchange`
     (called exactly once, on every rank), then each rank connects to its lower peers and accepts
     its higher ones. Listening happens before the exchange, so no connect can arrive early.
     Every connection proves `job`'s key for job context `token` (tcp.connect / Listener).
-    watch (a split): called every WATCH_S while waiting; raises when the parent group saw a death."""
+    watch (a split, a shrink): called every WATCH_S while waiting; raises when a member is gone.
+    listener: one from mesh_listener() whose address the caller already handed out (a shrink's
+    join), else a new one. The transport keeps it open: shrink's agreement reaches this rank
+    there (hellos of PURPOSE_SHRINK from any other rank)."""
     higher = {p for p in peers if p > rank}
-    # JACKLRING_LOCAL_TRANSPORT=unix: loopback peers connect through the listener's abstract Unix
-    # socket, skipping the TCP/IP stack. Not by default: a peer that fails and exits breaks a
-    # Unix socket at once, so its neighbours may report the broken pipe instead of the
-    # mismatch that made it fail (TCP still takes their messages).
-    listener = tcp.Listener(host, 0, local=config.get("JACKLRING_LOCAL_TRANSPORT") == "unix")
-    listener.serve(job, token, rank,
-                   lambda h: None if h.purpose == PURPOSE_MESH and h.sender in higher and h.channel == 0
-                   else f"not a mesh connection from a higher rank ({sorted(higher)})", f"rank {rank} (TCP mesh)")
+    if listener is None:
+        listener = mesh_listener(host)
+
+    def admit(h: tcp.Hello) -> str | None:
+        if h.purpose == PURPOSE_MESH and h.sender in higher and h.channel == 0:
+            return None
+        if h.purpose == PURPOSE_SHRINK and 0 <= h.sender < size and h.sender != rank:
+            return None
+        return f"not a mesh connection from a higher rank ({sorted(higher)}) nor a shrink of this group"
+
+    listener.serve(job, token, rank, admit, f"rank {rank} (TCP mesh)")
     try:
         address = listener.where()
         blobs = exchange(json.dumps({"addr": address}).encode())
@@ -655,7 +692,8 @@ def connect_mesh(rank: int, size: int, peers: list[int], host: str, exchange: Ex
             while higher - set(sockets):
                 waiting = sorted(higher - set(sockets))
                 sock, hello = _in_slices(deadline, watch, lambda until, waiting=waiting: listener.take(
-                    lambda h: h.sender not in sockets, until, f"JACCL ranks {waiting} (TCP mesh, rank {rank})"))
+                    lambda h: h.purpose == PURPOSE_MESH and h.sender not in sockets, until,
+                    f"JACCL ranks {waiting} (TCP mesh, rank {rank})"))
                 sockets[hello.sender] = sock
         except PeerError as exc:
             for s in sockets.values():
@@ -667,9 +705,11 @@ def connect_mesh(rank: int, size: int, peers: list[int], host: str, exchange: Ex
             for s in sockets.values():
                 s.close()
             raise
-    finally:
+    except BaseException:
         listener.close()
+        raise
     my_host = tcp.parse_address(address)[0]
     local_ranks = sum(1 for a in everyone if tcp.parse_address(a)[0] == my_host)
     labels = {p: f"rank {p} (JACCL TCP mesh, {addresses[p]})" for p in peers}
-    return TcpMeshTransport(rank, size, sockets, labels=labels, spin_s=spin_seconds(local_ranks))
+    return TcpMeshTransport(rank, size, sockets, labels=labels, spin_s=spin_seconds(local_ranks), listener=listener,
+                            addresses=everyone)

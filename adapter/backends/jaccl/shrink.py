@@ -1,0 +1,77 @@
+"""shrink() for JACCL on the TCP mesh: the survivors agree (transport/membership.py, reached at
+each rank's mesh listener, which a formed mesh keeps open) and form a fresh mesh of themselves on
+new listeners, under a key of the decision, ranks 0..k-1 in their old order (the loop, its
+retries and the old group's tombstone are transport/shrinking.py, shared with the ring). The
+side channel (MLX_JACCL_COORDINATOR) takes no part: the decision carries every member's new
+address. Shared memory attaches as at init when the survivors share a host.
+
+RDMA groups do not shrink: their queue pairs are created once from the device file, and
+re-creating them for the survivors is not written (JacclBackend.shrink_missing says so).
+"""
+from __future__ import annotations
+
+import json
+import time
+import zlib
+from typing import TYPE_CHECKING, Callable, Sequence
+
+from ...errors import PeerError
+from ..base import Backend
+from ..singleton import SingletonBackend
+from ..transport import membership, shrinking, tcp, tcp_mesh
+
+if TYPE_CHECKING:
+    from .backend import JacclBackend
+
+WATCH_EVERY_S = 0.25  # how often a forming mesh checks that the members it waits for still listen
+
+
+def group_token(old_token: int, decision: membership.Decision) -> int:
+    """The new mesh's job context id: from the old group's and the decision's (epoch, nonce)."""
+    return zlib.crc32(f"{old_token}:shrink:{decision.epoch}:{decision.nonce.hex()}".encode())
+
+
+def shrink_mesh(old: "JacclBackend", seat: membership.Seat, host: str, exclude: Sequence[int],
+                min_size: int | None, timeout: float) -> Backend:
+    """The mesh of the survivors, as this rank's new backend (see the module docstring)."""
+
+    def listen() -> list[tcp.Listener]:
+        return [tcp_mesh.mesh_listener(host)]
+
+    def form(decision: membership.Decision, listeners: list[tcp.Listener], connect_timeout: float) -> Backend:
+        members = decision.members
+        if len(members) == 1:
+            return SingletonBackend()
+        rank, size = members.index(seat.rank), len(members)
+        addresses = [decision.payloads[q]["addrs"][0] for q in members]
+        token, job = group_token(seat.token, decision), decision.key(seat.auth)
+
+        def exchange(blob: bytes) -> list[bytes]:  # the decision already holds every address
+            return [json.dumps({"addr": a}).encode() for a in addresses]
+
+        transport = tcp_mesh.connect_mesh(rank, size, [p for p in range(size) if p != rank], host, exchange, token,
+                                          time.monotonic() + connect_timeout, job,
+                                          watch=_watch(seat.rank, members, addresses), listener=listeners[0])
+        return old.reformed(members, transport, token, job)
+
+    return shrinking.shrink(old, seat, old.size(), listen, form, old.break_links, exclude, min_size, timeout)[0]
+
+
+def _watch(me: int, members: list[int], addresses: list[str]) -> Callable[[], None]:
+    """A forming mesh's watch: raise PeerError when a member's new listener refuses connections
+    (its process is gone; a formed member keeps listening there). Looks every WATCH_EVERY_S,
+    first after that long, so a quick formation probes nobody."""
+    next_look = time.monotonic() + WATCH_EVERY_S
+
+    def watch() -> None:
+        nonlocal next_look
+        now = time.monotonic()
+        if now < next_look:
+            return
+        next_look = now + WATCH_EVERY_S
+        for q, address in zip(members, addresses):
+            if q != me and membership.refuses(address):
+                raise PeerError(f"rank {me}: shrink: old rank {q} (new rank {members.index(q)}, {address}) died "
+                                f"while the survivors' mesh formed: its listener refuses connections")
+
+    return watch
