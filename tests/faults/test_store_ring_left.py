@@ -88,8 +88,9 @@ def test_a_published_peer_that_left_is_named_before_the_connect_deadline():
     assert leaver.returncode == 0 and "PUBLISHED" in out1, (out1, err1)
     assert stayer.returncode == 3, (out0, err0)
     line = next(line for line in out0.splitlines() if line.startswith("ERROR"))
+    print(line)
     _, kind, culprit, elapsed, text = line.split(" ", 4)
     assert kind == "PeerError" and culprit == "1", line
-    assert "rank 1" in text and "refused connections" in text, line
+    assert "rank 1 died" in text and "published its record listening, then refused connections" in text, line
     # The deadline is 30 s; the left-neighbour probe runs every 0.25 s.
     assert float(elapsed) < 5.0, line
