@@ -33,18 +33,18 @@ PROGRAM = textwrap.dedent("""
 """)
 
 
-def env(rank: int, hostfile: Path, secret: str | None) -> dict[str, str]:
+def env(rank: int, hostfile: Path, secret: str | None, connect_s: int = CONNECT_S) -> dict[str, str]:
     clean = {k: v for k, v in os.environ.items()
              if not k.startswith(("JACKLRING_", "MLX_", "OMPI_", "PMI")) and k not in ("RANK", "WORLD_SIZE")}
     clean.update(PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1", MLX_RANK=str(rank), MLX_HOSTFILE=str(hostfile),
-                 JACKLRING_CONNECT_TIMEOUT=str(CONNECT_S), JACKLRING_TIMEOUT=str(CONNECT_S))
+                 JACKLRING_CONNECT_TIMEOUT=str(connect_s), JACKLRING_TIMEOUT=str(connect_s))
     if secret is not None:
         clean["JACKLRING_SECRET"] = secret
     return clean
 
 
-def start(rank: int, hostfile: Path, secret: str | None) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", PROGRAM], env=env(rank, hostfile, secret), cwd=ROOT,
+def start(rank: int, hostfile: Path, secret: str | None, connect_s: int = CONNECT_S) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", PROGRAM], env=env(rank, hostfile, secret, connect_s), cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -109,6 +109,19 @@ def test_ranks_whose_hostfiles_list_other_addresses_get_a_config_error(tmp_path)
         assert kind == "ConfigError" and culprit == str(1 - rank), (rank, result)
         assert f"hostfile lists other addresses than rank {rank}'s (both list 2 ranks)" in text, (rank, text)
         assert float(elapsed) < 10.0, (rank, text)
+
+
+@pytest.mark.timeout(120)
+def test_without_a_job_secret_no_layout_is_compared(tmp_path):
+    """No secret, no key to compare layouts under: the ranks fail the old way, a PeerError at
+    the (short) connect deadline, never the layout's ConfigError."""
+    a0, a1, stale = (f"127.0.0.1:{p}" for p in free_ports(3))
+    procs = [start(0, hostfile(tmp_path / "zero.json", [a0, stale]), None, connect_s=3),
+             start(1, hostfile(tmp_path / "one.json", [a0, a1]), None, connect_s=3)]
+    for rank, result in enumerate(finish(procs, 60)):
+        _, kind, _, elapsed, text = error_line(result)
+        assert kind == "PeerError" and "layout" not in text, (rank, result)
+        assert float(elapsed) >= 2.9, (rank, text)
 
 
 OUTSIDER = textwrap.dedent("""
