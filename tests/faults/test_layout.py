@@ -74,14 +74,19 @@ def hostfile(path: Path, addresses: list[str]) -> Path:
 
 
 @pytest.mark.timeout(120)
-def test_ranks_that_disagree_on_the_world_size_all_get_a_config_error(tmp_path):
+@pytest.mark.parametrize("late", [0.0, 0.5])
+def test_ranks_that_disagree_on_the_world_size_all_get_a_config_error(tmp_path, late):
     """Ranks 0, 1 and 3 read a hostfile of 4 ranks, rank 2 one of 3 (the same first three):
-    every rank raises ConfigError naming both views within seconds of a 30 s deadline."""
+    every rank raises ConfigError naming both views within seconds of a 30 s deadline, also
+    rank 3 started `late` seconds after the others (the ranks that found the mismatch stay 2 s
+    to tell it)."""
     addresses = [f"127.0.0.1:{p}" for p in free_ports(4)]
     four = hostfile(tmp_path / "four.json", addresses)
     three = hostfile(tmp_path / "three.json", addresses[:3])
     secret = "drawn256:" + secrets.token_hex(32)
-    procs = [start(r, three if r == 2 else four, secret) for r in range(4)]
+    procs = [start(r, three if r == 2 else four, secret) for r in range(3)]
+    time.sleep(late)
+    procs.append(start(3, four, secret))
     results = finish(procs, CONNECT_S + 40)
     for rank, result in enumerate(results):
         _, kind, _, elapsed, text = error_line(result)

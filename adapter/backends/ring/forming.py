@@ -36,6 +36,7 @@ LEFT_PROBE_ANSWER_S = 0.1  # ... and how long the answer may take (no answer: no
 ABORT_NOTICE_S = 1.0  # how long a rank that gave up tries to reach a neighbour it had no connection with
 LAYOUT_CHECK_S = 1.0  # a listener that answers as another job is asked for its layout at most this often
 LAYOUT_ANSWER_S = 0.5  # ... and how long its answer may take (no answer: no conclusion)
+LAYOUT_LINGER_S = 2.0  # a rank that found (or was told of) a layout mismatch stays to tell late starters
 VERDICT_GRACE_S = 0.05  # the closing barrier of init() waits this long past the connect deadline
                         # (a neighbour's verdict sent at that deadline comes first), then probes
                         # who is silent (plumbing.Plumbing._unresponsive_member, within 0.5 s)
@@ -333,13 +334,19 @@ class Forming:
         # the one this failure is about: it is missing, or something else answers at its address).
         until = time.monotonic() + ABORT_NOTICE_S
         skip = {culprit, state.rank, getattr(exc, "about_rank", -1)}
+
+        def other_view() -> None:
+            """After a layout mismatch a neighbour that answers as another job holds the other
+            view: it cannot take this notice (it learns from its own check), so do not retry."""
+            if frame is not None:
+                raise PeerError("it answers as another job")
         for peer in {(state.rank + 1) % state.size, (state.rank - 1) % state.size} - skip:
             if self.watch.linked(peer):
                 continue
             hello = tcp.Hello(PURPOSE_ABORT, state.rank, peer, 0, state.token)
             try:
-                sock = tcp.connect(tcp.parse_address(state.addresses[peer][0]), hello, until,
-                                   f"rank {peer}", state.auth)
+                sock = tcp.connect_with_hello(tcp.parse_address(state.addresses[peer][0]), hello, until,
+                                              f"rank {peer}", state.auth, other_job=other_view)[0]
             except DistributedError:
                 continue  # not listening (yet): it waits for its own deadline
             try:
@@ -349,3 +356,25 @@ class Forming:
                 pass
             finally:
                 sock.close()
+        if frame is not None:
+            self._linger(frame)
+
+    def _linger(self, frame: bytes) -> None:
+        """After a layout mismatch, for LAYOUT_LINGER_S: answer every connection that arrives
+        (a rank that started late) with the layout abort, while the acceptor thread answers
+        layout checks. Without it a rank that starts after the others gave up has nobody left
+        to tell it (or to compare with) and waits for its connect deadline."""
+        listeners = self._state.listeners
+        until = time.monotonic() + LAYOUT_LINGER_S
+        while time.monotonic() < until:
+            for listener in listeners:
+                while (taken := listener.take(lambda h: True, time.monotonic(), None)) is not None:
+                    sock = taken[0]
+                    try:
+                        sock.send(frame, socket.MSG_DONTWAIT)
+                        sock.shutdown(socket.SHUT_WR)
+                    except OSError:
+                        pass
+                    finally:
+                        sock.close()
+            time.sleep(0.02)
