@@ -33,18 +33,20 @@ PROGRAM = textwrap.dedent("""
 """)
 
 
-def env(rank: int, hostfile: Path, secret: str | None, connect_s: int = CONNECT_S) -> dict[str, str]:
+def env(rank: int, hostfile: Path, secret: str | None, connect_s: int = CONNECT_S, **extra: str) -> dict[str, str]:
     clean = {k: v for k, v in os.environ.items()
              if not k.startswith(("JACKLRING_", "MLX_", "OMPI_", "PMI")) and k not in ("RANK", "WORLD_SIZE")}
     clean.update(PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1", MLX_RANK=str(rank), MLX_HOSTFILE=str(hostfile),
                  JACKLRING_CONNECT_TIMEOUT=str(connect_s), JACKLRING_TIMEOUT=str(connect_s))
     if secret is not None:
         clean["JACKLRING_SECRET"] = secret
+    clean.update(extra)
     return clean
 
 
-def start(rank: int, hostfile: Path, secret: str | None, connect_s: int = CONNECT_S) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", PROGRAM], env=env(rank, hostfile, secret, connect_s), cwd=ROOT,
+def start(rank: int, hostfile: Path, secret: str | None, connect_s: int = CONNECT_S, **extra: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", PROGRAM], env=env(rank, hostfile, secret, connect_s, **extra),
+                            cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -98,6 +100,27 @@ def test_ranks_that_disagree_on_the_world_size_all_get_a_config_error(tmp_path, 
         assert text.startswith(f"rank {rank}: "), (rank, text)
         assert float(elapsed) < 10.0, (rank, text)
     assert "reported by" not in error_line(results[2])[4]  # rank 2 compared itself
+
+
+@pytest.mark.timeout(120)
+def test_a_rank_whose_hostfile_contradicts_world_size_tells_the_others(tmp_path):
+    """RANK and WORLD_SIZE=4 as a launcher sets them; rank 2's hostfile lists 3 ranks. Rank 2
+    raises at once that its hostfile contradicts WORLD_SIZE, but first answers layout checks
+    where its hostfile puts it for 2 s: the others raise the layout's ConfigError, not a
+    PeerError at the deadline."""
+    addresses = [f"127.0.0.1:{p}" for p in free_ports(4)]
+    four = hostfile(tmp_path / "four.json", addresses)
+    three = hostfile(tmp_path / "three.json", addresses[:3])
+    secret = "drawn256:" + secrets.token_hex(32)
+    procs = [start(r, three if r == 2 else four, secret, RANK=str(r), WORLD_SIZE="4") for r in range(4)]
+    results = finish(procs, CONNECT_S + 40)
+    _, kind, _, _, text = error_line(results[2])
+    assert kind == "ConfigError" and "rank 2: the launcher started 4 ranks (WORLD_SIZE=4) but MLX_HOSTFILE" in text, \
+        results[2]
+    for rank in (0, 1, 3):
+        _, kind, _, elapsed, text = error_line(results[rank])
+        assert kind == "ConfigError" and "rank 2 believes the world has 3 ranks" in text, (rank, text)
+        assert float(elapsed) < 10.0, (rank, text)
 
 
 @pytest.mark.timeout(120)

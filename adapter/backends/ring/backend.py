@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
 import numpy as np
 
@@ -40,7 +41,7 @@ from ..transport.stream_engine import Engine, Stream
 from . import grow, hierarchy, lineage, shared, shrink, splitting
 from .addresses import links_per_neighbour, load_ring_hostfile, validate_addresses
 from .formation import FormationAbandoned, LayoutMismatch, Watch
-from .forming import ABORT_NOTICE_S, Forming, Wording, admit
+from .forming import ABORT_NOTICE_S, LAYOUT_LINGER_S, Forming, Wording, admit
 from .header import (
     HEADER,
     HEADER_MAGIC,
@@ -78,7 +79,11 @@ def create(timeout: float | None = None) -> "RingBackend":
     global _incarnations
     path = os.environ["MLX_HOSTFILE"]
     addresses = load_ring_hostfile(path)
-    rank = env_rank(len(addresses), f"MLX_HOSTFILE {path!r}")
+    try:
+        rank = env_rank(len(addresses), f"MLX_HOSTFILE {path!r}")
+    except ConfigError:
+        _witness_layout(addresses, _incarnations + 1)
+        raise
     if config.get("JACKLRING_JOIN"):  # a replacement: the members take it in with grow()
         return grow.join_ring(rank, addresses, timeout, default_connect_timeout())
     _incarnations += 1
@@ -86,6 +91,38 @@ def create(timeout: float | None = None) -> "RingBackend":
                                          layout_check=True)
     lineage.record(backend, lineage.Lineage(addresses, list(range(len(addresses)))))
     return backend
+
+
+def _witness_layout(addresses: list[list[str]], incarnation: int) -> None:
+    """This rank's hostfile contradicts the launcher's WORLD_SIZE: before it raises, it listens
+    where its hostfile puts it for LAYOUT_LINGER_S and answers layout checks there (nothing
+    else), so the ranks of the other view that meet it learn that the layouts differ and raise
+    a ConfigError too, instead of waiting for their connect deadline (transport/layout.py)."""
+    raw = os.environ.get("MLX_RANK", "")
+    rank = int(raw) if raw.strip().lstrip("-").isdigit() else -1
+    if not 0 <= rank < len(addresses) or len(addresses) < 2:
+        return  # no place of its own in its hostfile: nobody could meet it there
+    try:
+        check = layout.check_for(rank, addresses)
+    except ConfigError:
+        return
+    if check is None:
+        return  # no job secret: nothing can be compared
+    listeners: list[tcp.Listener] = []
+    try:
+        context = json.dumps([addresses, incarnation]).encode()
+        keys = auth.job_auth(context, "the ring", salt=json.dumps(addresses).encode())
+        for c, addr in enumerate(addresses[rank]):
+            listener = tcp.Listener(*tcp.parse_address(addr))
+            listeners.append(listener)
+            listener.serve(keys, auth.context_id(context), rank, lambda h: "its configuration is wrong",
+                           f"rank {rank}", (check, addr))
+        time.sleep(LAYOUT_LINGER_S)
+    except DistributedError:
+        pass
+    finally:
+        for listener in listeners:
+            listener.close()
 
 
 def _copy(src: np.ndarray, dst: np.ndarray) -> None:
