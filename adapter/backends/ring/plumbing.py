@@ -23,8 +23,7 @@ from .algorithms import Channel, chain_broadcast, reduce_scatter_all_gather
 from .algorithms import all_gather as ring_all_gather
 from .formation import FormationAbandoned, LayoutMismatch, layout_told
 from .forming import Wording, abandon
-from .header import (ABORT_MISSING, HEADER, HEADER_MAGIC, OP_ABORT, describe_header, find_abort, find_layout_abort,
-                     header_request)
+from .header import ABORT_MISSING, HEADER, HEADER_MAGIC, OP_ABORT, describe_header, find_abort, find_layout_abort, header_request
 from .state import RingState
 
 
