@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
 import numpy as np
 
@@ -35,12 +36,12 @@ from ..base import Backend, ReduceOp
 from ..elements import byte_view, split_evenly
 from ..local import algorithms as shm_algorithms
 from ..protocol import REDUCE_CODES
-from ..transport import auth, membership, tcp
+from ..transport import auth, layout, membership, tcp
 from ..transport.stream_engine import Engine, Stream
 from . import grow, hierarchy, lineage, shared, shrink, splitting
 from .addresses import links_per_neighbour, load_ring_hostfile, validate_addresses
-from .formation import FormationAbandoned, Watch
-from .forming import ABORT_NOTICE_S, Forming, Wording, admit
+from .formation import FormationAbandoned, LayoutMismatch, Watch
+from .forming import ABORT_NOTICE_S, LAYOUT_LINGER_S, Forming, Wording, admit
 from .header import (
     HEADER,
     HEADER_MAGIC,
@@ -78,13 +79,50 @@ def create(timeout: float | None = None) -> "RingBackend":
     global _incarnations
     path = os.environ["MLX_HOSTFILE"]
     addresses = load_ring_hostfile(path)
-    rank = env_rank(len(addresses), f"MLX_HOSTFILE {path!r}")
+    try:
+        rank = env_rank(len(addresses), f"MLX_HOSTFILE {path!r}")
+    except ConfigError:
+        _witness_layout(addresses, _incarnations + 1)
+        raise
     if config.get("JACKLRING_JOIN"):  # a replacement: the members take it in with grow()
         return grow.join_ring(rank, addresses, timeout, default_connect_timeout())
     _incarnations += 1
-    backend = RingBackend.from_addresses(rank, addresses, timeout=timeout, incarnation=_incarnations)
+    backend = RingBackend.from_addresses(rank, addresses, timeout=timeout, incarnation=_incarnations,
+                                         layout_check=True)
     lineage.record(backend, lineage.Lineage(addresses, list(range(len(addresses)))))
     return backend
+
+
+def _witness_layout(addresses: list[list[str]], incarnation: int) -> None:
+    """This rank's hostfile contradicts the launcher's WORLD_SIZE: before it raises, it listens
+    where its hostfile puts it for LAYOUT_LINGER_S and answers layout checks there (nothing
+    else), so the ranks of the other view that meet it learn that the layouts differ and raise
+    a ConfigError too, instead of waiting for their connect deadline (transport/layout.py)."""
+    raw = os.environ.get("MLX_RANK", "")
+    rank = int(raw) if raw.strip().lstrip("-").isdigit() else -1
+    if not 0 <= rank < len(addresses) or len(addresses) < 2:
+        return  # no place of its own in its hostfile: nobody could meet it there
+    try:
+        check = layout.check_for(rank, addresses)
+    except ConfigError:
+        return
+    if check is None:
+        return  # no job secret: nothing can be compared
+    listeners: list[tcp.Listener] = []
+    try:
+        context = json.dumps([addresses, incarnation]).encode()
+        keys = auth.job_auth(context, "the ring", salt=json.dumps(addresses).encode())
+        for c, addr in enumerate(addresses[rank]):
+            listener = tcp.Listener(*tcp.parse_address(addr))
+            listeners.append(listener)
+            listener.serve(keys, auth.context_id(context), rank, lambda h: "its configuration is wrong",
+                           f"rank {rank}", (check, addr))
+        time.sleep(LAYOUT_LINGER_S)
+    except DistributedError:
+        pass
+    finally:
+        for listener in listeners:
+            listener.close()
 
 
 def _copy(src: np.ndarray, dst: np.ndarray) -> None:
@@ -98,9 +136,10 @@ class RingBackend(Backend):
     @classmethod
     def from_addresses(cls, rank: int, addresses: list[list[str]], timeout: float | None = None,
                        connect_timeout: float | None = None, incarnation: int = 0,
-                       job: auth.Auth | None = None) -> "RingBackend":
+                       job: auth.Auth | None = None, layout_check: bool = False) -> "RingBackend":
         """Listen on this rank's addresses and connect the ring (the constructor a store-based
-        rendezvous, such as torch's, uses)."""
+        rendezvous, such as torch's, uses). layout_check: the addresses are this rank's hostfile,
+        compared with a rank that answers as another job (transport/layout.py)."""
         addresses = validate_addresses([list(a) if not isinstance(a, str) else [a] for a in addresses], "addresses")
         if not 0 <= rank < len(addresses):
             raise ConfigError(f"rank {rank} is out of range for {len(addresses)} ranks")
@@ -114,12 +153,14 @@ class RingBackend(Backend):
             for sock in listeners:
                 sock.close()
             raise PeerError(f"rank {rank}: {exc}") from None
-        return cls(rank, addresses, listeners, timeout, connect_timeout, incarnation, job)
+        return cls(rank, addresses, listeners, timeout, connect_timeout, incarnation, job,
+                   check=layout.check_for(rank, addresses) if layout_check else None)
 
     def __init__(self, rank: int, addresses: list[list[str]], listeners: list[tcp.Listener],
                  timeout: float | None, connect_timeout: float | None, incarnation: int = 0,
                  job: auth.Auth | None = None, watch: Watch | None = None,
-                 parent_ranks: list[int] | None = None, peers_listening: bool = False) -> None:
+                 parent_ranks: list[int] | None = None, peers_listening: bool = False,
+                 check: layout.Check | None = None) -> None:
         self._rank, self._size = rank, len(addresses)
         seconds = op_timeout(timeout)
         connect_seconds = default_connect_timeout(connect_timeout)
@@ -135,7 +176,7 @@ class RingBackend(Backend):
                                         connect_seconds, config.get("JACKLRING_VERIFY"), self.failure)
         # What an abort header is about (a split's parent rewords these for the sub-groups).
         self._words = Wording(state)
-        self._forming = Forming(state, self._words, watch, parent_ranks, peers_listening)
+        self._forming = Forming(state, self._words, watch, parent_ranks, peers_listening, check)
         self._plumbing = plumbing = Plumbing(state, self._words)
         self._p2p = PointToPoint(state, plumbing.small_limit)
         self._collective = plumbing.collective
@@ -146,7 +187,8 @@ class RingBackend(Backend):
             k = links_per_neighbour(addresses)
             try:
                 for c, listener in enumerate(listeners):
-                    listener.serve(keys, token, rank, lambda h, c=c, k=k: admit(state, h, c, k), f"rank {rank}")
+                    listener.serve(keys, token, rank, lambda h, c=c, k=k: admit(state, h, c, k), f"rank {rank}",
+                                   None if check is None else (check, addresses[rank][c]))
                 self._forming.connect()
                 if watch is None:
                     self._forming.finish(self.barrier)  # a split's parent runs the closing barrier instead
@@ -154,6 +196,8 @@ class RingBackend(Backend):
             except BaseException as exc:
                 self._forming.give_up(exc, tell_unlinked=watch is None)
                 self.close()  # the listeners, so a failed formation leaves no fd behind
+                if watch is None and isinstance(exc, LayoutMismatch):
+                    raise blaming(ConfigError(str(exc)), exc.culprit) from None
                 if watch is None and isinstance(exc, FormationAbandoned):
                     raise blaming(PeerError(str(exc)), exc.culprit) from None
                 raise blaming(exc, getattr(exc, "missing_rank", None))

@@ -21,8 +21,9 @@ import socket
 import time
 from typing import Callable
 
-from ...errors import PeerError
+from ...errors import ConfigError, PeerError
 from ..transport import tcp
+from .header import find_layout_abort, layout_abort_header
 
 ENDED = select.POLLRDHUP | select.POLLHUP | select.POLLERR | select.POLLNVAL
 
@@ -37,6 +38,32 @@ class FormationAbandoned(PeerError):
         self.missing = missing
 
 
+
+
+class LayoutMismatch(FormationAbandoned, ConfigError):
+    """The formation stopped because two ranks hold different layouts (layout.py): `culprit`
+    (as the reporter numbers it) believes the world has culprit_size ranks, `reporter` believes
+    reporter_size. A ConfigError on every rank: the one that found it, and those it told."""
+
+    def __init__(self, text: str, reporter: int, culprit: int, culprit_size: int, reporter_size: int) -> None:
+        super().__init__(culprit, text)
+        self.reporter, self.culprit_size, self.reporter_size = reporter, culprit_size, reporter_size
+
+    def frame(self) -> bytes:
+        """The abort header that passes this on (the same words on every rank it reaches)."""
+        return layout_abort_header(self.reporter, self.culprit, self.culprit_size, self.reporter_size)
+
+
+def layout_told(prefix: str, found: tuple[int, int, int, int]) -> LayoutMismatch:
+    """The error of a rank told by an abort header (find_layout_abort) that two layouts differ."""
+    reporter, culprit, culprit_size, reporter_size = found
+    if culprit_size != reporter_size:
+        what = f"rank {culprit} believes the world has {culprit_size} ranks, rank {reporter} believes {reporter_size}"
+    else:
+        what = f"rank {culprit}'s hostfile lists other addresses than rank {reporter}'s (both list {reporter_size} ranks)"
+    return LayoutMismatch(f"{prefix}the ranks disagree on the group's layout: {what} (reported by rank "
+                          f"{reporter}); give every rank the same hostfile", reporter, culprit, culprit_size,
+                          reporter_size)
 
 
 class Watch:
@@ -153,6 +180,9 @@ class Watch:
             data = sock.recv(4096, socket.MSG_PEEK | socket.MSG_DONTWAIT)
         except OSError:
             data = b""
+        layout = find_layout_abort(data)
+        if layout is not None:
+            return layout_told(self._prefix, layout), True
         found = self._find_abort(data)
         if found is not None:
             reporter, culprit, missing = found
@@ -160,10 +190,11 @@ class Watch:
         return self._error(peer, f"{self._prefix}{self._describe(peer)} died while {self._forming} formed "
                                  f"(its connection closed)"), False
 
-    def abandon(self, culprit: int, missing: bool = False) -> None:
-        """Tell every watched member that the formation failed and whom to blame, then stop
-        writing to it (the end of the stream wakes its poll)."""
-        frame = self._abort_frame(culprit, missing)
+    def abandon(self, culprit: int, missing: bool = False, frame: bytes | None = None) -> None:
+        """Tell every watched member that the formation failed and whom to blame (or send
+        `frame`, an abort header of another kind), then stop writing to it (the end of the
+        stream wakes its poll)."""
+        frame = frame or self._abort_frame(culprit, missing)
         for sock, _ in self._links:
             try:
                 sock.send(frame, socket.MSG_DONTWAIT)

@@ -11,11 +11,11 @@ from typing import Callable
 
 from ... import config
 from ...errors import CollectiveTimeout, DistributedError, PeerError
-from ..transport import blame, integrity, tcp
+from ..transport import blame, integrity, layout, tcp
 from ..transport.stream_engine import Engine, Stream
 from . import origin, shrink
 from .addresses import links_per_neighbour, ranks_on_this_host
-from .formation import FormationAbandoned, Watch
+from .formation import FormationAbandoned, LayoutMismatch, Watch
 from .header import (
     ABORT_DIED,
     ABORT_MISSING,
@@ -34,6 +34,9 @@ log = logging.getLogger("jacklring.ring")
 LEFT_PROBE_S = 0.25  # how often a rank waiting for its left neighbour probes that neighbour's listener
 LEFT_PROBE_ANSWER_S = 0.1  # ... and how long the answer may take (no answer: no conclusion)
 ABORT_NOTICE_S = 1.0  # how long a rank that gave up tries to reach a neighbour it had no connection with
+LAYOUT_CHECK_S = 1.0  # a listener that answers as another job is asked for its layout at most this often
+LAYOUT_ANSWER_S = 0.5  # ... and how long its answer may take (no answer: no conclusion)
+LAYOUT_LINGER_S = 2.0  # a rank that found (or was told of) a layout mismatch stays to tell late starters
 VERDICT_GRACE_S = 0.05  # the closing barrier of init() waits this long past the connect deadline
                         # (a neighbour's verdict sent at that deadline comes first), then probes
                         # who is silent (plumbing.Plumbing._unresponsive_member, within 0.5 s)
@@ -92,11 +95,12 @@ def admit(state: RingState, hello: tcp.Hello, listener: int, k: int) -> str | No
     return f"unknown purpose {hello.purpose:#x}"
 
 
-def abandon(state: RingState, words: Wording, culprit: int, missing: bool = False) -> None:
+def abandon(state: RingState, words: Wording, culprit: int, missing: bool = False, frame: bytes | None = None) -> None:
     """Tell both ring neighbours (who tell theirs) that the split (or, in init's closing
-    barrier, the formation) failed and why, then stop writing: each neighbour's poll wakes
-    on the end of the stream, so the news crosses a hop as soon as it arrives."""
-    abort = words.abort_header(culprit, missing)
+    barrier, the formation) failed and why (or send frame, a layout abort), then stop writing:
+    each neighbour's poll wakes on the end of the stream, so the news crosses a hop as soon as
+    it arrives."""
+    abort = frame or words.abort_header(culprit, missing)
     for link in state.right + state.left:
         try:
             link.sock.send(abort, socket.MSG_DONTWAIT)
@@ -112,8 +116,13 @@ class Forming:
     watch names members (a split's: by parent rank), and the connect deadline."""
 
     def __init__(self, state: RingState, words: Wording, watch: Watch | None,
-                 parent_ranks: list[int] | None, peers_listening: bool = False) -> None:
+                 parent_ranks: list[int] | None, peers_listening: bool = False,
+                 check: layout.Check | None = None) -> None:
         self._state = state
+        # This rank's layout, compared with a listener that answers as another job (layout.py):
+        # only for a ring formed from the hostfile with a job secret.
+        self._check = check
+        self._checked: dict[str, float] = {}  # address -> when its layout was last asked for
         # Every address came from a record its rank published while already listening there (a
         # store rendezvous), so a refused connection means that rank has left, not "not yet up".
         self._peers_listening = peers_listening
@@ -158,6 +167,10 @@ class Forming:
             while (taken := listeners[0].take(lambda h: h.purpose == PURPOSE_ABORT, now, None)) is not None:
                 aborts.append(taken[0])
                 watch.add(taken[0], taken[1].sender)
+            if self._check is not None:
+                for listener in listeners:
+                    for theirs, _ in listener.layout_conflicts():
+                        raise self._mismatch(theirs)
 
         watch.wake_on(listeners, arrivals,
                       lambda p: (p == as_watched(nxt) and len(right) < k) or (p == as_watched(prv) and None in left_socks))
@@ -176,8 +189,11 @@ class Forming:
             elif verdict == blame.GONE and left_seen[0]:
                 arrivals()
                 watch.check()  # if it gave up, its abort (sent before it left) says why
-                raise watch.died(as_watched(prv), "its listener answered, then refused connections before it "
-                                                  "connected to this rank")
+                seen = "it published its record listening" if self._peers_listening else "its listener answered"
+                raise watch.died(as_watched(prv), f"{seen}, then refused connections before it connected to "
+                                                  f"this rank")
+            elif verdict == blame.GONE:  # never answered as this group's: perhaps another layout
+                self._compare_layout(state.addresses[prv][0], prv)
         watch.every(LEFT_PROBE_S, probe_left)
         try:
             for c in range(k):
@@ -230,7 +246,8 @@ class Forming:
         self.watch.check()
         try:
             return tcp.connect_with_hello(addr, hello, deadline, f"rank {nxt}", state.auth,
-                                          pause=self.watch.pause)
+                                          pause=self.watch.pause,
+                                          other_job=lambda: self._compare_layout(state.addresses[nxt][c], nxt))
         except FormationAbandoned:
             raise
         except PeerError as exc:
@@ -239,6 +256,26 @@ class Forming:
             if time.monotonic() >= deadline:
                 error.missing_rank = self._watched_rank(nxt)  # type: ignore[attr-defined]
             raise error from None
+
+    def _compare_layout(self, address: str, peer: int) -> None:
+        """The listener at address answered as another job: when it proves the layout key and
+        holds another layout, raise LayoutMismatch naming both views (at most every
+        LAYOUT_CHECK_S per address; without a layout check, nothing)."""
+        if self._check is None:
+            return
+        now = time.monotonic()
+        if now < self._checked.get(address, 0.0) + LAYOUT_CHECK_S:
+            return
+        self._checked[address] = now
+        theirs = tcp.ask_layout(self._check, address, peer, now + LAYOUT_ANSWER_S)
+        if theirs is not None and theirs.differs(self._check.view):
+            raise self._mismatch(theirs)
+
+    def _mismatch(self, theirs: layout.View) -> LayoutMismatch:
+        mine = self._check.view  # type: ignore[union-attr]
+        return LayoutMismatch(f"rank {mine.rank}: the ranks disagree on the group's layout: "
+                              f"{layout.describe(mine, theirs)}; give every rank the same hostfile",
+                              mine.rank, theirs.rank, theirs.size, mine.size)
 
     def finish(self, barrier: Callable[[], None]) -> None:
         """A closing barrier: no rank leaves init() before every rank has connected, and a rank
@@ -283,31 +320,61 @@ class Forming:
         state = self._state
         culprit = exc.culprit if isinstance(exc, FormationAbandoned) else getattr(exc, "missing_rank", -1)
         missing = exc.missing if isinstance(exc, FormationAbandoned) else culprit >= 0
+        frame = exc.frame() if isinstance(exc, LayoutMismatch) else None
         if culprit < 0:
             try:
                 self.watch.check()  # a failure here is often the echo of a death elsewhere
             except FormationAbandoned as cause:
                 culprit, missing = cause.culprit, cause.missing
-        self.watch.abandon(culprit, missing)
+                frame = cause.frame() if isinstance(cause, LayoutMismatch) else None
+        self.watch.abandon(culprit, missing, frame)
         if not tell_unlinked or state.size < 2:
             return
         # A ring neighbour this rank has no connection with yet would wait for its deadline (not
         # the one this failure is about: it is missing, or something else answers at its address).
         until = time.monotonic() + ABORT_NOTICE_S
         skip = {culprit, state.rank, getattr(exc, "about_rank", -1)}
+
+        def other_view() -> None:
+            """After a layout mismatch a neighbour that answers as another job holds the other
+            view: it cannot take this notice (it learns from its own check), so do not retry."""
+            if frame is not None:
+                raise PeerError("it answers as another job")
         for peer in {(state.rank + 1) % state.size, (state.rank - 1) % state.size} - skip:
             if self.watch.linked(peer):
                 continue
             hello = tcp.Hello(PURPOSE_ABORT, state.rank, peer, 0, state.token)
             try:
-                sock = tcp.connect(tcp.parse_address(state.addresses[peer][0]), hello, until,
-                                   f"rank {peer}", state.auth)
+                sock = tcp.connect_with_hello(tcp.parse_address(state.addresses[peer][0]), hello, until,
+                                              f"rank {peer}", state.auth, other_job=other_view)[0]
             except DistributedError:
                 continue  # not listening (yet): it waits for its own deadline
             try:
-                sock.sendall(self._words.abort_header(culprit, missing))
+                sock.sendall(frame or self._words.abort_header(culprit, missing))
                 sock.shutdown(socket.SHUT_WR)
             except OSError:
                 pass
             finally:
                 sock.close()
+        if frame is not None:
+            self._linger(frame)
+
+    def _linger(self, frame: bytes) -> None:
+        """After a layout mismatch, for LAYOUT_LINGER_S: answer every connection that arrives
+        (a rank that started late) with the layout abort, while the acceptor thread answers
+        layout checks. Without it a rank that starts after the others gave up has nobody left
+        to tell it (or to compare with) and waits for its connect deadline."""
+        listeners = self._state.listeners
+        until = time.monotonic() + LAYOUT_LINGER_S
+        while time.monotonic() < until:
+            for listener in listeners:
+                while (taken := listener.take(lambda h: True, time.monotonic(), None)) is not None:
+                    sock = taken[0]
+                    try:
+                        sock.send(frame, socket.MSG_DONTWAIT)
+                        sock.shutdown(socket.SHUT_WR)
+                    except OSError:
+                        pass
+                    finally:
+                        sock.close()
+            time.sleep(0.02)

@@ -22,6 +22,9 @@ _REDUCING = (OP_ALL_REDUCE, OP_REDUCE_SCATTER)
 # extra = the rank that failed, or -1) before it stops writing; see formation.py.
 # Its dtype byte says why: the culprit died or gave up, or never connected before the deadline.
 ABORT_DIED, ABORT_MISSING = 0, 1
+# Or the reporter found that the culprit holds another layout (layout.py): the byte count then
+# carries the culprit's world size (high 32 bits) and the reporter's (low 32 bits).
+ABORT_LAYOUT = 2
 
 # What a connection to a ring rank's listener is for (its hello's purpose; origin.py's notices
 # are 4).
@@ -67,6 +70,20 @@ def find_abort(data: bytes) -> tuple[int, int, bool] | None:
         magic, op, reason, reporter, _, culprit = HEADER.unpack_from(data, at)
         if magic == HEADER_MAGIC and op == OP_ABORT:
             return reporter, culprit, reason == ABORT_MISSING
+    return None
+
+
+def layout_abort_header(reporter: int, culprit: int, culprit_size: int, reporter_size: int) -> bytes:
+    return HEADER.pack(HEADER_MAGIC, OP_ABORT, ABORT_LAYOUT, reporter, culprit_size << 32 | reporter_size, culprit)
+
+
+def find_layout_abort(data: bytes) -> tuple[int, int, int, int] | None:
+    """(reporter, culprit, culprit's world size, reporter's) when the first abort header among
+    the headers peeked in data is about layouts that differ; None otherwise."""
+    for at in range(0, len(data) - HEADER.size + 1, HEADER.size):
+        magic, op, reason, reporter, sizes, culprit = HEADER.unpack_from(data, at)
+        if magic == HEADER_MAGIC and op == OP_ABORT:
+            return (reporter, culprit, sizes >> 32, sizes & 0xFFFFFFFF) if reason == ABORT_LAYOUT else None
     return None
 
 

@@ -21,9 +21,9 @@ from . import origin
 from .addresses import ranks_on_this_host
 from .algorithms import Channel, chain_broadcast, reduce_scatter_all_gather
 from .algorithms import all_gather as ring_all_gather
-from .formation import FormationAbandoned
+from .formation import FormationAbandoned, LayoutMismatch, layout_told
 from .forming import Wording, abandon
-from .header import ABORT_MISSING, HEADER, HEADER_MAGIC, OP_ABORT, describe_header, find_abort, header_request
+from .header import ABORT_MISSING, HEADER, HEADER_MAGIC, OP_ABORT, describe_header, find_abort, find_layout_abort, header_request
 from .state import RingState
 
 
@@ -93,7 +93,8 @@ class Plumbing:
                     abandon(state, self._words, exc.culprit if isinstance(exc, FormationAbandoned)
                             else getattr(exc, "culprit", getattr(exc, "peer", (getattr(exc, "waiting_on", None)
                                                                                 or [-1])[0])),
-                            getattr(exc, "missing", False))
+                            getattr(exc, "missing", False),
+                            exc.frame() if isinstance(exc, LayoutMismatch) else None)
                 # Name the rank that failed first, not the neighbour that passed the failure on,
                 # and tell the other neighbour before the links close (origin.py).
                 on_sockets = state.shm is None or origin.from_ring_links(exc)  # a split's records go so
@@ -134,6 +135,9 @@ class Plumbing:
                 data = link.sock.recv(4096, socket.MSG_PEEK | socket.MSG_DONTWAIT)
             except OSError:
                 continue
+            told = find_layout_abort(data)
+            if told is not None:
+                return layout_told(f"rank {state.rank}: ", told)
             found = find_abort(data)
             if found is not None:
                 reporter, culprit, missing = found
@@ -184,6 +188,9 @@ class Plumbing:
             theirs = bytes(raw[:HEADER.size])
             magic, op, reason, reporter, _, culprit = HEADER.unpack(theirs)
             if magic == HEADER_MAGIC and op == OP_ABORT:
+                told = find_layout_abort(theirs)
+                if told is not None:
+                    raise layout_told(f"rank {state.rank}: ", told)
                 missing = reason == ABORT_MISSING
                 explain = words.formation_text or words.abort_text
                 raise words.abandoned(culprit, f"rank {state.rank}: {explain(reporter, culprit, missing)}", missing)

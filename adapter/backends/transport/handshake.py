@@ -25,7 +25,9 @@ new one arrives), so a flood of silent connections delays a real peer by at most
 timeout. Each source (an IP address, or a local uid) may start HANDSHAKES_PER_S handshakes a
 second (a burst of BURST): beyond that a connection is closed unread, without a poll slot, a
 nonce or a MAC check, so a flood of connections costs the thread an accept and a close each.
-Authenticated connections wait in a queue until the backend takes them.
+Authenticated connections wait in a queue until the backend takes them. A layout check
+(layout.py) is answered here too, after its own handshake under the layout key: a layout that
+differs is recorded (layout_conflicts) and wakes the consumer as an arrival does.
 """
 from __future__ import annotations
 
@@ -41,6 +43,7 @@ from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from ...errors import PeerError
+from . import layout
 from .auth import MAC_BYTES, NONCE_BYTES, Auth, equal
 from .source_budget import BURST, HANDSHAKES_PER_S, SourceBudget
 
@@ -210,7 +213,7 @@ def peer_uid(sock: socket.socket) -> int | None:
 
 
 class _Pending:
-    __slots__ = ("sock", "peer", "expires", "buf", "need", "hello", "hello_bytes", "nonce_s")
+    __slots__ = ("sock", "peer", "expires", "buf", "need", "hello", "hello_bytes", "nonce_s", "key", "checking")
 
     def __init__(self, sock: socket.socket, peer: str, expires: float) -> None:
         self.sock, self.peer, self.expires = sock, peer, expires
@@ -219,6 +222,8 @@ class _Pending:
         self.hello: Hello | None = None
         self.hello_bytes = b""
         self.nonce_s = b""
+        self.key: Auth | None = None   # a layout check's key (None: the job's)
+        self.checking = False          # authenticated layout check: its frame is awaited
 
 
 Admit = Callable[[Hello], "str | None"]   # None: welcome; else why it is refused
@@ -228,7 +233,7 @@ class Acceptor:
     """Accepts and authenticates connections on listening sockets in a background thread."""
 
     def __init__(self, sockets: list[socket.socket], where: str, auth: Auth, token: int, rank: int,
-                 admit: Admit, label: str) -> None:
+                 admit: Admit, label: str, check: "tuple[layout.Check, str] | None" = None) -> None:
         self._listening = [s for s in sockets if s is not None]
         for s in self._listening:
             s.setblocking(False)
@@ -238,6 +243,10 @@ class Acceptor:
         self._rank = rank
         self._admit = admit
         self._label = label
+        # (this rank's layout, this listener's address as the hostfile spells it): layout checks
+        # are answered (under the key at that address); None: refused as unexpected.
+        self._check = check
+        self._conflicts: list[tuple[layout.View, str]] = []
         self._pending: list[_Pending] = []
         self._ready: list[tuple[Hello, socket.socket, str]] = []
         self._cond = threading.Condition()
@@ -281,6 +290,12 @@ class Acceptor:
                 pass
         except (BlockingIOError, InterruptedError, OSError):
             pass
+
+    def layout_conflicts(self) -> list[tuple[layout.View, str]]:
+        """The views of peers that proved the layout key and hold a layout other than this
+        rank's, with where they connected from (see layout.py)."""
+        with self._cond:
+            return list(self._conflicts)
 
     def rejected_summary(self) -> str:
         with self._cond:
@@ -433,6 +448,8 @@ class Acceptor:
         data, item.buf = bytes(item.buf), bytearray()
         if item.hello is None:
             self._on_hello(item, data)
+        elif item.checking:
+            self._on_layout(item, data)
         else:
             self._on_proof(item, data)
 
@@ -456,11 +473,15 @@ class Acceptor:
             return
         item.nonce_s = os.urandom(NONCE_BYTES)
         item.need = PROOF_BYTES
+        if hello.purpose == layout.PURPOSE_LAYOUT and self._check is not None:
+            item.key = self._check[0].key_at(self._check[1])
         if not self._send(item, CHALLENGE.pack(CHALLENGE_MAGIC, OK, item.nonce_s)):
             self._pending.remove(item)
             self._reject(item, "it did not take the handshake's challenge")
 
     def _refusal(self, hello: Hello) -> tuple[int, str] | None:
+        if hello.purpose == layout.PURPOSE_LAYOUT:  # any job context: a rank of other layout asks
+            return None if self._check is not None else (UNEXPECTED, "no layout check is answered here")
         if hello.token != self._token:
             return OTHER_JOB, "another job's context"
         if hello.receiver != self._rank:
@@ -474,15 +495,21 @@ class Acceptor:
         self._pending.remove(item)
         hello = item.hello
         assert hello is not None
-        if not equal(proof, self._auth.mac(b"C", item.hello_bytes, item.nonce_s)):
+        key = item.key or self._auth
+        if not equal(proof, key.mac(b"C", item.hello_bytes, item.nonce_s)):
             # The refusal carries no MAC: nothing an outsider could test a guess of the key against.
             self._send(item, ACK.pack(ACK_MAGIC, BAD_PROOF, bytes(MAC_BYTES)))
             self._reject(item, f"it claimed to be rank {hello.sender} but did not prove the job secret")
             return
-        sent = self._send(item, ACK.pack(ACK_MAGIC, OK, self._auth.mac(b"A", item.hello_bytes, item.nonce_s, proof,
-                                                                        bytes([OK]))))
+        sent = self._send(item, ACK.pack(ACK_MAGIC, OK, key.mac(b"A", item.hello_bytes, item.nonce_s, proof,
+                                                                  bytes([OK]))))
         if not sent:
             self._reject(item, "it did not take the handshake's acknowledgement")
+            return
+        if item.key is not None:  # a layout check: its frame comes next, answered here
+            item.checking, item.need = True, layout.FRAME.size
+            item.expires = time.monotonic() + HANDSHAKE_TIMEOUT_S
+            self._pending.append(item)
             return
         item.sock.setblocking(True)
         item.sock.settimeout(None)
@@ -496,6 +523,28 @@ class Acceptor:
             self._ready_w.send(b"x")
         except OSError:
             pass  # full: it is readable anyway
+
+    def _on_layout(self, item: _Pending, data: bytes) -> None:
+        """The connector proved the layout key and sent its view: answer with this rank's, and
+        record the connector's when it differs."""
+        self._pending.remove(item)
+        assert item.hello is not None and item.key is not None and self._check is not None
+        session = item.hello.nonce + item.nonce_s
+        theirs = layout.read(item.key, b"C", session, data)
+        if theirs is None:
+            self._reject(item, "its layout frame did not carry the layout key's MAC")
+            return
+        self._send(item, self._check[0].frame(item.key, b"A", session))
+        item.sock.close()
+        if not theirs.differs(self._check[0].view):
+            return
+        log.debug("%s: %s", self._label, layout.describe(self._check[0].view, theirs))
+        with self._cond:
+            self._conflicts.append((theirs, item.peer))
+        try:
+            self._ready_w.send(b"x")
+        except OSError:
+            pass
 
     @staticmethod
     def _send(item: _Pending, frame: bytes) -> bool:

@@ -19,6 +19,7 @@ from typing import Callable
 
 from ... import config
 from ...errors import CollectiveTimeout, ConfigError, PeerError
+from . import layout
 from .auth import Auth
 from .handshake import (  # noqa: F401  (Hello is part of this module's interface)
     MAX_CLOSED_RETRIES,
@@ -27,6 +28,7 @@ from .handshake import (  # noqa: F401  (Hello is part of this module's interfac
     HandshakeRetry,
     Hello,
     OtherJob,
+    _recv_fixed,
     client_handshake,
     peer_uid,
 )
@@ -194,11 +196,17 @@ class Listener:
     def where(self) -> str:
         return format_address(self.tcp.getsockname()[:2])
 
-    def serve(self, auth: Auth, token: int, rank: int, admit: Admit, label: str) -> None:
+    def serve(self, auth: Auth, token: int, rank: int, admit: Admit, label: str,
+              check: "tuple[layout.Check, str] | None" = None) -> None:
         """Start accepting: connections that prove `auth`'s key for job context `token`, are
-        addressed to `rank` and pass admit() are queued for take()."""
+        addressed to `rank` and pass admit() are queued for take(). With check (this rank's
+        layout, this listener's address as listed), layout checks are answered (layout.py)."""
         if self._acceptor is None:
-            self._acceptor = Acceptor([self.tcp, self.unix], self.where(), auth, token, rank, admit, label)
+            self._acceptor = Acceptor([self.tcp, self.unix], self.where(), auth, token, rank, admit, label, check)
+
+    def layout_conflicts(self) -> list:
+        """(view, from where) of each peer that proved the layout key with a layout of its own."""
+        return self._acceptor.layout_conflicts() if self._acceptor is not None else []
 
     def take(self, match, deadline: float, who: str | None) -> tuple[socket.socket, Hello] | None:
         """The next authenticated connection whose hello satisfies match (the hello carries
@@ -252,9 +260,11 @@ def connect(addr: tuple[str, int], hello: Hello, deadline: float, who: str, auth
 
 
 def connect_with_hello(addr: tuple[str, int], hello: Hello, deadline: float, who: str, auth: Auth,
-                       pause: Callable[[float], None] | None = None) -> tuple[socket.socket, Hello]:
+                       pause: Callable[[float], None] | None = None,
+                       other_job: Callable[[], None] | None = None) -> tuple[socket.socket, Hello]:
     """connect(), also returning the hello as sent with both handshake nonces (Hello.session),
-    for keys that belong to this connection alone."""
+    for keys that belong to this connection alone. other_job() is called whenever the listener
+    answers as a rank of another job context (it may raise: a layout check, see layout.py)."""
     delay = 0.01
     last_error = "no attempt made"
     name = local_name(*addr)
@@ -292,6 +302,8 @@ def connect_with_hello(addr: tuple[str, int], hello: Hello, deadline: float, who
             except OtherJob as exc:
                 sock.close()
                 last_error = str(exc)  # an earlier incarnation of the peer still listens: wait for it
+                if other_job is not None:
+                    other_job()
             except PeerError:
                 sock.close()
                 raise
@@ -300,6 +312,25 @@ def connect_with_hello(addr: tuple[str, int], hello: Hello, deadline: float, who
                 last_error = exc.strerror or str(exc)
         (pause or time.sleep)(min(delay, max(0.0, deadline - time.monotonic())))
         delay = min(delay * 2, 0.5)
+
+
+def ask_layout(check: layout.Check, address: str, peer: int, until: float) -> layout.View | None:
+    """The layout of the rank listening at address (which this rank numbers `peer`), compared
+    under the layout key (layout.py); None when it does not prove that key (a stranger, a rank
+    without a layout check, no answer before until). Never raises for what the listener does."""
+    host, port = parse_address(address)
+    key = check.key_at(address)
+    hello = Hello(layout.PURPOSE_LAYOUT, check.view.rank, peer, 0, 0).fresh()
+    try:
+        with socket.socket(_family(host), socket.SOCK_STREAM) as sock:
+            sock.settimeout(max(0.01, until - time.monotonic()))
+            sock.connect((host, port))
+            done = client_handshake(sock, hello, key, address, f"rank {peer}", deadline=until)
+            sock.sendall(check.frame(key, b"C", done.session))
+            data = _recv_fixed(sock, layout.FRAME.size, until, layout.MAGIC)
+    except (PeerError, HandshakeRetry, OSError):
+        return None
+    return layout.read(key, b"A", done.session, data)
 
 
 def recv_exact(sock: socket.socket, view: memoryview, deadline: float, who: str,
