@@ -113,11 +113,10 @@ def test_a_second_death_during_the_shrink(tmp_path, backend):
     The kill lands anywhere from the agreement to after the new ring formed (a shrink takes
     milliseconds, the harness looks every 20 ms): then the first collective of the new group
     fails, and the survivors shrink that group in turn, as a program must (retries=1); before,
-    such a run failed (1 in 30 here: ranks 2 and 3 exited on that error). The CI failure in which
-    rank 2 decided alone 0.18 s into its shrink is most likely the kill landing in the new ring's
-    closing barrier: rank 3 finished forming and left on its first collective's error, rank 2's
-    formation failed and it agreed again on the old group, where rank 3's listener then refused.
-    That window is a known gap (docs/faults.md, "Shrinking a group")."""
+    such a run failed (1 in 30 here: ranks 2 and 3 exited on that error). A kill inside the new
+    group's last formation step (rank 3 formed, rank 2 did not) made rank 2 decide alone on the
+    old group in CI; rank 2 now agrees in the new group instead, where rank 3's shrink finds it
+    (made certain in test_a_death_inside_the_new_groups_closing_barrier)."""
     # MLX_RING_VERBOSE: each rank's agreement (whom it reached, what it coordinated) is in its report.
     procs = start(backend, 4, body(min_size=2, retries=1), tmp_path, env={"MLX_RING_VERBOSE": "1"})
     try:
@@ -383,8 +382,6 @@ if r == 0:
 """
 
 
-@pytest.mark.xfail(reason="the known gap (docs/faults.md, Shrinking a group): old 2 agrees again on the old "
-                          "group while old 3 shrinks the new one, so each ends in QuorumError", strict=False)
 @pytest.mark.timeout(60)
 @BACKENDS
 def test_a_death_inside_the_new_groups_closing_barrier(tmp_path, backend):
