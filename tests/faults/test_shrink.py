@@ -113,11 +113,10 @@ def test_a_second_death_during_the_shrink(tmp_path, backend):
     The kill lands anywhere from the agreement to after the new ring formed (a shrink takes
     milliseconds, the harness looks every 20 ms): then the first collective of the new group
     fails, and the survivors shrink that group in turn, as a program must (retries=1); before,
-    such a run failed (1 in 30 here: ranks 2 and 3 exited on that error). The CI failure in which
-    rank 2 decided alone 0.18 s into its shrink is most likely the kill landing in the new ring's
-    closing barrier: rank 3 finished forming and left on its first collective's error, rank 2's
-    formation failed and it agreed again on the old group, where rank 3's listener then refused.
-    That window is a known gap (docs/faults.md, "Shrinking a group")."""
+    such a run failed (1 in 30 here: ranks 2 and 3 exited on that error). A kill inside the new
+    group's last formation step (rank 3 formed, rank 2 did not) made rank 2 decide alone on the
+    old group in CI; rank 2 now agrees in the new group instead, where rank 3's shrink finds it
+    (made certain in test_a_death_inside_the_new_groups_closing_barrier)."""
     # MLX_RING_VERBOSE: each rank's agreement (whom it reached, what it coordinated) is in its report.
     procs = start(backend, 4, body(min_size=2, retries=1), tmp_path, env={"MLX_RING_VERBOSE": "1"})
     try:
@@ -323,3 +322,100 @@ def test_a_rank_that_stops_after_joining_is_left_out_at_the_next_epoch(tmp_path)
     text = " ".join(fields[3:])
     assert fields[2] == "ExcludedError" and "rank 3 was excluded from the group by shrink (epoch 2)" in text, \
         reports(procs)
+
+
+# Old rank 0, the coordinator and a member of the new group of old ranks [0, 2, 3], dies inside
+# that group's last formation step (the shared-memory set-up's all-gather, after the ring's
+# closing barrier; on JACCL it is the closing barrier), after its own part left but before it
+# passed on the part of new rank 2 (old 3) to new rank 1 (old 2): on the ring its relay of the
+# left neighbour's message (Stream.post_forward) is dropped and it dies at its next send, on
+# JACCL's mesh its all-gather send to new rank 1 is dropped and it dies 0.3 s later. So old 3
+# finishes forming while old 2 waits for what never comes, and sees the death.
+DIE_IN_THE_CLOSING_BARRIER = """
+if r == 0:
+    import signal
+    import threading
+    from adapter.backends.transport import membership, stream_engine, tcp_mesh
+    decided, dying = [], []
+    real_agree = membership.agree
+    def agree(*args, **kwargs):
+        decision = real_agree(*args, **kwargs)
+        decided.append(decision.members)
+        return decision
+    membership.agree = agree
+    def die_soon():
+        if not dying:
+            dying.append(True)
+            say("DYING", decided[-1])
+            threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGKILL)).start()
+    from adapter.backends.ring import shared
+    real_attach, armed = shared.attach, []
+    def attach(state, gather):
+        def last_gather(record):  # the ring's formation ends with this gather (after its barrier)
+            armed.extend(decided)
+            return gather(record)
+        return real_attach(state, last_gather)
+    shared.attach = attach
+    real_forward, real_post = stream_engine.Stream.post_forward, stream_engine.Stream.post_send
+    def post_forward(self, view, source):
+        if armed:
+            die_soon()  # the relay to new rank 1 never leaves
+            return
+        real_forward(self, view, source)
+    def post_send(self, view):
+        if dying:  # the barrier is over here (all else it sent has left): die before the next step
+            os.kill(os.getpid(), signal.SIGKILL)
+        real_post(self, view)
+    stream_engine.Stream.post_forward, stream_engine.Stream.post_send = post_forward, post_send
+    real_send, real_parts = tcp_mesh.TcpMeshTransport.post_send, tcp_mesh.TcpMeshTransport.post_send_parts
+    def post_send(self, peer, *args):
+        if decided and peer == 1:
+            die_soon()  # this send to new rank 1 never leaves
+            return
+        real_send(self, peer, *args)
+    def post_send_parts(self, peer, *args):
+        if decided and peer == 1:
+            die_soon()
+            return
+        real_parts(self, peer, *args)
+    tcp_mesh.TcpMeshTransport.post_send, tcp_mesh.TcpMeshTransport.post_send_parts = post_send, post_send_parts
+"""
+
+
+@pytest.mark.timeout(60)
+@BACKENDS
+def test_a_death_inside_the_new_groups_closing_barrier(tmp_path, backend):
+    """The race behind test_a_second_death_during_the_shrink's rare failure, made certain: the
+    new group of old ranks [0, 2, 3] formed on old rank 3 but not on old rank 2 (old rank 0 died
+    in its closing barrier). Old 3's first collective fails and it shrinks that group; old 2
+    must meet it there, and the two carry on together (min_size=2)."""
+    # The ring over TCP: its formation then ends with one all-gather (shared memory "not wanted").
+    env = {"FAULT_BEFORE_INIT": DIE_IN_THE_CLOSING_BARRIER, "MLX_RING_VERBOSE": "1"}
+    if backend == "ring":
+        env["JACKLRING_LOCAL_TRANSPORT"] = "tcp"
+    procs = start(backend, 4, body(min_size=2, retries=1), tmp_path, env=env)
+    try:
+        for p in procs:
+            p.wait_line("READY", 30)
+        time.sleep(0.2)
+        procs[1].kill(signal.SIGKILL)
+        dying = procs[0].wait_line("DYING", 10)
+        assert " ".join(dying[2:]) == "[0, 2, 3]", dying
+        outcomes = {}
+        for p in procs[2:]:
+            deadline = time.monotonic() + 30
+            while p.rank not in outcomes and time.monotonic() < deadline:
+                for tag in ("SUM", "SHRINKERR"):
+                    if p.tagged(tag):
+                        outcomes[p.rank] = p.tagged(tag)[0]
+                        break
+                else:
+                    if p.popen.poll() is not None and p.readers_done.is_set():
+                        outcomes[p.rank] = ["EXITED", str(p.popen.returncode)]
+                    time.sleep(0.05)
+        finish_all(procs, 15)
+    finally:
+        stop_all(procs)
+    assert sorted(outcomes) == [2, 3], reports(procs)
+    assert all(o[0] == str(q) and o[2:5] == ["1" if q == 3 else "0", "2", "2,3"] and o[-1] == "True"
+               for q, o in outcomes.items()), f"{outcomes}\n\nevery rank's report:\n{reports(procs)}"

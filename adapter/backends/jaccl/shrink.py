@@ -38,12 +38,12 @@ def shrink_mesh(old: "JacclBackend", seat: membership.Seat, host: str, exclude: 
     def listen() -> list[tcp.Listener]:
         return [tcp_mesh.mesh_listener(host)]
 
-    def form(decision: membership.Decision, listeners: list[tcp.Listener], connect_timeout: float) -> Backend:
-        members = decision.members
+    def form(seat: membership.Seat, decision: membership.Decision, members: list[int], listeners: list[tcp.Listener],
+             connect_timeout: float) -> Backend:
         if len(members) == 1:
             return SingletonBackend()
-        rank, size = members.index(seat.rank), len(members)
-        addresses = [decision.payloads[q]["addrs"][0] for q in members]
+        rank, size = decision.members.index(seat.rank), len(members)
+        addresses = [decision.payloads[q]["addrs"][0] for q in decision.members]
         token, job = group_token(seat.token, decision), decision.key(seat.auth)
 
         def exchange(blob: bytes) -> list[bytes]:  # the decision already holds every address
@@ -51,10 +51,14 @@ def shrink_mesh(old: "JacclBackend", seat: membership.Seat, host: str, exclude: 
 
         transport = tcp_mesh.connect_mesh(rank, size, [p for p in range(size) if p != rank], host, exchange, token,
                                           time.monotonic() + connect_timeout, job,
-                                          watch=_watch(seat.rank, members, addresses), listener=listeners[0])
+                                          watch=_watch(members[rank], members, addresses), listener=listeners[0])
         return old.reformed(members, transport, token, job)
 
-    return shrinking.shrink(old, seat, old.size(), listen, form, old.break_links, exclude, min_size, timeout)[0]
+    def token(seat: membership.Seat, decision: membership.Decision) -> int:
+        return group_token(seat.token, decision)
+
+    return shrinking.shrink(old, seat, old.size(), listen, form, token, old.break_links, exclude, min_size,
+                            timeout)[0]
 
 
 def _watch(me: int, members: list[int], addresses: list[str]) -> Callable[[], None]:

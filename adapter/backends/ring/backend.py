@@ -169,7 +169,7 @@ class RingBackend(Backend):
         # of the ring closed before it). The key is the job secret (or, without one, derived from
         # that public context: see transport/auth.py).
         context = json.dumps([addresses, incarnation]).encode()
-        token = auth.context_id(context)
+        token = self.context_token(addresses, incarnation)
         # The secret's stretch is salted by the addresses alone: it runs once for every incarnation.
         keys = job if job is not None else auth.job_auth(context, "the ring", salt=json.dumps(addresses).encode())
         state = self._state = RingState(rank, self._size, addresses, listeners, token, keys, seconds,
@@ -201,6 +201,11 @@ class RingBackend(Backend):
                 if watch is None and isinstance(exc, FormationAbandoned):
                     raise blaming(PeerError(str(exc)), exc.culprit) from None
                 raise blaming(exc, getattr(exc, "missing_rank", None))
+
+    @staticmethod
+    def context_token(addresses: list[list[str]], incarnation: int) -> int:
+        """The job context id of the ring of these addresses and incarnation (every hello carries it)."""
+        return auth.context_id(json.dumps([addresses, incarnation]).encode())
 
     # ---- what other parts of the ring use ---------------------------------------------------
 

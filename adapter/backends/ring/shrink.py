@@ -34,15 +34,22 @@ def shrink_ring(old: "RingBackend", seat: membership.Seat, addresses: list[list[
     def listen() -> list[tcp.Listener]:
         return [tcp.Listener(host, 0) for host in hosts]
 
-    def form(decision: membership.Decision, listeners: list[tcp.Listener], connect_timeout: float) -> RingBackend:
-        members = decision.members
-        return RingBackend(members.index(seat.rank), [decision.payloads[q]["addrs"] for q in members], listeners,
-                           old.timeout, connect_timeout=connect_timeout, incarnation=decision.epoch,
-                           job=decision.key(seat.auth))
+    def form(seat: membership.Seat, decision: membership.Decision, members: list[int], listeners: list[tcp.Listener],
+             connect_timeout: float) -> RingBackend:
+        return RingBackend(decision.members.index(seat.rank), addresses_of(decision), listeners, old.timeout,
+                           connect_timeout=connect_timeout, incarnation=decision.epoch, job=decision.key(seat.auth))
 
-    new, decision = shrinking.shrink(old, seat, len(addresses), listen, form, old.break_links, exclude, min_size,
-                                     timeout)
+    def token(seat: membership.Seat, decision: membership.Decision) -> int:
+        return RingBackend.context_token(addresses_of(decision), decision.epoch)
+
+    new, members = shrinking.shrink(old, seat, len(addresses), listen, form, token, old.break_links, exclude,
+                                    min_size, timeout)
     origin = lineage.of(old)
     if origin is not None:
-        lineage.record(new, origin.keep(decision.members))  # so the survivors can grow again
+        lineage.record(new, origin.keep(members))  # so the survivors can grow again
     return new
+
+
+def addresses_of(decision: membership.Decision) -> list[list[str]]:
+    """The new ring's addresses, by its rank: each member's fresh listeners, from its join."""
+    return [decision.payloads[q]["addrs"] for q in decision.members]

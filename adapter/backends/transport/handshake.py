@@ -306,6 +306,16 @@ class Acceptor:
             return (f"; meanwhile {self._rejected} unauthenticated connection(s) were rejected (from {sources})"
                     f"{shed}")
 
+    def readmit(self, admit: Admit) -> None:
+        """Admit by `admit` from now on; a connection already waiting for take() that it would
+        refuse is closed (its peer sees the end of the stream)."""
+        with self._cond:
+            self._admit = admit
+            dropped = [item for item in self._ready if admit(item[0]) is not None]
+            self._ready = [item for item in self._ready if item not in dropped]
+        for _, sock, _ in dropped:
+            sock.close()
+
     def close(self) -> None:
         with self._cond:
             self._closed = True

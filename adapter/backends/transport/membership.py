@@ -8,8 +8,9 @@ connection: the process is gone) or the window ends; the ones that joined are th
 there are enough of them (quorum), and it sends that decision, with an epoch number and a fresh
 nonce (the seed of the new group's key), to each of them. A joiner whose coordinator dies or
 stalls (the connection ends, or no answer within the window) moves on to the next rank. A rank
-that finished a shrink answers later joins at its old listener with the outcome (Tombstone), so
-a rank that was only stopped learns that it was excluded instead of forming a group of its own.
+that has moved on from a group answers later joins at its listener there with the outcome
+(Tombstone), so a rank that was only stopped learns that it was excluded instead of forming a
+group of its own.
 
 Every frame after the handshake carries a MAC under a key of that connection alone (from the job
 key and both handshake nonces), so nobody without the job key can forge or alter a decision.
@@ -50,6 +51,16 @@ class Seat:
     auth: Auth                # the old group's key
     token: int                # the old group's job context id
     purpose: int              # the hello purpose of shrink connections
+    # A seat in a group that did not form (shrinking.py): the rank in the group shrink() was
+    # called on of each rank here, so that errors name ranks the caller knows. None: the same.
+    names: list[int] | None = None
+
+    def name(self, q: object) -> object:
+        """Rank q of this group as the caller knows it (q unchanged if it is not a rank here)."""
+        return self.names[q] if self.names is not None and isinstance(q, int) and 0 <= q < len(self.names) else q
+
+    def names_of(self, ranks: object) -> object:
+        return [self.name(q) for q in ranks] if isinstance(ranks, list) else ranks
 
 
 @dataclass(frozen=True)
@@ -59,6 +70,11 @@ class Decision:
     payloads: dict[int, dict]       # old rank -> what it sent with its join (e.g. new addresses)
     nonce: bytes                    # fresh per decision: seeds the new group's key
     coordinator: int
+
+    def message(self) -> dict:
+        """The decision as the coordinator sends it."""
+        return {"kind": "decision", "epoch": self.epoch, "members": self.members, "coordinator": self.coordinator,
+                "nonce": self.nonce.hex(), "payloads": {str(q): p for q, p in self.payloads.items()}}
 
     def key(self, auth: Auth) -> Auth:
         """The new group's key: only members (told the nonce) and the job key's holders can compute it."""
@@ -173,12 +189,12 @@ def _reach(seat: Seat, peer: int, answer_timeout: float) -> Channel | None:
     return None
 
 
-def _excluded(rank: int, message: dict) -> ExcludedError:
+def _excluded(seat: Seat, message: dict) -> ExcludedError:
     return ExcludedError(
-        f"rank {rank} was excluded from the group by shrink (epoch {message.get('epoch')}): it did not answer "
-        f"in time (it was stopped, too slow or cut off), or exclude= named it; old ranks "
-        f"{message.get('members')} carry on without it (coordinator rank {message.get('coordinator')}); this "
-        f"process must not rejoin: stop it, or start a new job")
+        f"rank {seat.name(seat.rank)} was excluded from the group by shrink (epoch {message.get('epoch')}): it did "
+        f"not answer in time (it was stopped, too slow or cut off), or exclude= named it; old ranks "
+        f"{seat.names_of(message.get('members'))} carry on without it (coordinator rank "
+        f"{seat.name(message.get('coordinator'))}); this process must not rejoin: stop it, or start a new job")
 
 
 def agree(seat: Seat, size: int, payload: dict, exclude: Sequence[int], min_size: int | None,
@@ -214,9 +230,10 @@ def agree(seat: Seat, size: int, payload: dict, exclude: Sequence[int], min_size
             channel.close()
         kind = answer.get("kind")
         if kind == "no-quorum":
-            raise QuorumError(f"rank {seat.rank}: shrink: {answer.get('why')} (decided by rank {candidate})")
+            raise QuorumError(f"rank {seat.name(seat.rank)}: shrink: {answer.get('why')} (decided by rank "
+                              f"{seat.name(candidate)})")
         if kind == "excluded" or (kind == "decision" and seat.rank not in answer.get("members", [])):
-            raise _excluded(seat.rank, answer)
+            raise _excluded(seat, answer)
         if kind == "decision":
             return _parse_decision(answer)
         unreachable.add(candidate)
@@ -297,20 +314,21 @@ def _coordinate(seat: Seat, size: int, mine: dict, unreachable: set[int], min_si
         if outcome is not None and outcome.get("kind") == "decision" and me in outcome.get("members", []):
             return _parse_decision(outcome)
         if outcome is not None and outcome.get("kind") in ("decision", "excluded"):
-            raise _excluded(me, outcome)
+            raise _excluded(seat, outcome)
     if len(members) < need:
         rule = (f"min_size={min_size}" if min_size is not None else
                 f"more than half of the {contenders} old members that exclude= did not name")
-        why = (f"only old ranks {members} answered ({len(members)} of {size}; missing {missing}), and a new group "
+        why = (f"only old ranks {seat.names_of(members)} answered ({len(members)} of {size}; missing "
+               f"{seat.names_of(missing)}), and a new group "
                f"needs at least {need} ({rule}): a minority must not carry on as the job (pass min_size= to allow it)")
         _answer(channels, {"kind": "no-quorum", "why": why})
-        raise QuorumError(f"rank {me}: shrink: {why}")
-    decision = {"kind": "decision", "epoch": epoch, "members": members, "coordinator": me,
-                "nonce": os.urandom(16).hex(), "payloads": {str(q): joins[q]["payload"] for q in members}}
+        raise QuorumError(f"rank {seat.name(me)}: shrink: {why}")
+    decision = Decision(epoch, members, {q: joins[q]["payload"] for q in members}, os.urandom(16), me).message()
     _answer(channels, decision, {"kind": "excluded", "epoch": epoch, "members": members, "coordinator": me})
-    log.info("rank %d: shrink epoch %d: members %s (out: %s)", me, epoch, members, missing + sorted(excluded))
+    log.info("rank %s: shrink epoch %d: members %s (out: %s)", seat.name(me), epoch, seat.names_of(members),
+             seat.names_of(missing + sorted(excluded)))
     if me not in members:
-        raise _excluded(me, decision)
+        raise _excluded(seat, decision)
     return _parse_decision(decision)
 
 
@@ -346,13 +364,16 @@ def _answer(channels: dict[int, Channel], message: dict, to_excluded: dict | Non
 
 
 class Tombstone:
-    """After a shrink: answer every later join at this rank's old listener with the outcome, so a
-    rank that was stopped or slow learns that it was excluded. Ends when the listener closes."""
+    """Once this rank has left a group for the one a decision named: answer every later join at
+    its listener in the group it left with the outcome, so a rank that was stopped or slow
+    learns that it was excluded, and a member that missed the decision (its coordinator died
+    before telling it) learns the decision. Ends when the listener closes."""
 
     def __init__(self, seat: Seat, decision: Decision) -> None:
         self._seat = seat
         self._answer = {"kind": "excluded", "epoch": decision.epoch, "members": decision.members,
                         "coordinator": decision.coordinator}
+        self._members, self._decision = set(decision.members), decision.message()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name=f"jacklring-shrink-tombstone rank {seat.rank}",
                                         daemon=True)
@@ -374,7 +395,8 @@ class Tombstone:
             channel = Channel(sock, seat.auth, hello.session, False, f"rank {hello.sender}")
             try:
                 channel.recv(time.monotonic() + 1.0)
-                channel.send(self._answer, time.monotonic() + 1.0)
+                channel.send(self._decision if hello.sender in self._members else self._answer,
+                             time.monotonic() + 1.0)
             except (DistributedError, CollectiveTimeout):
                 pass
             finally:

@@ -6,9 +6,11 @@ Each attempt opens fresh listeners, agrees (their addresses travel in this rank'
 the old group's links (an operation still in flight there fails at once) and forms the new group
 on the fresh listeners, under a key of the decision alone (Decision.key: an excluded rank, or
 anyone who was not told the decision, cannot connect to it). A death during that formation (after
-the decision) fails it on every member; they agree again with a higher epoch, a few times at most.
-After a shrink the old group's listener answers later joins with the outcome (Tombstone), so a
-rank that was only stopped learns that it was excluded.
+the decision) fails it on a member, perhaps not on every one: that member agrees again, with a
+higher epoch (a few times at most), as a member of the group that did not form, at that group's
+first listener, where a member on which it did form finds it when it shrinks that group. Once a
+rank has moved on from a group, its listener there answers later joins with the outcome
+(Tombstone), so a rank that was only stopped learns that it was excluded.
 """
 from __future__ import annotations
 
@@ -41,15 +43,27 @@ def record_epoch(group: object, epoch: int) -> None:
 
 
 def shrink(old: object, seat: membership.Seat, size: int, listen: Callable[[], list[tcp.Listener]],
-           form: Callable[[membership.Decision, list[tcp.Listener], float], Group],
-           break_links: Callable[[str], None], exclude: Sequence[int], min_size: int | None,
-           timeout: float) -> tuple[Group, membership.Decision]:
-    """The survivors' group (see the module docstring), as this rank's new group, and the decision
-    that made it. listen(): fresh listeners (their addresses are this rank's join payload, "addrs");
-    form(decision, listeners, connect_timeout): the new group on them (no listener for a group of
-    one), raising DistributedError when a member failed meanwhile; break_links(why): fail the old
-    group's operations at once."""
+           form: Callable[[membership.Seat, membership.Decision, list[int], list[tcp.Listener], float], Group],
+           token: Callable[[membership.Seat, membership.Decision], int], break_links: Callable[[str], None],
+           exclude: Sequence[int], min_size: int | None, timeout: float) -> tuple[Group, list[int]]:
+    """The survivors' group (see the module docstring), as this rank's new group, and its members
+    as ranks of `old`. listen(): fresh listeners (their addresses are this rank's join payload,
+    "addrs"); form(seat, decision, members, listeners, connect_timeout): the group the decision
+    names (its members: ranks of `old`) on the listeners (none for a group of one), raising
+    DistributedError when a member failed meanwhile (seat: where this rank agreed, its rank and
+    key those of the group the decision is about); token(seat, decision): the job context id
+    that group's listeners admit (a hello's token); break_links(why): fail the old group's
+    operations at once.
+
+    A formation that failed on this rank may have finished on another (a death inside its
+    closing step ends it one way here and the other way there), which then treats the group as
+    formed and, at its first failed collective, shrinks it. So after a failed formation this rank
+    does the same: it agrees again as a member of the group that did not form, at that group's
+    first listener, kept open for it (its seat), and never again on the group it came from."""
     floor = epoch_of(old) + 1
+    ranks = list(range(size))   # the rank in `old` of each rank of the group `seat` is in
+    kept: list[tcp.Listener] = []  # this rank's seats in groups that did not form
+    left: list[membership.Tombstone] = []  # at the seats it moved on from, the kept ones included
     failures: list[str] = []
     for attempt in range(MAX_ATTEMPTS):
         listeners = listen()
@@ -57,31 +71,87 @@ def shrink(old: object, seat: membership.Seat, size: int, listen: Callable[[], l
         # connecting to a stopped member waits out the handshake's answer timeout first.
         window = timeout if attempt == 0 else timeout + ANSWER_TIMEOUT_S + 1.0
         try:
-            decision = membership.agree(seat, size, {"addrs": [s.where() for s in listeners]}, exclude, min_size,
-                                        window, floor)
-        except BaseException:
+            decision = membership.agree(seat, len(ranks), {"addrs": [s.where() for s in listeners]}, exclude,
+                                        min_size, window, floor)
+        except BaseException as exc:
             for s in listeners:
                 s.close()
+            _close(kept, left)
+            if attempt and isinstance(exc, DistributedError):
+                raise type(exc)(f"{exc} (agreeing again in the group of epoch {floor - 1}, old ranks {ranks}, which "
+                                f"did not form on this rank)") from None
             raise
-        break_links(f"rank {seat.rank}: this group is being shrunk (epoch {decision.epoch})")
-        members = decision.members
+        if attempt == 0:
+            break_links(f"rank {seat.rank}: this group is being shrunk (epoch {decision.epoch})")
+        members = [ranks[q] for q in decision.members]
         if len(members) == 1:
             for s in listeners:
                 s.close()
             listeners = []
+        else:
+            listeners[0].hold()  # if the formation fails, its seat in this group's next agreement
         started = time.monotonic()
         try:
-            new = form(decision, listeners, timeout + 1.0)
+            new = form(seat, decision, members, listeners, timeout + 1.0)
         except DistributedError as exc:
             failures.append(f"epoch {decision.epoch}: {exc}")
             log.info("rank %d: shrink epoch %d: the new group of old ranks %s did not form after %.2f s (%s); "
-                     "agreeing again", seat.rank, decision.epoch, members, time.monotonic() - started, exc)
-            floor = decision.epoch + 1
+                     "agreeing again as its rank %d", ranks[seat.rank], decision.epoch, members,
+                     time.monotonic() - started, exc, decision.members.index(seat.rank))
+            tombstone = membership.Tombstone(seat, decision)
+            if attempt == 0:
+                _tombstones[old] = tombstone
+            else:
+                left.append(tombstone)
+            seat = _seat(seat, decision, listeners[0], token(seat, decision))
+            kept.append(listeners[0])
+            ranks, exclude, floor = members, [], decision.epoch + 1
             continue
+        except BaseException:
+            for s in listeners[:1]:
+                s.release()
+                s.close()
+            _close(kept, left)
+            raise
+        if listeners:
+            listeners[0].release()  # the group's own now
         _epochs[new] = decision.epoch
-        _tombstones[old] = membership.Tombstone(seat, decision)
-        log.info("rank %d: shrink epoch %d: rank %d of the new group of old ranks %s", seat.rank, decision.epoch,
-                 members.index(seat.rank), members)
-        return new, decision
-    raise PeerError(f"rank {seat.rank}: shrink: the new group did not form in {MAX_ATTEMPTS} attempts: "
+        tombstone = membership.Tombstone(seat, decision)
+        if attempt == 0:
+            _tombstones[old] = tombstone
+        else:
+            # Late joins at the seats of the groups that did not form are answered while the new
+            # group lives.
+            weakref.finalize(new, _close, kept, left + [tombstone])
+        log.info("rank %d: shrink epoch %d: rank %d of the new group of old ranks %s", ranks[seat.rank],
+                 decision.epoch, decision.members.index(seat.rank), members)
+        return new, members
+    _close(kept, left)
+    raise PeerError(f"rank {ranks[seat.rank]}: shrink: the new group did not form in {MAX_ATTEMPTS} attempts: "
                     + "; ".join(failures))
+
+
+def _seat(seat: membership.Seat, decision: membership.Decision, listener: tcp.Listener,
+          token: int) -> membership.Seat:
+    """This rank's seat in the agreement of the group `decision` names, which did not form here:
+    that group's first listener, admitting shrink connections of its members alone from now on."""
+    rank, size = decision.members.index(seat.rank), len(decision.members)
+    purpose, key = seat.purpose, decision.key(seat.auth)
+
+    def admit(hello: tcp.Hello) -> str | None:
+        if hello.purpose == purpose and 0 <= hello.sender < size and hello.sender != rank:
+            return None
+        return f"rank {rank} of a group that did not form only takes part in that group's shrink"
+
+    listener.serve(key, token, rank, admit, f"rank {rank} (shrink epoch {decision.epoch})")  # if not yet
+    listener.readmit(admit)
+    return membership.Seat(rank, [decision.payloads[q]["addrs"][0] for q in decision.members], listener, key,
+                           token, purpose, [seat.name(q) for q in decision.members])
+
+
+def _close(kept: list[tcp.Listener], left: list[membership.Tombstone]) -> None:
+    for tombstone in left:
+        tombstone.close()
+    for listener in kept:
+        listener.release()
+        listener.close()

@@ -167,6 +167,7 @@ class Listener:
         self.tcp = listen(host, port)
         self.unix: socket.socket | None = None
         self._acceptor: Acceptor | None = None
+        self._held = False
         name = local_name(host, self.tcp.getsockname()[1]) if local else None
         if name is not None:
             try:
@@ -187,7 +188,7 @@ class Listener:
     def adopt(cls, sock: socket.socket) -> "Listener":
         """A Listener around an already listening TCP socket."""
         self = cls.__new__(cls)
-        self.tcp, self.unix, self._acceptor = sock, None, None
+        self.tcp, self.unix, self._acceptor, self._held = sock, None, None, False
         return self
 
     def getsockname(self) -> tuple:
@@ -232,7 +233,24 @@ class Listener:
         if self._acceptor is not None:
             self._acceptor.drain_ready()
 
+    def hold(self) -> None:
+        """Make close() leave this listener open, and serving, until release(): a shrink keeps
+        the first listener of a group that failed to form as its seat in that group's agreement
+        (transport/shrinking.py)."""
+        self._held = True
+
+    def release(self) -> None:
+        """Undo hold(): the next close() closes."""
+        self._held = False
+
+    def readmit(self, admit: Admit) -> None:
+        """Admit arrivals by `admit` from now on (see Acceptor.readmit)."""
+        assert self._acceptor is not None, "Listener.serve() was not called"
+        self._acceptor.readmit(admit)
+
     def close(self) -> None:
+        if self._held:
+            return
         if self._acceptor is not None:
             self._acceptor.close()
             self._acceptor = None
