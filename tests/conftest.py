@@ -87,3 +87,25 @@ def pytest_collection_modifyitems(config, items):
             if path.startswith(prefix):
                 item.add_marker(pytest.mark.xdist_group(group))
                 break
+
+
+class _WorkerPorts:
+    """jacklring_shared.ports draws free ports at random below the ephemeral range; a test binds
+    its port seconds later (after a rank's imports). Each xdist worker draws from its own slice
+    of that range, so two workers never pick the same port for tests running side by side."""
+
+    def __init__(self, index: int, count: int) -> None:
+        import random
+        self._random, self._index, self._count = random.Random(), index, count
+
+    def randrange(self, low: int, high: int) -> int:
+        span = (high - low) // self._count
+        return self._random.randrange(low + self._index * span, low + (self._index + 1) * span)
+
+
+def pytest_configure(config):
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if worker.startswith("gw") and count > 1:
+        from jacklring_shared import ports
+        ports.random = _WorkerPorts(int(worker[2:]), count)
