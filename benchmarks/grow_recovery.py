@@ -14,20 +14,11 @@ included), and from its init() call (the join itself). min / median / max over t
 """
 from __future__ import annotations
 
-import argparse
-import json
-import os
 import random
-import signal
-import statistics
-import subprocess
-import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-from adapter.bench import free_ports  # noqa: E402
+from recovery_trials import arguments, job_env, kill_one, label, ranks, spread, start_rank
 
 RANK = r"""
 import os, sys, time
@@ -54,29 +45,15 @@ print("SUM", f"{time.monotonic():.6f}", f"{called:.6f}", float(y[0]), group.size
 
 
 def trial(n: int, transport: str, rng: random.Random, tmp: str) -> tuple[float, float]:
-    ports = free_ports(n)
-    hostfile = os.path.join(tmp, "hosts.json")
-    with open(hostfile, "w") as f:
-        json.dump([[f"127.0.0.1:{p}"] for p in ports], f)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("MLX_", "JACKLRING_"))}
-    env.update(PYTHONPATH=ROOT, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", MLX_HOSTFILE=hostfile,
-               JACKLRING_TIMEOUT="30", JACKLRING_CONNECT_TIMEOUT="30", JACKLRING_LOCAL_TRANSPORT=transport)
-    procs = [subprocess.Popen([sys.executable, "-c", RANK], env={**env, "MLX_RANK": str(r)},
-                              stdout=subprocess.PIPE, text=True) for r in range(n)]
-    try:
-        for p in procs:
-            assert p.stdout.readline().split()[:1] == ["READY"]
-        time.sleep(rng.uniform(0.0, 0.3))
-        victim = rng.randrange(n)
-        procs[victim].send_signal(signal.SIGKILL)
+    env = job_env(n, transport, tmp)
+    with ranks(RANK, env, n) as procs:
+        victim, _ = kill_one(procs, rng)
         procs[victim].wait()
         survivors = [p for q, p in enumerate(procs) if q != victim]
         for p in survivors:
             assert p.stdout.readline().split()[:1] == ["SHRUNK"]
         started = time.monotonic()
-        newcomer = subprocess.Popen([sys.executable, "-c", RANK],
-                                    env={**env, "MLX_RANK": str(victim), "JACKLRING_JOIN": "1"},
-                                    stdout=subprocess.PIPE, text=True)
+        newcomer = start_rank(RANK, env, victim, JACKLRING_JOIN="1")
         procs.append(newcomer)
         expected = float(sum(q + 1 for q in range(n)))
         line = newcomer.stdout.readline().split()
@@ -85,33 +62,17 @@ def trial(n: int, transport: str, rng: random.Random, tmp: str) -> tuple[float, 
             other = p.stdout.readline().split()
             assert other[:1] == ["SUM"] and float(other[3]) == expected, other
         return float(line[1]) - started, float(line[1]) - float(line[2])
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                try:
-                    p.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-                    p.wait()
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--ranks", type=int, default=4)
-    parser.add_argument("--trials", type=int, default=10)
-    parser.add_argument("--transport", default="tcp,auto", help="comma-separated: tcp, auto (shared memory)")
-    parser.add_argument("--seed", type=int, default=24)
-    args = parser.parse_args()
+    args = arguments(__doc__.split("\n\n")[0], trials=10)
     rng = random.Random(args.seed)
     with tempfile.TemporaryDirectory() as tmp:
         for transport in args.transport.split(","):
             results = [trial(args.ranks, transport, rng, tmp) for _ in range(args.trials)]
-            label = "shared memory" if transport == "auto" else transport
             for i, what in enumerate(("process start", "init() call")):
-                times = [r[i] for r in results]
-                print(f"{args.ranks} ranks, {label}, {args.trials} trials: replacement's {what} to its first "
-                      f"correct all_sum on the grown group: min {min(times):.3f} s, median "
-                      f"{statistics.median(times):.3f} s, max {max(times):.3f} s", flush=True)
+                print(f"{args.ranks} ranks, {label(transport)}, {args.trials} trials: replacement's {what} to its "
+                      f"first correct all_sum on the grown group: {spread([r[i] for r in results])}", flush=True)
 
 
 if __name__ == "__main__":

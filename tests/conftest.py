@@ -2,6 +2,8 @@ import compileall
 import os
 import sys
 
+import pytest
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
@@ -27,3 +29,83 @@ def _compile_the_repository() -> None:
 
 
 _compile_the_repository()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_collection(session):
+    """Let pytest cache the test modules it rewrites (assert introspection) while it collects
+    them. Under PYTHONDONTWRITEBYTECODE=1 it rewrote all of them at every start: about 12 of
+    the 25 CPU-s a collection took here, paid again by each xdist worker. Its cache files
+    (__pycache__/*-pytest-*.pyc, gitignored) are written atomically, so workers can share them;
+    the rank processes the tests start still write no bytecode."""
+    saved = sys.dont_write_bytecode
+    sys.dont_write_bytecode = False
+    try:
+        return (yield)
+    finally:
+        sys.dont_write_bytecode = saved
+    sys.dont_write_bytecode = False
+    session.config.add_cleanup(lambda: setattr(sys, "dont_write_bytecode", True))
+    return None
+
+
+# ---- running in parallel (pytest-xdist: `-n auto --dist loadgroup` in pyproject's addopts) ----
+#
+# Most of the suite's wall time is rank processes waiting (on sockets, on deadlines, on start-up)
+# rather than computing, so two or three test processes at once fill the cores that one leaves
+# idle. Tests are handed out one at a time, except those that share something costly or
+# singular: each file (or folder) below runs whole on one worker.
+XDIST_GROUPS = {
+    # a session fixture launches every (variant, size) the worker's contract tests need, once:
+    # split over workers, each would launch them all
+    "tests/contract/": "contract",
+    # module fixtures that launch ranks (or a reference run) once for many tests
+    "tests/api/test_gradients.py": "gradients",
+    "tests/api/test_parallel.py": "parallel",
+    "tests/repository/test_examples.py": "examples",
+    # a one-node Slurm (munged, slurmctld, slurmd) started for the module
+    "tests/engines/test_slurm.py": "slurm",
+}
+
+
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto`: PYTEST_XDIST_AUTO_NUM_WORKERS if set; no workers for a run of named tests
+    (`pytest tests/x/test_y.py::name`: starting workers would cost more than it saves);
+    otherwise as many as the machine has cores, at least 2 (the tests mostly wait)."""
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return int(os.environ["PYTEST_XDIST_AUTO_NUM_WORKERS"])
+    args = [a for a in config.args if not a.startswith("-")]
+    if args and all("::" in a for a in args):
+        return 0
+    return max(2, len(os.sched_getaffinity(0)))
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        path = os.path.relpath(str(item.path), ROOT).replace(os.sep, "/")
+        for prefix, group in XDIST_GROUPS.items():
+            if path.startswith(prefix):
+                item.add_marker(pytest.mark.xdist_group(group))
+                break
+
+
+class _WorkerPorts:
+    """jacklring_shared.ports draws free ports at random below the ephemeral range; a test binds
+    its port seconds later (after a rank's imports). Each xdist worker draws from its own slice
+    of that range, so two workers never pick the same port for tests running side by side."""
+
+    def __init__(self, index: int, count: int) -> None:
+        import random
+        self._random, self._index, self._count = random.Random(), index, count
+
+    def randrange(self, low: int, high: int) -> int:
+        span = (high - low) // self._count
+        return self._random.randrange(low + self._index * span, low + (self._index + 1) * span)
+
+
+def pytest_configure(config):
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if worker.startswith("gw") and count > 1:
+        from jacklring_shared import ports
+        ports.random = _WorkerPorts(int(worker[2:]), count)
