@@ -44,9 +44,6 @@ def pytest_collection(session):
         return (yield)
     finally:
         sys.dont_write_bytecode = saved
-    sys.dont_write_bytecode = False
-    session.config.add_cleanup(lambda: setattr(sys, "dont_write_bytecode", True))
-    return None
 
 
 # ---- running in parallel (pytest-xdist: `-n auto --dist loadgroup` in pyproject's addopts) ----
