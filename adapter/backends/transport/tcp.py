@@ -104,10 +104,14 @@ def tune(sock: socket.socket) -> None:
             pass
 
 
-def listen(host: str, port: int, backlog: int = 512) -> socket.socket:
+LISTEN_BACKLOG = 512
+
+
+def listen(host: str, port: int, backlog: int = LISTEN_BACKLOG, start: bool = True) -> socket.socket:
     """A listening socket on host:port (port 0 picks a free one). The backlog is deep so a
     burst of connections is queued for the acceptor rather than dropped (a dropped SYN costs
-    the real peer a one-second retransmission)."""
+    the real peer a one-second retransmission). start=False: bound only; the caller calls
+    listen() once whatever must be ready first is."""
     sock = _new_socket(_family(host), f"socket() for a listener on {format_address((host, port))}")
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
@@ -115,7 +119,8 @@ def listen(host: str, port: int, backlog: int = 512) -> socket.socket:
     except OSError as exc:
         sock.close()
         raise PeerError(f"cannot listen on {format_address((host, port))}: {exc.strerror or exc}") from None
-    sock.listen(backlog)
+    if start:
+        sock.listen(backlog)
     return sock
 
 
@@ -164,7 +169,9 @@ class Listener:
     authenticated connections the caller is waiting for."""
 
     def __init__(self, host: str, port: int, local: bool = True) -> None:
-        self.tcp = listen(host, port)
+        # TCP listens last: a peer on this host tries the Unix name first and falls back to TCP
+        # when nothing answers there, so TCP open before the name would cost it the Unix socket.
+        self.tcp = listen(host, port, start=False)
         self.unix: socket.socket | None = None
         self._acceptor: Acceptor | None = None
         self._held = False
@@ -178,11 +185,12 @@ class Listener:
                 raise
             try:
                 unix.bind(name)
-                unix.listen(512)
+                unix.listen(LISTEN_BACKLOG)
                 self.unix = unix
             except OSError:
                 unix.close()  # the TCP socket alone still works; peers notice the squatter's uid
                 _report_squat(name, None, "this listener")
+        self.tcp.listen(LISTEN_BACKLOG)
 
     @classmethod
     def adopt(cls, sock: socket.socket) -> "Listener":
