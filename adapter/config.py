@@ -14,6 +14,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
+from jacklring_shared.ports import port_range
+
 from .errors import ConfigError
 
 DEFAULT_TIMEOUT_S = 300.0
@@ -210,6 +212,9 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
     Setting("JACKLRING_TORCH_HOST", text, None,
             "address the torch process group's ring listens on; default the address that reaches MASTER_ADDR"),
     # engines (adapter/engines.py)
+    Setting("JACKLRING_LOCAL_PORTS", port_range, None,
+            "LOW-HIGH: the range the launcher and the benchmark draw free ports from for jobs on one host; "
+            "default below the kernel's ephemeral range"),
     Setting("JACKLRING_SLURM_PORT", integer(1, 65535), None,
             "port task 0 of an srun step serves the rendezvous on; default the step's reserved port, "
             "else one derived from the job and step ids"),

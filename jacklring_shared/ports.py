@@ -7,9 +7,13 @@ keeps retrying a connect to a local port in that range can even connect to itsel
 simultaneous open), so the rank that should listen there gets EADDRINUSE. Ports below the
 range are never handed out that way, so a port found free there stays free unless a program
 binds it on purpose.
+
+JACKLRING_LOCAL_PORTS=LOW-HIGH draws from that range instead (a firewall's opening, or one slice
+per test process when several run jobs side by side).
 """
 from __future__ import annotations
 
+import os
 import random
 import socket
 from contextlib import ExitStack
@@ -28,23 +32,45 @@ def ephemeral_range(path: str = "/proc/sys/net/ipv4/ip_local_port_range") -> tup
         return 32768, 60999
 
 
+def port_range(raw: str) -> tuple[int, int]:
+    """JACKLRING_LOCAL_PORTS's value, "LOW-HIGH" (both included), as (LOW, HIGH + 1)."""
+    try:
+        low, high = (int(part) for part in raw.split("-"))
+    except ValueError:
+        raise ValueError("is not a port range LOW-HIGH (e.g. 20000-20999)") from None
+    if not 1 <= low <= high <= 65535:
+        raise ValueError("must be LOW-HIGH with 1 <= LOW <= HIGH <= 65535")
+    return low, high + 1
+
+
 def free_ports(hosts: list[str]) -> list[int]:
-    """One free TCP port per host, all distinct, below the ephemeral range when that range leaves
-    room (else from the kernel, bind port 0). Each port was bound and released: it is free now."""
-    low, _ = ephemeral_range()
+    """One free TCP port per host, all distinct: from JACKLRING_LOCAL_PORTS when set, else below
+    the ephemeral range when that range leaves room (else from the kernel, bind port 0). Each
+    port was bound and released: it is free now."""
+    raw = os.environ.get("JACKLRING_LOCAL_PORTS", "").strip()
+    if raw:
+        try:
+            span = port_range(raw)
+        except ValueError as exc:
+            raise ValueError(f"JACKLRING_LOCAL_PORTS={raw!r} {exc}") from None
+    else:
+        span = (LOWEST, ephemeral_range()[0])
     with ExitStack() as stack:
         ports: list[int] = []
         for host in hosts:
             family = socket.AF_INET6 if ":" in host else socket.AF_INET
             sock = stack.enter_context(socket.socket(family, socket.SOCK_STREAM))
-            ports.append(_bind_some_port(sock, host, low, set(ports)))
+            ports.append(_bind_some_port(sock, host, span, set(ports), bool(raw)))
         return ports
 
 
-def _bind_some_port(sock: socket.socket, host: str, ephemeral_low: int, taken: set[int]) -> int:
-    if ephemeral_low - LOWEST >= 1000:
+def _bind_some_port(sock: socket.socket, host: str, span: tuple[int, int], taken: set[int], only: bool) -> int:
+    """A port of span bound on sock; outside it (the kernel's choice) only when not `only` and
+    span is too small to find one in."""
+    low, high = span
+    if only or high - low >= 1000:
         for _ in range(ATTEMPTS):
-            port = random.randrange(LOWEST, ephemeral_low)
+            port = random.randrange(low, high)
             if port in taken:
                 continue
             try:
@@ -52,6 +78,9 @@ def _bind_some_port(sock: socket.socket, host: str, ephemeral_low: int, taken: s
                 return port
             except OSError:
                 continue
+        if only:
+            raise OSError(f"no free port found in JACKLRING_LOCAL_PORTS={low}-{high - 1} "
+                          f"after {ATTEMPTS} tries")
     try:
         sock.bind((host, 0))
     except OSError:

@@ -86,23 +86,16 @@ def pytest_collection_modifyitems(config, items):
                 break
 
 
-class _WorkerPorts:
-    """jacklring_shared.ports draws free ports at random below the ephemeral range; a test binds
-    its port seconds later (after a rank's imports). Each xdist worker draws from its own slice
-    of that range, so two workers never pick the same port for tests running side by side."""
-
-    def __init__(self, index: int, count: int) -> None:
-        import random
-        self._random, self._index, self._count = random.Random(), index, count
-
-    def randrange(self, low: int, high: int) -> int:
-        span = (high - low) // self._count
-        return self._random.randrange(low + self._index * span, low + (self._index + 1) * span)
-
-
 def pytest_configure(config):
+    """Each xdist worker draws free ports from its own slice of the range below the ephemeral
+    one (JACKLRING_LOCAL_PORTS, inherited by the launchers and ranks its tests start): a test
+    binds the port it drew seconds later, after a rank's imports, so two workers drawing from
+    one range could pick the same port for tests running side by side."""
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
     count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-    if worker.startswith("gw") and count > 1:
+    if worker.startswith("gw") and count > 1 and not os.environ.get("JACKLRING_LOCAL_PORTS"):
         from jacklring_shared import ports
-        ports.random = _WorkerPorts(int(worker[2:]), count)
+        low, high = ports.LOWEST, ports.ephemeral_range()[0]
+        span = (high - low) // count
+        first = low + int(worker[2:]) * span
+        os.environ["JACKLRING_LOCAL_PORTS"] = f"{first}-{first + span - 1}"
