@@ -56,6 +56,40 @@ def test_shrink_group_after_kill9_and_the_next_all_reduce_is_right(tmp_path, und
 # survivors' backward fails, they shrink the default group, rebuild DDP on it (its constructor
 # broadcasts rank 0's parameters) and re-shard. Rank 0 then replays the same training without
 # DDP (3 shards for steps 0-3, 2 from step 4) and compares the parameters.
+
+# What every rebuilt model is compared with: one process replaying the 12 steps on all the
+# data, split over 3 ranks for the first 4 steps and over the 2 survivors after.
+REPLAY = """
+for s in range(STEPS):
+    world = 3 if s < 4 else 2
+    ref_opt.zero_grad()
+    grads = []
+    for q in range(world):
+        replay.zero_grad()
+        ((replay(data[q::world]) - target[q::world]) ** 2).mean().backward()
+        grads.append([p.grad.clone() for p in replay.parameters()])
+    for i, p in enumerate(replay.parameters()):
+        p.grad = sum(g[i] for g in grads) / world
+    ref_opt.step()
+"""
+
+
+def survivors_train_on_like_a_replay(body: str, tmp_path, first_error_s: float) -> None:
+    """Rank 2 of 3 is killed at step 4: ranks 0 and 1 name it, shrink, rebuild and finish the
+    12 steps on 2 ranks with parameters equal on both and close to REPLAY's."""
+    procs = start("torch", 3, body, tmp_path)
+    try:
+        errs = [procs[q].wait_line("ERR", first_error_s) for q in (0, 1)]
+        done = [procs[q].wait_line("DONE", 40) for q in (0, 1)]
+        codes = finish_all(procs, 20)
+    finally:
+        stop_all(procs)
+    assert [e[2:4] for e in errs] == [["4", "2"], ["4", "2"]], reports(procs)  # step 4, culprit rank 2
+    assert [d[2:7] for d in done] == [["0", "2", "12", "True", "True"], ["1", "2", "12", "True", "True"]], \
+        (done, reports(procs))
+    assert codes[:2] == [0, 0], reports(procs)
+
+
 DDP_BODY = """
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -96,18 +130,7 @@ dist.all_gather(gathered, flat)
 same = all(torch.equal(g, flat) for g in gathered)
 replay = make()
 ref_opt = torch.optim.SGD(replay.parameters(), lr=0.05)
-for s in range(STEPS):
-    world = 3 if s < 4 else 2
-    ref_opt.zero_grad()
-    grads = []
-    for q in range(world):
-        replay.zero_grad()
-        ((replay(data[q::world]) - target[q::world]) ** 2).mean().backward()
-        grads.append([p.grad.clone() for p in replay.parameters()])
-    for i, p in enumerate(replay.parameters()):
-        p.grad = sum(g[i] for g in grads) / world
-    ref_opt.step()
-ref = torch.cat([p.detach().flatten() for p in replay.parameters()])
+""" + REPLAY + """ref = torch.cat([p.detach().flatten() for p in replay.parameters()])
 say("DONE", dist.get_rank(), dist.get_world_size(), step, same, torch.allclose(flat, ref, atol=1e-5),
     float((flat - ref).abs().max()))
 dist.destroy_process_group()
@@ -117,17 +140,7 @@ dist.destroy_process_group()
 @pytest.mark.timeout(120)
 def test_ddp_rebuilt_on_the_shrunk_group_trains_on_with_resharded_data(tmp_path):
     pytest.importorskip("torch")
-    procs = start("torch", 3, DDP_BODY, tmp_path)
-    try:
-        errs = [procs[q].wait_line("ERR", 80) for q in (0, 1)]
-        done = [procs[q].wait_line("DONE", 40) for q in (0, 1)]
-        codes = finish_all(procs, 20)
-    finally:
-        stop_all(procs)
-    assert [e[2:4] for e in errs] == [["4", "2"], ["4", "2"]], reports(procs)  # step 4, culprit rank 2
-    assert [d[2:7] for d in done] == [["0", "2", "12", "True", "True"], ["1", "2", "12", "True", "True"]], \
-        (done, reports(procs))
-    assert codes[:2] == [0, 0], reports(procs)
+    survivors_train_on_like_a_replay(DDP_BODY, tmp_path, 80)
 
 
 # Rank 0 starts an all_reduce that rank 1 never joins (rank 1 calls shrink_group 1.5 s later,
@@ -252,18 +265,7 @@ dist.all_gather(gathered, flat)
 same = all(torch.equal(g, flat) for g in gathered)
 replay = make()
 ref_opt = torch.optim.SGD(replay.parameters(), lr=0.05)
-for s in range(STEPS):
-    world = 3 if s < 4 else 2
-    ref_opt.zero_grad()
-    grads = []
-    for q in range(world):
-        replay.zero_grad()
-        ((replay(data[q::world]) - target[q::world]) ** 2).mean().backward()
-        grads.append([p.grad.clone() for p in replay.parameters()])
-    for i, p in enumerate(replay.parameters()):
-        p.grad = sum(g[i] for g in grads) / world
-    ref_opt.step()
-ref_state = replay.state_dict()
+""" + REPLAY + """ref_state = replay.state_dict()
 ref = torch.cat([ref_state[k].flatten() for k in sorted(ref_state)])
 say("DONE", dist.get_rank(), dist.get_world_size(), step, same, torch.allclose(flat, ref, atol=1e-5),
     float((flat - ref).abs().max()))
@@ -274,14 +276,4 @@ dist.destroy_process_group()
 @pytest.mark.timeout(150)
 def test_fsdp2_rebuilt_from_a_full_copy_on_the_shrunk_group_trains_on(tmp_path):
     pytest.importorskip("torch")
-    procs = start("torch", 3, FSDP2_BODY, tmp_path)
-    try:
-        errs = [procs[q].wait_line("ERR", 100) for q in (0, 1)]
-        done = [procs[q].wait_line("DONE", 40) for q in (0, 1)]
-        codes = finish_all(procs, 20)
-    finally:
-        stop_all(procs)
-    assert [e[2:4] for e in errs] == [["4", "2"], ["4", "2"]], reports(procs)  # step 4, culprit rank 2
-    assert [d[2:7] for d in done] == [["0", "2", "12", "True", "True"], ["1", "2", "12", "True", "True"]], \
-        (done, reports(procs))
-    assert codes[:2] == [0, 0], reports(procs)
+    survivors_train_on_like_a_replay(FSDP2_BODY, tmp_path, 100)
