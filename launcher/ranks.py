@@ -318,12 +318,18 @@ def open_connections(targets: list[str], ssh_config: Optional[str],
     Returns {target: Connection or StartError}."""
     import fabric  # lazy: local runs need no ssh stack
 
-    config = fabric.Config(runtime_ssh_path=ssh_config) if ssh_config else fabric.Config()
+    def new_config() -> "fabric.Config":
+        return fabric.Config(runtime_ssh_path=ssh_config) if ssh_config else fabric.Config()
+
+    # One Config per connection, built here: a Connection keeps the Config it is given (no
+    # copy) and invoke rebuilds a Config's data in place while it merges, so threads sharing
+    # one can see it half-built ("No attribute or config key found for 'gateway'").
+    configs = {target: new_config() for target in targets}
     result: dict = {}
 
     def connect(target: str) -> None:
         try:
-            conn = fabric.Connection(target, config=config, connect_timeout=timeout)
+            conn = fabric.Connection(target, config=configs[target], connect_timeout=timeout)
             conn.open()
             conn.transport.set_keepalive(5)  # notice a dead peer instead of waiting forever
             result[target] = conn

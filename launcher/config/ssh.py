@@ -94,13 +94,15 @@ class RemoteHosts:
             from fabric import Config, Connection
         except ImportError:
             raise SshError("launcher-config needs Fabric to reach hosts: pip install 'jacklring[launch]'") from None
-        config = Config(runtime_ssh_path=ssh_config) if ssh_config else Config()
         self.targets = list(targets)
         self.connect_timeout = connect_timeout
         self.command_timeout = command_timeout
         self.connections = []
         for target in self.targets:
             t = parse_ssh_target(target)
+            # a Config of its own: commands run in parallel threads, and invoke rebuilds a
+            # Config's data in place while merging, so a shared one can be seen half-built
+            config = Config(runtime_ssh_path=ssh_config) if ssh_config else Config()
             # paramiko waits 15 s for the banner and 30 s for auth by default: bound them too, so
             # a host that accepts TCP and then stays silent fails within the connect deadline.
             kwargs = dict(config.connect_kwargs, banner_timeout=connect_timeout, auth_timeout=connect_timeout)

@@ -159,3 +159,27 @@ def test_remote_arguments_survive_the_ssh_command_line(tmp_path, ssh_servers, en
     assert r.returncode == 0, r.stderr
     got = [json.loads(l.split("ARGV ", 1)[1]) for l in r.stdout.splitlines() if "ARGV " in l]
     assert got == [TRICKY_ARGS, TRICKY_ARGS]
+
+
+def test_connections_opened_in_parallel_never_see_a_half_built_config(tmp_path):
+    """Fabric writes key_filename into the Config a Connection was given; a Config shared by
+    threads was caught mid-rebuild ("no config key 'gateway'"). Eight refused connections,
+    with thread switches forced as often as CPython allows, must all fail for the real reason."""
+    import socket
+    import sys
+    from launcher.ranks import open_connections
+    with socket.socket() as s:  # a port nobody listens on: every connect is refused
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ssh_config = tmp_path / "ssh_config"
+    ssh_config.write_text(f"Host *\n  IdentityFile {tmp_path / 'no_key'}\n")
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        targets = [f"user{i}@127.0.0.1:{port}" for i in range(8)]
+        results = open_connections(targets, str(ssh_config), timeout=10)
+    finally:
+        sys.setswitchinterval(old)
+    errors = [str(results[t]) for t in targets]
+    assert all("gateway" not in e and "config key" not in e for e in errors), errors
+    assert all("cannot ssh to" in e for e in errors), errors
