@@ -10,6 +10,8 @@ random 32x32 images. One DDP model per backend on the same ranks; rounds alterna
 backends so both see the same machine load. Rank 0 prints medians of:
 
 - step: forward + backward (gradient all-reduce overlapped by DDP) + SGD step;
+- local: the same step under `no_sync()`: no communication at all, so `local / gloo step` is
+  the best step ratio any backend could reach against gloo on this machine;
 - backward: `loss.backward()` alone, under `no_sync()` (no communication);
 - comm: the gradient all-reduce alone: the gradients in DDP's buckets (25 MiB, reverse
   parameter order), one async all-reduce per bucket, then waiting for all;
@@ -155,7 +157,7 @@ def run(args: argparse.Namespace) -> None:
         params = sum(p.numel() for p in models["gloo"].parameters())
         opts = {name: torch.optim.SGD(m.parameters(), lr=1e-4) for name, m in models.items()}
         wire = {name: buckets(m.parameters()) for name, m in models.items()}
-        times: dict[str, dict[str, list[float]]] = {name: {k: [] for k in ("step", "backward", "comm", "overlapped")}
+        times: dict[str, dict[str, list[float]]] = {name: {k: [] for k in ("step", "local", "backward", "comm", "overlapped")}
                                                    for name in groups}
 
         def step(name: str) -> float:
@@ -163,6 +165,15 @@ def run(args: argparse.Namespace) -> None:
             start = time.perf_counter()
             opts[name].zero_grad()
             loss_fn(models[name](x), y).backward()
+            opts[name].step()
+            return time.perf_counter() - start
+
+        def local_step(name: str) -> float:
+            dist.barrier(group=groups["gloo"])
+            start = time.perf_counter()
+            opts[name].zero_grad()
+            with models[name].no_sync():
+                loss_fn(models[name](x), y).backward()
             opts[name].step()
             return time.perf_counter() - start
 
@@ -197,6 +208,7 @@ def run(args: argparse.Namespace) -> None:
             for name in order:
                 t = times[name]
                 t["step"] += [step(name) for _ in range(args.steps)]
+                t["local"] += [local_step(name) for _ in range(args.steps)]
                 t["backward"] += [backward(name, False) for _ in range(args.steps)]
                 t["comm"] += [comm(name) for _ in range(args.steps)]
                 t["overlapped"] += [backward(name, True) for _ in range(args.steps)]
@@ -208,15 +220,17 @@ def run(args: argparse.Namespace) -> None:
             print(f"\nDDP, {label}, {params / 1e6:.1f}M parameters ({len(wire['gloo'])} buckets), {world} ranks on "
                   f"{socket.gethostname()}, {torch.get_num_threads()} torch thread(s) per rank, medians of "
                   f"{len(times['gloo']['step'])}; load average {load:.1f}")
-            print(f"{'backend':<10} {'step':>9} {'backward':>9} {'comm':>9} {'overlapped':>11} {'overlap':>8}  (ms)")
+            print(f"{'backend':<10} {'step':>9} {'local':>9} {'backward':>9} {'comm':>9} {'overlapped':>11} {'overlap':>8}  (ms)")
             for name in groups:
                 m = ms[name]
                 hidden = (m["backward"] + m["comm"] - m["overlapped"]) / min(m["backward"], m["comm"])
-                print(f"{name:<10} {m['step']:>9.1f} {m['backward']:>9.1f} {m['comm']:>9.1f} "
+                print(f"{name:<10} {m['step']:>9.1f} {m['local']:>9.1f} {m['backward']:>9.1f} {m['comm']:>9.1f} "
                       f"{m['overlapped']:>11.1f} {hidden:>8.2f}")
+            floor = min(ms[n]["local"] for n in groups) / ms["gloo"]["step"]
             print(f"jacklring / gloo: step {ms['jacklring']['step'] / ms['gloo']['step']:.3f}, overlapped "
                   f"{ms['jacklring']['overlapped'] / ms['gloo']['overlapped']:.3f}; "
-                  f"parameters identical after the run: {same}", flush=True)
+                  f"parameters identical after the run: {same}; a step with no communication would be "
+                  f"{floor:.3f} of gloo's", flush=True)
         for held in (models, opts, wire):  # free this model before the next one is built
             held.clear()
     dist.destroy_process_group()
