@@ -183,3 +183,25 @@ def test_connections_opened_in_parallel_never_see_a_half_built_config(tmp_path):
     errors = [str(results[t]) for t in targets]
     assert all("gateway" not in e and "config key" not in e for e in errors), errors
     assert all("cannot ssh to" in e for e in errors), errors
+
+
+@pytest.mark.timeout(120)
+def test_restart_failed_starts_the_replacement_over_ssh_on_the_dead_ranks_host(tmp_path, ssh_servers, env):
+    """Three ranks behind two sshd's; rank 1 (on 127.0.0.3) SIGKILLs itself at step 3: the
+    launcher starts its replacement over ssh on 127.0.0.3, the survivors shrink and grow, and
+    the replacement finishes the steps as rank 2 of 3 with the others."""
+    from conftest import free_port_pair
+    first, second = ssh_servers
+    hostfile = remote_hostfile(tmp_path, ssh_servers, extra=[{"ssh": first.target, "ips": [first.host]}])
+    r = launch("--hostfile", hostfile, "--cwd", str(SCRIPTS), "--starting-port", free_port_pair(),
+               "--restart-failed", 1, "replace.py", "--victim", 1, "--kill-at", 3, "--steps", 8,
+               env=env, timeout=110)
+    assert r.returncode == 0, r.stdout + r.stderr
+    done = sorted(line.split("] ")[1].split()[1:] for line in r.stdout.splitlines() if "] done " in line)
+    assert done == [["0", "0", "3", "8"], ["1", "2", "3", "8"], ["2", "1", "3", "8"]], r.stdout
+    said = [line for line in r.stderr.splitlines() if line.startswith("launcher:")]
+    assert said[0] == (f"launcher: rank 1 (host {second.target}) exited with code 137 (128 + 9: killed by "
+                       f"SIGKILL); starting a replacement (--restart-failed: 1 of 1 used)"), said
+    assert "joined 1 as rank 2 of 3 at step 3" in r.stdout, r.stdout
+    assert said[-1] == ("launcher: finished with 3 of 3 ranks after 1 replacement (--restart-failed 1); "
+                        "replaced rank 1"), said
