@@ -167,6 +167,7 @@ def test_connections_opened_in_parallel_never_see_a_half_built_config(tmp_path):
     with thread switches forced as often as CPython allows, must all fail for the real reason."""
     import socket
     import sys
+
     from launcher.ranks import open_connections
     with socket.socket() as s:  # a port nobody listens on: every connect is refused
         s.bind(("127.0.0.1", 0))
