@@ -38,6 +38,7 @@ NOTICE_WAIT_S = 0.5  # how long to wait for the notice of a neighbour that is st
 RECHECK_S = 0.05     # meanwhile, how often to look whether it still listens (a killed process's
                      # listener can outlive its ring connections by a few milliseconds)
 SEND_S = 0.3         # how long a failing rank spends delivering its notices, at most
+ARRIVING_S = 0.05    # at the end of the window, how long to wait for a notice still in its handshake
 PROBE_S = 0.2        # how long a connection attempt may take to say whether a peer still listens
 # The culprit codes a notice's channel field carries, the rule for whom a deadline blames and
 # the relayed verdict's words are the transport's (transport/blame.py, shared with JACCL's mesh):
@@ -106,6 +107,9 @@ def blame_silence(ring: RingState, exc: BaseException, waited, tell: set) -> Bas
         now = time.monotonic()
         if now >= until:
             silent = rule.silent_rank(waited, set(heard))
+            if silent is not None and until < start + RELAY_WAIT_S and silent in listener.arriving(PURPOSE_NOTICE):
+                until = min(now + ARRIVING_S, start + RELAY_WAIT_S)  # its notice is in its handshake
+                continue
             if silent is not None:
                 named = _silent(exc, silent, STUCK_WAIT_S)
             elif until >= start + RELAY_WAIT_S:

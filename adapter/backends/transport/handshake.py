@@ -282,6 +282,15 @@ class Acceptor:
                     return None
                 self._cond.wait(min(remaining, 1.0))
 
+    def arriving(self, purpose: int) -> set[int]:
+        """The senders whose connection of `purpose` to this rank, in this job context, is still
+        in its handshake (its hello read, not yet proven): not authenticated, so only a reason
+        to wait a little for it, never evidence on its own."""
+        with self._cond:
+            return {p.hello.sender for p in list(self._pending)
+                    if p.hello is not None and p.hello.purpose == purpose and p.hello.token == self._token
+                    and p.hello.receiver == self._rank}
+
     def ready_fd(self) -> int:
         """Readable after an authenticated connection joined the queue (see drain_ready)."""
         return self._ready_r.fileno()

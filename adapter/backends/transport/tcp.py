@@ -232,6 +232,10 @@ class Listener:
         raise PeerError(f"{who} did not connect to {self.where()} before the deadline"
                         f"{self._acceptor.rejected_summary()}")
 
+    def arriving(self, purpose: int) -> set[int]:
+        """Senders of connections of `purpose` still in their handshake (Acceptor.arriving)."""
+        return self._acceptor.arriving(purpose) if self._acceptor is not None else set()
+
     def ready_fd(self) -> int:
         """A descriptor that becomes readable when an authenticated connection waits for take()."""
         assert self._acceptor is not None, "Listener.serve() was not called"
