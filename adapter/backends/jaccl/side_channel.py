@@ -100,9 +100,12 @@ class SideChannel:
                 listener.close()
         else:
             hello = tcp.Hello(PURPOSE_SIDE_CHANNEL, rank, 0, 0, token)
-            self._peers[0] = tcp.connect_with_hello(coordinator, hello, deadline,
-                                                    f"JACCL coordinator (rank 0, MLX_JACCL_COORDINATOR={where})", job,
-                                                    other_job=self._compare_layout)[0]
+            try:
+                self._peers[0] = tcp.connect_with_hello(coordinator, hello, deadline,
+                                                        f"JACCL coordinator (rank 0, MLX_JACCL_COORDINATOR={where})",
+                                                        job, other_job=self._compare_layout)[0]
+            except PeerError as exc:
+                raise blaming(exc, 0) from None  # unreachable, as the ring names the neighbour it cannot reach
 
     def _compare_layout(self) -> None:
         """Rank 0 answered as another job: when it proves the layout key and holds another
