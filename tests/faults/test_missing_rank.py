@@ -11,8 +11,9 @@ CONNECT_TIMEOUT_S = 2.0
 SLACK_S = 2.0  # scheduling on a loaded 2-core machine
 
 
-def init_failures(backend: str, n: int, present: list[int], tmp_path) -> dict[int, tuple[float, str]]:
-    """Start only `present` ranks; returns {rank: (seconds from start to the init error, message)}."""
+def init_failures(backend: str, n: int, present: list[int], tmp_path) -> dict[int, tuple[float, str, str]]:
+    """Start only `present` ranks; returns {rank: (seconds from start to the init error, message,
+    the culprit it named)}."""
     envs = rank_envs(backend, n, tmp_path)
     procs = start(backend, n, "say('FORMED')", tmp_path, envs=envs, ranks=present,
                   env={"JACKLRING_CONNECT_TIMEOUT": str(CONNECT_TIMEOUT_S)})
@@ -21,12 +22,13 @@ def init_failures(backend: str, n: int, present: list[int], tmp_path) -> dict[in
         for p in procs:
             started = float(p.wait_line("START", 30)[1])
             fields = p.wait_line("INITERR", CONNECT_TIMEOUT_S + 20)
-            out[p.rank] = (float(fields[1]) - started, " ".join(fields[2:]))
+            culprit = p.tagged("CULPRIT")[0][2] if p.tagged("CULPRIT") else None
+            out[p.rank] = (float(fields[1]) - started, " ".join(fields[2:]), culprit)
         codes = finish_all(procs, 10)
     finally:
         stop_all(procs)
     assert all(c == 4 for c in codes), reports(procs)
-    for rank, (elapsed, message) in out.items():
+    for rank, (elapsed, message, _) in out.items():
         assert elapsed < CONNECT_TIMEOUT_S + SLACK_S, f"rank {rank} failed after {elapsed:.1f} s: {message}"
         assert "Traceback" not in "".join(p.stderr for p in procs)
     print(f"{backend}: {out}")
@@ -68,3 +70,4 @@ def test_jaccl_missing_coordinator_is_named_with_its_address(tmp_path):
     del envs
     assert "coordinator" in out[1][1] and "rank 0" in out[1][1] and "127.0.0.1:" in out[1][1], out[1]
     assert address.split(":")[0] in out[1][1]
+    assert out[1][2] == "0", f"the unreachable coordinator, rank 0, is not the culprit: {out[1]}"

@@ -30,7 +30,7 @@ from ... import config
 from ...errors import BackendUnavailable, ConfigError, DistributedError, PeerError, blaming
 from ..base import Backend, ReduceOp, split_members
 from ..singleton import SingletonBackend
-from ..transport import auth, membership, tcp, tcp_mesh, verbs
+from ..transport import auth, layout, membership, tcp, tcp_mesh, verbs
 from ..transport.names import check_resolvable
 from ..transport.slots import Transport
 from . import config as jaccl_config
@@ -90,7 +90,10 @@ def create(timeout: float | None = None) -> "Backend":
     token = zlib.crc32(context)
     job = auth.job_auth(context, "JACCL",  # the secret's stretch: once for every incarnation
                         salt=json.dumps([tcp.format_address(cfg.coordinator), cfg.devices]).encode())
-    side = SideChannel(cfg.rank, cfg.size, cfg.coordinator, token, deadline, job)
+    # What every rank must share, compared under the job secret with a rank 0 that answers as
+    # another job (transport/layout.py): a ConfigError on every rank instead of the deadline.
+    check = layout.check_of(cfg.rank, cfg.size, [tcp.format_address(cfg.coordinator), cfg.devices])
+    side = SideChannel(cfg.rank, cfg.size, cfg.coordinator, token, deadline, job, check)
     try:
         kind = _agree_on_transport(cfg, choice, side)
         host = side.local_host()

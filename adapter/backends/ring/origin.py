@@ -38,6 +38,7 @@ NOTICE_WAIT_S = 0.5  # how long to wait for the notice of a neighbour that is st
 RECHECK_S = 0.05     # meanwhile, how often to look whether it still listens (a killed process's
                      # listener can outlive its ring connections by a few milliseconds)
 SEND_S = 0.3         # how long a failing rank spends delivering its notices, at most
+ARRIVING_S = 0.05    # at the end of the window, how long to wait for a notice still in its handshake
 PROBE_S = 0.2        # how long a connection attempt may take to say whether a peer still listens
 # The culprit codes a notice's channel field carries, the rule for whom a deadline blames and
 # the relayed verdict's words are the transport's (transport/blame.py, shared with JACCL's mesh):
@@ -97,19 +98,23 @@ def blame_silence(ring: RingState, exc: BaseException, waited, tell: set) -> Bas
         return exc
     start = time.monotonic()
     _send_notices(ring, -1, {me}, sorted(tell - {me}), wait=False)  # "stuck too"
-    stuck: set[int] = set()
+    heard: dict[int, float | None] = {}  # sender -> when it said it is stuck; None: it named a rank
     listener = ring.listeners[0]
     match = lambda h: h.purpose == PURPOSE_NOTICE and h.sender in waited  # noqa: E731
     until = start + STUCK_WAIT_S
-    while True:
+    named: BaseException | None = None
+    while named is None:
         now = time.monotonic()
         if now >= until:
-            silent = rule.silent_rank(waited, stuck)
+            silent = rule.silent_rank(waited, set(heard))
+            if silent is not None and until < start + RELAY_WAIT_S and silent in listener.arriving(PURPOSE_NOTICE):
+                until = min(now + ARRIVING_S, start + RELAY_WAIT_S)  # its notice is in its handshake
+                continue
             if silent is not None:
-                return _silent(exc, silent, STUCK_WAIT_S)
-            if until >= start + RELAY_WAIT_S:
-                return blaming_text(exc, waited[0], f"{exc}; every rank it waited for was stuck too, "
-                                                    f"and none named another rank")
+                named = _silent(exc, silent, STUCK_WAIT_S)
+            elif until >= start + RELAY_WAIT_S:
+                named = blaming_text(exc, waited[0], f"{exc}; every rank it waited for was stuck too, "
+                                                     f"and none named another rank")
             until = start + RELAY_WAIT_S
             continue
         taken = listener.take(match, until, None)
@@ -118,11 +123,25 @@ def blame_silence(ring: RingState, exc: BaseException, waited, tell: set) -> Bas
         sock, hello = taken
         sock.close()
         if hello.channel == -1 or hello.channel == me:
-            stuck.add(hello.sender)
+            heard.setdefault(hello.sender, time.monotonic())
             continue
+        heard[hello.sender] = None
         if hello.channel >= MISMATCH:
-            return _mismatch_seen(ring, exc, hello.channel, hello.sender)
-        return _relayed(exc, hello.channel, hello.sender)
+            named = _mismatch_seen(ring, exc, hello.channel, hello.sender)
+        else:
+            named = _relayed(exc, hello.channel, hello.sender)
+    # What the ranks this one tells have said meanwhile: one that named a rank needs no verdict
+    # from this one, one that is stuck listens only until its own window closes (notify).
+    told = lambda h: h.purpose == PURPOSE_NOTICE and h.sender in tell  # noqa: E731
+    while (taken := listener.take(told, time.monotonic(), None)) is not None:
+        taken[0].close()
+        sender, channel = taken[1].sender, taken[1].channel
+        if channel == -1 or channel == me:
+            heard.setdefault(sender, time.monotonic())
+        else:
+            heard[sender] = None
+    named.heard = heard  # type: ignore[attr-defined]
+    return named
 
 
 def blame_p2p(ring: RingState, exc: BaseException, peer: int, partners: set[int]) -> BaseException:
@@ -143,7 +162,8 @@ def blame_p2p(ring: RingState, exc: BaseException, peer: int, partners: set[int]
     if culprit is not None:
         outer = getattr(named, "outer_culprit", None)
         _send_notices(ring, culprit if outer is None else OUTER - outer,
-                      {culprit, getattr(named, "peer", None), ring.rank}, partners)
+                      {culprit, getattr(named, "peer", None), ring.rank}, partners,
+                      heard=getattr(named, "heard", None))
     return named
 
 
@@ -201,7 +221,7 @@ def notify(ring: RingState, exc: BaseException) -> None:
     culprit = getattr(exc, "culprit", -1)
     skip = {culprit, getattr(exc, "peer", None), ring.rank}  # the dead, and who told us
     outer = getattr(exc, "outer_culprit", None)
-    _send_notices(ring, culprit if outer is None else OUTER - outer, skip)
+    _send_notices(ring, culprit if outer is None else OUTER - outer, skip, heard=getattr(exc, "heard", None))
 
 
 def notify_outer(ring: RingState, culprit: int) -> None:
@@ -210,30 +230,39 @@ def notify_outer(ring: RingState, culprit: int) -> None:
     _send_notices(ring, -1 if culprit < 0 else OUTER - culprit, {ring.rank})
 
 
-def _send_notices(ring: RingState, culprit: int, skip: set, to=None, wait: bool = True) -> None:
+def _send_notices(ring: RingState, culprit: int, skip: set, to=None, wait: bool = True,
+                  heard: dict[int, float | None] | None = None) -> None:
     """Best effort, SEND_S at most in all: each notice goes on a thread of its own, and a
-    neighbour that accepts but does not answer (a stopped process: the kernel accepts for it)
-    is left to its thread, which the handshake's own timeout ends; the error is not held
-    back for it. `to`: the ranks to tell (default: the ring neighbours); wait=False: do not
-    wait for the deliveries at all."""
-    deadline = time.monotonic() + SEND_S
+    neighbour that accepts but does not answer (a stopped process: the kernel accepts for it;
+    one that is exiting) is left to its thread, which the handshake's own timeout ends; the
+    error is not held back for it. `to`: the ranks to tell (default: the ring neighbours);
+    wait=False: do not wait for the deliveries at all. heard (blame_silence's, after a
+    deadline): a rank that named a rank itself is not told; one that said it is stuck listens
+    for a verdict only until its own window closes, RELAY_WAIT_S after it spoke, so the error
+    is held for it no longer than that."""
+    now = time.monotonic()
+    deadline = now + SEND_S
+    heard = heard or {}
     targets = {link.peer for link in ring.right + ring.left} if to is None else set(to)
-    senders = [threading.Thread(target=_send_notice, args=(ring, q, culprit, deadline), daemon=True,
-                                name=f"abort-notice-{q}")
-               for q in sorted(targets - skip)]
-    for sender in senders:
+    targets -= skip | {q for q, said in heard.items() if said is None}
+    until = {q: deadline if heard.get(q) is None else max(now, min(deadline, heard[q] + RELAY_WAIT_S))  # type: ignore[operator]
+             for q in targets}
+    senders = [(threading.Thread(target=_send_notice, args=(ring, q, culprit, until[q]), daemon=True,
+                                 name=f"abort-notice-{q}"), q)
+               for q in sorted(targets)]
+    for sender, _ in senders:
         sender.start()
-    for sender in senders if wait else ():
-        sender.join(max(0.0, deadline - time.monotonic()))
+    for sender, q in senders if wait else ():
+        sender.join(max(0.0, until[q] - time.monotonic()))
 
 
 def _send_notice(ring: RingState, q: int, culprit: int, deadline: float) -> None:
     address = ring.addresses[q][0]
-    if not _listening(address):
-        return  # gone (tcp.connect would retry until the deadline)
     hello = tcp.Hello(PURPOSE_NOTICE, ring.rank, q, culprit, ring.token)
     try:
-        tcp.connect(tcp.parse_address(address), hello, deadline, f"rank {q}", ring.auth).close()
+        # One attempt: a rank whose listener refuses has left, and needs no notice.
+        tcp.connect_with_hello(tcp.parse_address(address), hello, deadline, f"rank {q}", ring.auth,
+                               retry=False)[0].close()
     except (DistributedError, OSError):
         pass  # it is gone too: its own neighbours will see that
 

@@ -31,6 +31,7 @@ differs is recorded (layout_conflicts) and wakes the consumer as an arrival does
 """
 from __future__ import annotations
 
+import atexit
 import errno
 import logging
 import os
@@ -39,6 +40,7 @@ import socket
 import struct
 import threading
 import time
+import weakref
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
@@ -262,6 +264,7 @@ class Acceptor:
         self._ready_r.setblocking(False)
         self._thread = threading.Thread(target=self._loop, name=f"jacklring-accept {where}", daemon=True)
         self._thread.start()
+        _LIVE.add(self)
 
     # ---- the consumer's side
 
@@ -278,6 +281,15 @@ class Acceptor:
                 if remaining <= 0 or self._closed:
                     return None
                 self._cond.wait(min(remaining, 1.0))
+
+    def arriving(self, purpose: int) -> set[int]:
+        """The senders whose connection of `purpose` to this rank, in this job context, is still
+        in its handshake (its hello read, not yet proven): not authenticated, so only a reason
+        to wait a little for it, never evidence on its own."""
+        with self._cond:
+            return {p.hello.sender for p in list(self._pending)
+                    if p.hello is not None and p.hello.purpose == purpose and p.hello.token == self._token
+                    and p.hello.receiver == self._rank}
 
     def ready_fd(self) -> int:
         """Readable after an authenticated connection joined the queue (see drain_ready)."""
@@ -564,6 +576,22 @@ class Acceptor:
             return item.sock.send(frame) == len(frame)
         except OSError:
             return False
+
+
+_LIVE: "weakref.WeakSet[Acceptor]" = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_listening_at_exit() -> None:
+    """An exiting process stops listening before the interpreter winds down. Its acceptor is a
+    daemon thread that stops answering once finalization starts while the kernel still accepts
+    for it, so a peer's abort notice or liveness probe would wait its whole timeout, as for a
+    stopped rank (and a probe would call it stopped). Closed here, the listener refuses: the
+    peer sees at once that this rank has left."""
+    for acceptor in list(_LIVE):
+        acceptor.close()
+        for sock in acceptor._listening:
+            sock.close()
 
 
 def _describe(addr) -> str:

@@ -79,16 +79,22 @@ def digest(addresses: list[list[str]]) -> bytes:
 
 def check_for(rank: int, addresses: list[list[str]]) -> Check | None:
     """This rank's Check, or None without a configured job secret (nothing to compare under)."""
+    return check_of(rank, len(addresses), addresses)
+
+
+def check_of(rank: int, size: int, facts: list) -> Check | None:
+    """A Check of any backend's layout: its rank, its world size, and the JSON-able facts every
+    rank must share (the ring: its address list; JACCL: the coordinator and the device matrix)."""
     secret = auth.configured_secret()
     if secret is None:
         return None
-    return Check(View(rank, len(addresses), digest(addresses)), secret)
+    return Check(View(rank, size, digest(facts)), secret)
 
 
-def describe(mine: View, theirs: View) -> str:
-    """The disagreement in words, naming both views."""
+def describe(mine: View, theirs: View, listing: str = "hostfile lists other addresses") -> str:
+    """The disagreement in words, naming both views (`listing`: what differs when the sizes agree)."""
     if mine.size != theirs.size:
         return (f"rank {theirs.rank} believes the world has {theirs.size} ranks, rank {mine.rank} believes "
                 f"{mine.size}")
-    return (f"rank {theirs.rank}'s hostfile lists other addresses than rank {mine.rank}'s (both list "
+    return (f"rank {theirs.rank}'s {listing} than rank {mine.rank}'s (both list "
             f"{mine.size} ranks)")

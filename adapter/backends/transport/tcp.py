@@ -232,6 +232,10 @@ class Listener:
         raise PeerError(f"{who} did not connect to {self.where()} before the deadline"
                         f"{self._acceptor.rejected_summary()}")
 
+    def arriving(self, purpose: int) -> set[int]:
+        """Senders of connections of `purpose` still in their handshake (Acceptor.arriving)."""
+        return self._acceptor.arriving(purpose) if self._acceptor is not None else set()
+
     def ready_fd(self) -> int:
         """A descriptor that becomes readable when an authenticated connection waits for take()."""
         assert self._acceptor is not None, "Listener.serve() was not called"
@@ -287,10 +291,13 @@ def connect(addr: tuple[str, int], hello: Hello, deadline: float, who: str, auth
 
 def connect_with_hello(addr: tuple[str, int], hello: Hello, deadline: float, who: str, auth: Auth,
                        pause: Callable[[float], None] | None = None,
-                       other_job: Callable[[], None] | None = None) -> tuple[socket.socket, Hello]:
+                       other_job: Callable[[], None] | None = None,
+                       retry: bool = True) -> tuple[socket.socket, Hello]:
     """connect(), also returning the hello as sent with both handshake nonces (Hello.session),
     for keys that belong to this connection alone. other_job() is called whenever the listener
-    answers as a rank of another job context (it may raise: a layout check, see layout.py)."""
+    answers as a rank of another job context (it may raise: a layout check, see layout.py).
+    retry=False: one attempt (the Unix socket, then TCP); a refusal, or a listener that closes
+    without answering, is a PeerError at once (a notice to a rank that has left needs no retry)."""
     delay = 0.01
     last_error = "no attempt made"
     name = local_name(*addr)
@@ -336,6 +343,8 @@ def connect_with_hello(addr: tuple[str, int], hello: Hello, deadline: float, who
             except OSError as exc:
                 sock.close()
                 last_error = exc.strerror or str(exc)
+        if not retry:
+            raise PeerError(f"could not connect to {who} at {where} ({last_error})")
         (pause or time.sleep)(min(delay, max(0.0, deadline - time.monotonic())))
         delay = min(delay * 2, 0.5)
 
