@@ -287,3 +287,130 @@ def test_a_newcomer_that_dies_after_accepting_leaves_the_members_group_usable(tm
     finally:
         stop_all(procs)
     assert [codes[i] for i in (0, 1, 3)] == [0, 0, 0], reports(procs)
+
+
+# After grow (or, on a newcomer, init), every rank checks an all_gather of the slots and an
+# all_sum; when that fails (a rank died as the grown group formed) it shrinks and tries again.
+# A member whose grow() raised carries on with the group it still has, as a program would.
+GROW_THEN_CHECK = """
+import adapter
+slot = int(os.environ["MLX_RANK"])
+if os.environ.get("JACKLRING_JOIN") != "1":
+    all_sum(np.ones(16, np.float32))
+    say("READY")
+    try:
+        while True:
+            all_sum(np.ones(16, np.float32))
+    except ERRORS as e:
+        pass
+    group = group.shrink(timeout=3)
+    say("SHRUNK", group.rank(), group.size())
+    try:
+        group = group.grow(timeout=3)
+    except ERRORS as e:
+        say("GROWERR", type(e).__name__, str(e).replace("\\n", " "))
+say("GROWN", group.rank(), group.size())
+for attempt in range(3):
+    try:
+        slots = [int(s) for s in all_gather(np.array([slot], np.int64))]
+        y = all_sum(np.full(64, float(slot + 1), np.float32))
+        break
+    except ERRORS as e:
+        say("AGAIN", type(e).__name__, str(e).replace("\\n", " ")[:300])
+        try:
+            group = group.shrink(timeout=3)
+        except ERRORS as e:
+            say("SHRINKERR", type(e).__name__, str(e).replace("\\n", " "))
+            sys.exit(5)
+expected = float(sum(q + 1 for q in slots))
+say("SUM", group.rank(), group.size(), ",".join(map(str, slots)), float(y[0]), expected, bool(np.all(y == expected)))
+"""
+
+# The member at slot VICTIM dies inside the last step of forming the grown ring (its all-gather
+# of shared-memory placements, after the closing barrier; shared memory is "not wanted" over
+# TCP): it sends its own part on, drops the relay of its left neighbour's part and is killed
+# 0.3 s later. The ranks after it in the ring miss a part and fail; the last one has them all
+# and finishes forming (the same hooks as test_shrink.py's closing-barrier test).
+DIE_IN_THE_GROWN_RINGS_CLOSING_BARRIER = """
+if r == VICTIM:
+    import signal
+    import threading
+    from adapter.backends.ring import grow, shared
+    from adapter.backends.transport import stream_engine
+    decided, armed, dying = [], [], []
+    real_broadcast = grow._broadcast
+    def broadcast(old, decision):
+        decision = real_broadcast(old, decision)
+        if decision.get("ok"):
+            decided.append(decision["slots"])
+        return decision
+    grow._broadcast = broadcast
+    real_attach = shared.attach
+    def attach(state, gather):
+        def last_gather(record):
+            armed.extend(decided)
+            return gather(record)
+        return real_attach(state, last_gather)
+    shared.attach = attach
+    real_forward, real_post = stream_engine.Stream.post_forward, stream_engine.Stream.post_send
+    def post_forward(self, view, source):
+        if armed:
+            if not dying:
+                dying.append(True)
+                say("DYING", decided[-1])
+                threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGKILL)).start()
+            return
+        real_forward(self, view, source)
+    def post_send(self, view):
+        if dying:
+            os.kill(os.getpid(), signal.SIGKILL)
+        real_post(self, view)
+    stream_engine.Stream.post_forward, stream_engine.Stream.post_send = post_forward, post_send
+"""
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("victim", [0, 1], ids=["the-newcomer-forms", "a-member-forms"])
+def test_a_death_inside_the_grown_rings_closing_barrier(tmp_path, victim):
+    """Slot 2 dies, the others shrink and grow back (slots 0, 1, 3 and a newcomer at slot 2 as
+    ranks 0-3); the member at slot `victim` (rank `victim` there) dies inside the grown ring's
+    last formation step, so the grown group forms on some ranks and not on others (victim 0: on
+    the newcomer alone; victim 1: on slot 0 alone). Every survivor must end in the same group of
+    the three that are left, with the right sums, and none may keep the group it grew from."""
+    envs = rank_envs("ring", 4, tmp_path)
+    env = {"JACKLRING_LOCAL_TRANSPORT": "tcp", "MLX_RING_VERBOSE": "1",
+           "FAULT_BEFORE_INIT": DIE_IN_THE_GROWN_RINGS_CLOSING_BARRIER.replace("VICTIM", str(victim))}
+    procs = start("ring", 4, GROW_THEN_CHECK, tmp_path, env=env, envs=envs)
+    try:
+        for p in procs:
+            p.wait_line("READY", 30)
+        procs[2].kill(signal.SIGKILL)
+        for q in (0, 1, 3):
+            procs[q].wait_line("SHRUNK", 15)
+        procs += start("ring", 4, GROW_THEN_CHECK, tmp_path, env={**env, "JACKLRING_JOIN": "1"}, envs=envs,
+                       ranks=[2])
+        dying = procs[victim].wait_line("DYING", 20)
+        assert " ".join(dying[2:]) == "[0, 1, 3, 2]", dying
+        survivors = [i for i in (0, 1, 3, 4) if i != victim]
+        outcomes = {}
+        for i in survivors:
+            p = procs[i]
+            deadline = time.monotonic() + 40
+            while i not in outcomes and time.monotonic() < deadline:
+                for tag in ("SUM", "SHRINKERR"):
+                    if p.tagged(tag):
+                        outcomes[i] = [tag] + p.tagged(tag)[0]
+                        break
+                else:
+                    if p.popen.poll() is not None and p.readers_done.is_set():
+                        outcomes[i] = ["EXITED", str(p.popen.returncode)]
+                    time.sleep(0.05)
+        finish_all(procs, 15)
+    finally:
+        stop_all(procs)
+    left = [q for q in (0, 1, 3, 2) if q != victim]  # slots, in the grown group's order
+    expected = float(sum(q + 1 for q in left))
+    ok = all(o[:1] == ["SUM"] and o[4:] == ["3", ",".join(map(str, left)), str(expected), str(expected), "True"]
+             for o in outcomes.values())
+    assert sorted(outcomes) == survivors and ok, f"{outcomes}\n\nevery rank's report:\n{reports(procs)}"
+    assert not any(p.tagged("GROWERR") for p in procs), reports(procs)
