@@ -419,3 +419,51 @@ def test_a_death_inside_the_new_groups_closing_barrier(tmp_path, backend):
     assert sorted(outcomes) == [2, 3], reports(procs)
     assert all(o[0] == str(q) and o[2:5] == ["1" if q == 3 else "0", "2", "2,3"] and o[-1] == "True"
                for q, o in outcomes.items()), f"{outcomes}\n\nevery rank's report:\n{reports(procs)}"
+
+
+# Old rank 0, the coordinator, sends the decision to the first member it answers and dies before
+# it answers the next one: one survivor knows the decision, the other's coordinator is gone.
+DIE_BETWEEN_TWO_ANSWERS = """
+if r == 0:
+    import signal
+    from adapter.backends.transport import membership
+    real_send = membership.Channel.send
+    def send(self, message, deadline):
+        if message.get("kind") == "decision":
+            if getattr(membership, "_told", None):
+                os.kill(os.getpid(), signal.SIGKILL)  # before the second member hears of it
+            membership._told = True
+            real_send(self, message, deadline)
+            say("TOLD", self.who, message.get("members"))
+            return
+        real_send(self, message, deadline)
+    membership.Channel.send = send
+"""
+
+
+@pytest.mark.timeout(60)
+@BACKENDS
+def test_the_coordinator_dies_between_telling_two_members(tmp_path, backend):
+    """Rank 1 dies; rank 0 coordinates the shrink of 0, 2, 3, tells one of 2 and 3 the decision
+    and dies before telling the other. The one told forms the group of [0, 2, 3], which cannot
+    form, and agrees again in it; the other's coordinator is gone, so it joins the next rank,
+    whose tombstone tells it the decision; it forms that group in turn, fails, and meets the
+    first in that group's agreement. Both end in one group of [2, 3] (min_size=2), never hang."""
+    env = {"FAULT_BEFORE_INIT": DIE_BETWEEN_TWO_ANSWERS, "MLX_RING_VERBOSE": "1"}
+    procs = start(backend, 4, body(min_size=2), tmp_path, env=env)
+    try:
+        for p in procs:
+            p.wait_line("READY", 30)
+        time.sleep(0.2)
+        procs[1].kill(signal.SIGKILL)
+        told = procs[0].wait_line("TOLD", 15)
+        assert " ".join(told[-3:]) == "[0, 2, 3]", told
+        try:
+            check_sums(procs, [2, 3])
+        except AssertionError as exc:
+            finish_all(procs, 10)
+            raise AssertionError(f"{exc}\n\nevery rank's report:\n{reports(procs)}") from None
+        codes = finish_all(procs, 15)
+    finally:
+        stop_all(procs)
+    assert [codes[i] for i in (2, 3)] == [0, 0], reports(procs)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import select
 import socket
 import struct
 import threading
@@ -225,7 +226,14 @@ def agree(seat: Seat, size: int, payload: dict, exclude: Sequence[int], min_size
         except DistributedError as exc:
             log.debug("rank %d: shrink: coordinator candidate rank %d gave no answer: %s", seat.rank, candidate, exc)
             unreachable.add(candidate)
-            continue
+            # It took the join and went without an answer: it may have decided and told others
+            # before it died. A member that was told answers at its seat (its tombstone).
+            told = _ask_told(seat, size, excluded | unreachable | {seat.rank}, answer_timeout)
+            if told is None:
+                continue
+            log.debug("rank %d: shrink: coordinator rank %d died; rank %s says it decided", seat.rank, candidate,
+                      told.get("coordinator"))
+            answer = told
         finally:
             channel.close()
         kind = answer.get("kind")
@@ -238,6 +246,45 @@ def agree(seat: Seat, size: int, payload: dict, exclude: Sequence[int], min_size
             return _parse_decision(answer)
         unreachable.add(candidate)
     raise PeerError(f"rank {seat.rank}: shrink: no rank answered")  # unreachable: this rank coordinates
+
+
+def _ask_told(seat: Seat, size: int, skip: set[int], budget: float) -> dict | None:
+    """The outcome ("decision" or "excluded") that a member which has moved on from this group
+    gives within `budget`, asking every old member not in `skip` at once; None when nobody does.
+    A member still agreeing leaves the question unanswered (a coordinator drops it: it is no
+    join), so only an outcome that exists is learnt."""
+    end = time.monotonic() + budget
+    asked: list[Channel] = []
+    try:
+        for q in range(size):
+            left = end - time.monotonic()
+            if q in skip or left <= 0:
+                continue
+            channel = _reach(seat, q, left)
+            if channel is None:
+                continue
+            try:
+                channel.send({"kind": "ask", "rank": seat.rank}, end)
+            except DistributedError:
+                channel.close()
+                continue
+            asked.append(channel)
+        while asked and time.monotonic() < end:
+            readable, _, _ = select.select([c.sock for c in asked], [], [], max(0.0, end - time.monotonic()))
+            for channel in [c for c in asked if c.sock in readable]:
+                asked.remove(channel)
+                try:
+                    answer = channel.recv(max(end, time.monotonic() + 0.1))
+                except DistributedError:
+                    continue
+                finally:
+                    channel.close()
+                if answer.get("kind") in ("decision", "excluded"):
+                    return answer
+    finally:
+        for channel in asked:
+            channel.close()
+    return None
 
 
 def _parse_decision(message: dict) -> Decision:

@@ -132,6 +132,13 @@ def _loop(old: object | None, seat: membership.Seat, size: int, listen: Callable
                 raise
         if attempt == 0:
             break_links(f"rank {seat.rank}: this group is being shrunk (epoch {decision.epoch})")
+        # From now on a join (or a question) at this seat learns this decision: a member whose
+        # coordinator died before telling it asks the members that were told.
+        tombstone = membership.Tombstone(seat, decision)
+        if attempt == 0 and unformed is None:
+            _tombstones[old] = tombstone
+        else:
+            left.append(tombstone)
         members = [ranks[q] for q in decision.members]
         if len(members) == 1:
             for s in listeners:
@@ -147,11 +154,6 @@ def _loop(old: object | None, seat: membership.Seat, size: int, listen: Callable
             log.info("rank %d: shrink epoch %d: the new group of %s %s did not form after %.2f s (%s); "
                      "agreeing again as its rank %d", ranks[seat.rank], decision.epoch, label, members,
                      time.monotonic() - started, exc, decision.members.index(seat.rank))
-            tombstone = membership.Tombstone(seat, decision)
-            if attempt == 0 and unformed is None:
-                _tombstones[old] = tombstone
-            else:
-                left.append(tombstone)
             seat = _seat(seat, decision, listeners[0], token(seat, decision))
             kept.append(listeners[0])
             ranks, exclude, floor = members, [], decision.epoch + 1
@@ -165,13 +167,10 @@ def _loop(old: object | None, seat: membership.Seat, size: int, listen: Callable
         if listeners:
             listeners[0].release()  # the group's own now
         _epochs[new] = decision.epoch
-        tombstone = membership.Tombstone(seat, decision)
-        if attempt == 0 and unformed is None:
-            _tombstones[old] = tombstone
-        else:
+        if kept or left:
             # Late joins at the seats of the groups that did not form are answered while the new
             # group lives.
-            keep_until_closed(new, kept, left + [tombstone])
+            keep_until_closed(new, kept, left)
         log.info("rank %d: shrink epoch %d: rank %d of the new group of %s %s", ranks[seat.rank],
                  decision.epoch, decision.members.index(seat.rank), label, members)
         return new, members
