@@ -324,6 +324,22 @@ for attempt in range(3):
             sys.exit(5)
 expected = float(sum(q + 1 for q in slots))
 say("SUM", group.rank(), group.size(), ",".join(map(str, slots)), float(y[0]), expected, bool(np.all(y == expected)))
+# The seats kept in the grown group that did not form here close with the group this rank ended
+# in (the collector off): SEATS <kept> <those still accepting after close(), or ->.
+import gc, socket
+from adapter.backends.transport import shrinking
+gc.disable()
+seats = [s.where() for kept, _ in shrinking._kept.get(group.backend, []) for s in kept]
+group.close()
+still = []
+for address in seats:
+    host, port = address.rsplit(":", 1)
+    try:
+        socket.create_connection((host, int(port)), timeout=1).close()
+        still.append(address)
+    except OSError:
+        pass
+say("SEATS", len(seats), ",".join(still) or "-")
 """
 
 # The member at slot VICTIM dies inside the last step of forming the grown ring (its all-gather
@@ -414,3 +430,6 @@ def test_a_death_inside_the_grown_rings_closing_barrier(tmp_path, victim):
              for o in outcomes.values())
     assert sorted(outcomes) == survivors and ok, f"{outcomes}\n\nevery rank's report:\n{reports(procs)}"
     assert not any(p.tagged("GROWERR") for p in procs), reports(procs)
+    # The ranks on which the grown group did not form kept a seat in it, closed with their group.
+    seats = {i: procs[i].tagged("SEATS")[0][2:] for i in survivors}
+    assert all(f[1] == "-" for f in seats.values()) and sum(int(f[0]) for f in seats.values()) == 2, seats

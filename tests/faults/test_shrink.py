@@ -50,12 +50,32 @@ try:
 except ERRORS as e:
     say("OLD", type(e).__name__, str(e).replace("\\n", " "))
 time.sleep({linger})  # a survivor that stays (training on) answers an excluded rank's late shrink()
+{after}"""
+
+# The seats this rank kept in groups that did not form close when the group it ended in closes,
+# not when that is garbage collected (the collector is off, and every group still referenced):
+# SEATS <how many were kept> <those that still accept a connection after close(), or ->.
+SEATS_CLOSE_WITH_THE_GROUP = """
+import gc, socket
+from adapter.backends.transport import shrinking
+gc.disable()
+seats = [s.where() for kept, _ in shrinking._kept.get(new.backend, []) for s in kept]
+new.close()
+still = []
+for address in seats:
+    host, port = address.rsplit(":", 1)
+    try:
+        socket.create_connection((host, int(port)), timeout=1).close()
+        still.append(address)
+    except OSError:
+        pass
+say("SEATS", len(seats), ",".join(still) or "-")
 """
 
 
-def body(min_size=None, stop_after=30, timeout=3.0, linger=0.0, retries=0) -> str:
+def body(min_size=None, stop_after=30, timeout=3.0, linger=0.0, retries=0, after="") -> str:
     return SHRINK_AFTER_FAILURE.format(min_size=min_size, stop_after=stop_after, timeout=timeout, linger=linger,
-                                       retries=retries)
+                                       retries=retries, after=after)
 
 
 def check_sums(procs, survivors: list[int], killed_at: float | None = None,
@@ -393,7 +413,7 @@ def test_a_death_inside_the_new_groups_closing_barrier(tmp_path, backend):
     env = {"FAULT_BEFORE_INIT": DIE_IN_THE_CLOSING_BARRIER, "MLX_RING_VERBOSE": "1"}
     if backend == "ring":
         env["JACKLRING_LOCAL_TRANSPORT"] = "tcp"
-    procs = start(backend, 4, body(min_size=2, retries=1), tmp_path, env=env)
+    procs = start(backend, 4, body(min_size=2, retries=1, after=SEATS_CLOSE_WITH_THE_GROUP), tmp_path, env=env)
     try:
         for p in procs:
             p.wait_line("READY", 30)
@@ -419,6 +439,9 @@ def test_a_death_inside_the_new_groups_closing_barrier(tmp_path, backend):
     assert sorted(outcomes) == [2, 3], reports(procs)
     assert all(o[0] == str(q) and o[2:5] == ["1" if q == 3 else "0", "2", "2,3"] and o[-1] == "True"
                for q, o in outcomes.items()), f"{outcomes}\n\nevery rank's report:\n{reports(procs)}"
+    # Old rank 2 agreed in the group that did not form on it: its seat there closed with its group.
+    seats = {p.rank: p.tagged("SEATS")[0][2:] for p in procs[2:]}
+    assert seats[2][0] != "0" and seats[2][1] == "-" and seats[3] == ["0", "-"], (seats, reports(procs))
 
 
 # Old rank 0, the coordinator, sends the decision to the first member it answers and dies before
