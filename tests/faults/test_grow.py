@@ -354,6 +354,8 @@ if r == VICTIM:
     from adapter.backends.ring import grow, shared
     from adapter.backends.transport import stream_engine
     decided, armed, dying = [], [], []
+    if os.environ.get("JACKLRING_JOIN") == "1":
+        decided.append([0, 1, 3, 2])  # a newcomer forms one ring: the grown one
     real_broadcast = grow._broadcast
     def broadcast(old, decision):
         decision = real_broadcast(old, decision)
@@ -385,17 +387,21 @@ if r == VICTIM:
 """
 
 
+SLOT_OF = {0: 0, 1: 1, 4: 2}  # the slot of each process the test may kill (process 4: the newcomer)
+
+
 @pytest.mark.timeout(90)
-@pytest.mark.parametrize("victim", [0, 1], ids=["the-newcomer-forms", "a-member-forms"])
+@pytest.mark.parametrize("victim", [0, 1, 4], ids=["the-newcomer-forms", "a-member-forms", "the-newcomer-dies"])
 def test_a_death_inside_the_grown_rings_closing_barrier(tmp_path, victim):
     """Slot 2 dies, the others shrink and grow back (slots 0, 1, 3 and a newcomer at slot 2 as
-    ranks 0-3); the member at slot `victim` (rank `victim` there) dies inside the grown ring's
-    last formation step, so the grown group forms on some ranks and not on others (victim 0: on
-    the newcomer alone; victim 1: on slot 0 alone). Every survivor must end in the same group of
-    the three that are left, with the right sums, and none may keep the group it grew from."""
+    ranks 0-3); the rank at slot 0, slot 1 or the newcomer (process `victim`) dies inside the
+    grown ring's last formation step, so the grown group forms on some ranks and not on others
+    (slot 0 dies: it forms on the newcomer alone; slot 1: on slot 0 alone; the newcomer: on slot
+    3 alone). Every survivor must end in the same group of the three that are left, with the
+    right sums, and none may keep the group it grew from."""
     envs = rank_envs("ring", 4, tmp_path)
     env = {"JACKLRING_LOCAL_TRANSPORT": "tcp", "MLX_RING_VERBOSE": "1",
-           "FAULT_BEFORE_INIT": DIE_IN_THE_GROWN_RINGS_CLOSING_BARRIER.replace("VICTIM", str(victim))}
+           "FAULT_BEFORE_INIT": DIE_IN_THE_GROWN_RINGS_CLOSING_BARRIER.replace("VICTIM", str(SLOT_OF[victim]))}
     procs = start("ring", 4, GROW_THEN_CHECK, tmp_path, env=env, envs=envs)
     try:
         for p in procs:
@@ -424,7 +430,7 @@ def test_a_death_inside_the_grown_rings_closing_barrier(tmp_path, victim):
         finish_all(procs, 15)
     finally:
         stop_all(procs)
-    left = [q for q in (0, 1, 3, 2) if q != victim]  # slots, in the grown group's order
+    left = [q for q in (0, 1, 3, 2) if q != SLOT_OF[victim]]  # slots, in the grown group's order
     expected = float(sum(q + 1 for q in left))
     ok = all(o[:1] == ["SUM"] and o[4:] == ["3", ",".join(map(str, left)), str(expected), str(expected), "True"]
              for o in outcomes.values())
