@@ -13,7 +13,9 @@ k+1, ...). Everybody then forms a ring on the fresh listeners under a key derive
 key, a fresh nonce and the epoch (the same derivation as shrink's), so a process that was not
 told the decision cannot connect to it. If too few newcomers answered, the newcomers that did
 are told the attempt is off (they wait for the next one) and every member raises
-CollectiveTimeout; the members' group stays as it was.
+CollectiveTimeout; the members' group stays as it was. A rank on which the grown ring does not
+form (a rank died after the decision) agrees in it with the others (after_failure): they carry on
+in the outcome if any of them formed it, else the members keep their group.
 """
 from __future__ import annotations
 

@@ -7,10 +7,12 @@ collects joins until every old member has joined, is proven dead (its listener r
 connection: the process is gone) or the window ends; the ones that joined are the new group if
 there are enough of them (quorum), and it sends that decision, with an epoch number and a fresh
 nonce (the seed of the new group's key), to each of them. A joiner whose coordinator dies or
-stalls (the connection ends, or no answer within the window) moves on to the next rank. A rank
-that has moved on from a group answers later joins at its listener there with the outcome
-(Tombstone), so a rank that was only stopped learns that it was excluded instead of forming a
-group of its own.
+stalls (the connection ends, or no answer within the window) moves on to the next rank; when the
+coordinator took its join and died, it first asks the other members whether a decision was made
+(a member that was told answers). A rank that has the decision answers later joins and questions
+at its listener of the group it leaves with the outcome (Tombstone), so a rank that was only
+stopped learns that it was excluded instead of forming a group of its own, and one whose
+coordinator died before telling it learns the decision.
 
 Every frame after the handshake carries a MAC under a key of that connection alone (from the job
 key and both handshake nonces), so nobody without the job key can forge or alter a decision.

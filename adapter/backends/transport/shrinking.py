@@ -9,8 +9,10 @@ anyone who was not told the decision, cannot connect to it). A death during that
 the decision) fails it on a member, perhaps not on every one: that member agrees again, with a
 higher epoch (a few times at most), as a member of the group that did not form, at that group's
 first listener, where a member on which it did form finds it when it shrinks that group. Once a
-rank has moved on from a group, its listener there answers later joins with the outcome
-(Tombstone), so a rank that was only stopped learns that it was excluded.
+rank has a decision, its listener of the group it leaves answers later joins with the outcome
+(Tombstone), so a rank that was only stopped learns that it was excluded. rejoin() runs the same
+loop for a rank on which a group formed otherwise (grow's) did not form. The seats kept in groups
+that did not form close with the group this rank ends in (release(), from its close()).
 """
 from __future__ import annotations
 
