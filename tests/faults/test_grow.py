@@ -289,6 +289,33 @@ def test_a_newcomer_that_dies_after_accepting_leaves_the_members_group_usable(tm
     assert [codes[i] for i in (0, 1, 3)] == [0, 0, 0], reports(procs)
 
 
+@pytest.mark.timeout(60)
+def test_a_group_of_one_keeps_itself_when_its_newcomer_dies_after_accepting(tmp_path):
+    """The last survivor of two (min_size=1) grows, and the newcomer dies before the ring of two
+    forms: the agreement after that failure finds that nobody formed it, so going back needs no
+    quorum, and the survivor's group of one stays usable."""
+    envs = rank_envs("ring", 2, tmp_path)
+    env = {"JACKLRING_LOCAL_TRANSPORT": "tcp"}
+    text = body(grow_timeout=2.0).replace("group.shrink(timeout=3)", "group.shrink(timeout=3, min_size=1)")
+    procs = start("ring", 2, text, tmp_path, env=env, envs=envs)
+    try:
+        for p in procs:
+            p.wait_line("READY", 30)
+        procs[1].kill(signal.SIGKILL)
+        procs[0].wait_line("SHRUNK", 15)
+        procs += start("ring", 2, text, tmp_path, env={**env, "JACKLRING_JOIN": "1",
+                                                       "FAULT_BEFORE_INIT": DIE_BEFORE_FORMING},
+                       envs=envs, ranks=[1])
+        procs[2].wait_line("DYING", 20)
+        fields = procs[0].wait_line("GROWERR", 20)
+        assert fields[2] == "PeerError" and "this group stays as it was" in " ".join(fields), fields
+        assert procs[0].wait_line("AFTER", 10)[2:] == ["0", "1", "1.0"], reports(procs)
+        codes = finish_all(procs, 15)
+    finally:
+        stop_all(procs)
+    assert codes[0] == 0, reports(procs)
+
+
 # After grow (or, on a newcomer, init), every rank checks an all_gather of the slots and an
 # all_sum; when that fails (a rank died as the grown group formed) it shrinks and tries again.
 # A member whose grow() raised carries on with the group it still has, as a program would.

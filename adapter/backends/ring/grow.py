@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ...errors import CollectiveTimeout, ConfigError, DistributedError, PeerError
+from ...errors import CollectiveTimeout, ConfigError, DistributedError, PeerError, QuorumError
 from ..transport import enrolment, shrinking, tcp
 from ..transport.auth import Auth
 from . import lineage, shrink
@@ -153,6 +153,11 @@ def after_failure(where: str, rank: int, addresses: list[list[str]], listener: t
             raise _NobodyFormed(f"{where}: {why}; it formed on none of its members that are left (ranks "
                                 f"{decision.members} of it agreed so, coordinator rank {decision.coordinator}); "
                                 f"{keeps}")
+        need = size // 2 + 1
+        if len(decision.members) < need:
+            raise QuorumError(f"only its ranks {decision.members} are left to carry on in it (of {size}), and a "
+                              f"group needs at least {need} (more than half): a minority must not carry on as the "
+                              f"job")
 
     def break_old(_: str) -> None:
         if old is not None:

@@ -83,8 +83,11 @@ def rejoin(predecessor: object | None, seat: membership.Seat, size: int, listen:
     whether any member of it formed that group; it may raise to stop here (grow: nobody did, so
     the members keep the group they had), and the seat then answers later joins with that
     decision until `predecessor` is closed (at once when None). break_links(why) is called once
-    this rank carries on (decided() passed). epoch: that of the group that did not form."""
-    return _loop(predecessor, seat, size, listen, form, token, break_links, [], None, timeout, epoch + 1,
+    this rank carries on (decided() passed). epoch: that of the group that did not form. A
+coordinator here takes any number of members (min_size 1): going back needs no quorum, so
+decided() applies the quorum for carrying on (a coordinator on which the group formed, in its
+own shrink(), applies its min_size as ever)."""
+    return _loop(predecessor, seat, size, listen, form, token, break_links, [], 1, timeout, epoch + 1,
                  decided, seat.listener)
 
 
