@@ -140,7 +140,7 @@ def test_an_outsider_cannot_join_through_grow(tmp_path, outsider):
                      "JACKLRING_JOIN": "1", "JACKLRING_CONNECT_TIMEOUT": "6"}
             [intruder] = start("ring", 4, body(), tmp_path, env=wrong, envs=envs, ranks=[2])
             intruder.wait_line("START", 10)
-            time.sleep(1.0)  # it binds its slot after the imports
+            _wait_listening(_slot_address(envs, 2)[1], 15)  # it binds its slot after the imports
         else:
             host, port = _slot_address(envs, 2)
             intruder = subprocess.Popen(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
@@ -169,6 +169,19 @@ def test_an_outsider_cannot_join_through_grow(tmp_path, outsider):
     assert [codes[i] for i in (0, 1, 3)] == [0, 0, 0], reports(procs)
     if not isinstance(intruder, subprocess.Popen):
         assert not intruder.tagged("GROWN") and not intruder.tagged("SUM"), intruder.report()
+
+
+def _wait_listening(port: int, timeout: float) -> None:
+    """Until a socket listens on 127.0.0.1:port (read from /proc/net/tcp: connecting would be a
+    handshake attempt the listener logs)."""
+    deadline = time.monotonic() + timeout
+    wanted = f"0100007F:{port:04X}"
+    while time.monotonic() < deadline:
+        with open("/proc/net/tcp") as table:
+            if any(f[1] == wanted and f[3] == "0A" for f in (line.split() for line in table) if len(f) > 3):
+                return
+        time.sleep(0.05)
+    raise AssertionError(f"nothing listens on 127.0.0.1:{port} after {timeout} s")
 
 
 def _slot_address(envs, slot: int) -> tuple[str, int]:
