@@ -15,6 +15,7 @@ from .backends import registry
 from .backends.base import Backend
 from .backends.registry import ANY_ORDER  # noqa: F401  (the backends' order, kept importable here)
 from .backends.singleton import SingletonBackend
+from .backends.transport import shrinking
 from .errors import BackendUnavailable, DistributedError, ExcludedError
 
 DEFAULT_SHRINK_TIMEOUT_S = 10.0
@@ -137,6 +138,7 @@ class Group:
         call twice. After closing the group init() returned, init() forms a new one."""
         _forget(self)
         self._backend.close()
+        shrinking.release(self._backend)  # a group of one has no close() of its own that does it
         predecessor, self._predecessor = self._predecessor, None
         if predecessor is not None:
             predecessor.close()  # the group this one was shrunk from (it answered excluded ranks)

@@ -50,12 +50,32 @@ try:
 except ERRORS as e:
     say("OLD", type(e).__name__, str(e).replace("\\n", " "))
 time.sleep({linger})  # a survivor that stays (training on) answers an excluded rank's late shrink()
+{after}"""
+
+# The seats this rank kept in groups that did not form close when the group it ended in closes,
+# not when that is garbage collected (the collector is off, and every group still referenced):
+# SEATS <how many were kept> <those that still accept a connection after close(), or ->.
+SEATS_CLOSE_WITH_THE_GROUP = """
+import gc, socket
+from adapter.backends.transport import shrinking
+gc.disable()
+seats = [s.where() for kept, _ in shrinking._kept.get(new.backend, []) for s in kept]
+new.close()
+still = []
+for address in seats:
+    host, port = address.rsplit(":", 1)
+    try:
+        socket.create_connection((host, int(port)), timeout=1).close()
+        still.append(address)
+    except OSError:
+        pass
+say("SEATS", len(seats), ",".join(still) or "-")
 """
 
 
-def body(min_size=None, stop_after=30, timeout=3.0, linger=0.0, retries=0) -> str:
+def body(min_size=None, stop_after=30, timeout=3.0, linger=0.0, retries=0, after="") -> str:
     return SHRINK_AFTER_FAILURE.format(min_size=min_size, stop_after=stop_after, timeout=timeout, linger=linger,
-                                       retries=retries)
+                                       retries=retries, after=after)
 
 
 def check_sums(procs, survivors: list[int], killed_at: float | None = None,
@@ -393,7 +413,7 @@ def test_a_death_inside_the_new_groups_closing_barrier(tmp_path, backend):
     env = {"FAULT_BEFORE_INIT": DIE_IN_THE_CLOSING_BARRIER, "MLX_RING_VERBOSE": "1"}
     if backend == "ring":
         env["JACKLRING_LOCAL_TRANSPORT"] = "tcp"
-    procs = start(backend, 4, body(min_size=2, retries=1), tmp_path, env=env)
+    procs = start(backend, 4, body(min_size=2, retries=1, after=SEATS_CLOSE_WITH_THE_GROUP), tmp_path, env=env)
     try:
         for p in procs:
             p.wait_line("READY", 30)
@@ -419,3 +439,54 @@ def test_a_death_inside_the_new_groups_closing_barrier(tmp_path, backend):
     assert sorted(outcomes) == [2, 3], reports(procs)
     assert all(o[0] == str(q) and o[2:5] == ["1" if q == 3 else "0", "2", "2,3"] and o[-1] == "True"
                for q, o in outcomes.items()), f"{outcomes}\n\nevery rank's report:\n{reports(procs)}"
+    # Old rank 2 agreed in the group that did not form on it: its seat there closed with its group.
+    seats = {p.rank: p.tagged("SEATS")[0][2:] for p in procs[2:]}
+    assert seats[2][0] != "0" and seats[2][1] == "-" and seats[3] == ["0", "-"], (seats, reports(procs))
+
+
+# Old rank 0, the coordinator, sends the decision to the first member it answers and dies before
+# it answers the next one: one survivor knows the decision, the other's coordinator is gone.
+DIE_BETWEEN_TWO_ANSWERS = """
+if r == 0:
+    import signal
+    from adapter.backends.transport import membership
+    real_send = membership.Channel.send
+    def send(self, message, deadline):
+        if message.get("kind") == "decision":
+            if getattr(membership, "_told", None):
+                os.kill(os.getpid(), signal.SIGKILL)  # before the second member hears of it
+            membership._told = True
+            real_send(self, message, deadline)
+            say("TOLD", self.who, message.get("members"))
+            return
+        real_send(self, message, deadline)
+    membership.Channel.send = send
+"""
+
+
+@pytest.mark.timeout(60)
+@BACKENDS
+def test_the_coordinator_dies_between_telling_two_members(tmp_path, backend):
+    """Rank 1 dies; rank 0 coordinates the shrink of 0, 2, 3, tells one of 2 and 3 the decision
+    and dies before telling the other. The one told forms the group of [0, 2, 3], which cannot
+    form, and agrees again in it; the other's coordinator is gone, so it joins the next rank,
+    whose tombstone tells it the decision; it forms that group in turn, fails, and meets the
+    first in that group's agreement. Both end in one group of [2, 3] (min_size=2), never hang."""
+    env = {"FAULT_BEFORE_INIT": DIE_BETWEEN_TWO_ANSWERS, "MLX_RING_VERBOSE": "1"}
+    procs = start(backend, 4, body(min_size=2), tmp_path, env=env)
+    try:
+        for p in procs:
+            p.wait_line("READY", 30)
+        time.sleep(0.2)
+        procs[1].kill(signal.SIGKILL)
+        told = procs[0].wait_line("TOLD", 15)
+        assert " ".join(told[-3:]) == "[0, 2, 3]", told
+        try:
+            check_sums(procs, [2, 3])
+        except AssertionError as exc:
+            finish_all(procs, 10)
+            raise AssertionError(f"{exc}\n\nevery rank's report:\n{reports(procs)}") from None
+        codes = finish_all(procs, 15)
+    finally:
+        stop_all(procs)
+    assert [codes[i] for i in (2, 3)] == [0, 0], reports(procs)

@@ -30,7 +30,7 @@ from ... import config
 from ...errors import BackendUnavailable, ConfigError, DistributedError, PeerError, blaming
 from ..base import Backend, ReduceOp, split_members
 from ..singleton import SingletonBackend
-from ..transport import auth, layout, membership, tcp, tcp_mesh, verbs
+from ..transport import auth, layout, membership, shrinking, tcp, tcp_mesh, verbs
 from ..transport.names import check_resolvable
 from ..transport.slots import Transport
 from . import config as jaccl_config
@@ -443,5 +443,6 @@ class JacclBackend(Backend):
     def close(self) -> None:
         self.failure.mark("the group was closed")
         self._transport.close()
+        shrinking.release(self)  # the seats of groups that did not form on the way to this one
         if self._local is not None:
             self._local.close()

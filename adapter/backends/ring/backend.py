@@ -36,7 +36,7 @@ from ..base import Backend, ReduceOp
 from ..elements import byte_view, split_evenly
 from ..local import algorithms as shm_algorithms
 from ..protocol import REDUCE_CODES
-from ..transport import auth, layout, membership, tcp
+from ..transport import auth, layout, membership, shrinking, tcp
 from ..transport.stream_engine import Engine, Stream
 from . import grow, hierarchy, lineage, shared, shrink, splitting
 from .addresses import links_per_neighbour, load_ring_hostfile, validate_addresses
@@ -379,6 +379,7 @@ class RingBackend(Backend):
         for sock in state.listeners:
             sock.close()
         state.listeners = []
+        shrinking.release(self)  # the seats of groups that did not form on the way to this one
         self.failure.mark(f"rank {self._rank}: the ring group was closed")
 
     # ---- same-host shared memory (see shared.py) -------------------------------------------

@@ -13,7 +13,9 @@ k+1, ...). Everybody then forms a ring on the fresh listeners under a key derive
 key, a fresh nonce and the epoch (the same derivation as shrink's), so a process that was not
 told the decision cannot connect to it. If too few newcomers answered, the newcomers that did
 are told the attempt is off (they wait for the next one) and every member raises
-CollectiveTimeout; the members' group stays as it was.
+CollectiveTimeout; the members' group stays as it was. A rank on which the grown ring does not
+form (a rank died after the decision) agrees in it with the others (after_failure): they carry on
+in the outcome if any of them formed it, else the members keep their group.
 """
 from __future__ import annotations
 
@@ -25,8 +27,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ...errors import CollectiveTimeout, ConfigError, DistributedError, PeerError
-from ..transport import enrolment, tcp
+from ...errors import CollectiveTimeout, ConfigError, DistributedError, PeerError, QuorumError
+from ..transport import enrolment, shrinking, tcp
 from ..transport.auth import Auth
 from . import lineage, shrink
 from .lineage import Lineage
@@ -98,17 +100,83 @@ def grow_ring(old: "RingBackend", count: int | None, timeout: float) -> "RingBac
     slots, addresses = [int(s) for s in decision["slots"]], decision["addresses"]
     key = group_key(lineage.origin_auth(lin.origin), bytes.fromhex(decision["nonce"]), epoch)
     started = time.monotonic()
+    listeners[0].hold()  # if the formation fails here, this rank's seat in the agreement after it
     try:
         new = RingBackend(me, addresses, listeners, saved, connect_timeout=timeout + 5.0, incarnation=epoch,
                           job=key)
     except DistributedError as exc:
-        raise PeerError(f"rank {me}: grow epoch {epoch}: the group of {len(slots)} did not form after "
-                        f"{time.monotonic() - started:.2f} s ({exc}); this group stays as it was") from None
+        why = f"the group of {len(slots)} did not form after {time.monotonic() - started:.2f} s ({exc})"
+        return after_failure(f"rank {me}: grow epoch {epoch}", me, addresses, listeners[0], key, epoch, saved,
+                             timeout, Lineage(lin.origin, slots), old, why)
+    except BaseException:
+        listeners[0].release()
+        listeners[0].close()
+        raise
+    listeners[0].release()
     old.break_links(f"rank {me}: this group grew into a group of {len(slots)} (epoch {epoch})")
     lineage.record(new, Lineage(lin.origin, slots))
     shrink.record_epoch(new, epoch)
     log.info("rank %d: grow epoch %d: %d newcomer(s) from slots %s, %d ranks", me, epoch, len(slots) - size,
              slots[size:], len(slots))
+    return new
+
+
+class _NobodyFormed(PeerError):
+    """The agreement after a grown group failed to form found that it formed on no member."""
+
+
+def after_failure(where: str, rank: int, addresses: list[list[str]], listener: tcp.Listener, key: Auth, epoch: int,
+                  op_timeout: float | None, timeout: float, grown: Lineage, old: "RingBackend | None",
+                  why: str) -> "RingBackend":
+    """The grown group (rank `rank` of `addresses`, epoch `epoch`, key `key`) did not form on this
+    rank, a member or a newcomer: a rank died or stopped after the decision. It may have formed
+    on another rank all the same (a death inside its closing barrier ends the formation one way
+    here and the other way there), which will shrink it at its first failed collective. So this
+    rank agrees, as shrink() does after a failed formation, as a member of the grown group at
+    its first listener (`listener`, held): with the others on which it failed at once, with those
+    on which it formed when they shrink it. If any member of the outcome formed the grown group,
+    every one of them forms the group of the outcome and this rank returns it (a member's old
+    group `old` is then left: its links break). If none did, nobody entered the grown group:
+    each raises PeerError, and a member keeps `old` as it was (its links were never broken).
+    Any other end of the agreement (QuorumError, ExcludedError: some may have carried on) breaks
+    `old` too, since this rank cannot know that nobody left it."""
+    from .backend import RingBackend
+
+    size = len(addresses)
+    token = RingBackend.context_token(addresses, epoch)
+    seat = shrinking.unformed_seat(rank, [a[0] for a in addresses], listener, key, token, shrink.PURPOSE_SHRINK,
+                                   epoch)
+    keeps = "this group stays as it was" if old is not None else "this process was not taken in"
+
+    def decided(decision) -> None:
+        if all(decision.payloads[q].get("unformed") for q in decision.members):
+            raise _NobodyFormed(f"{where}: {why}; it formed on none of its members that are left (ranks "
+                                f"{decision.members} of it agreed so, coordinator rank {decision.coordinator}); "
+                                f"{keeps}")
+        need = size // 2 + 1
+        if len(decision.members) < need:
+            raise QuorumError(f"only its ranks {decision.members} are left to carry on in it (of {size}), and a "
+                              f"group needs at least {need} (more than half): a minority must not carry on as the "
+                              f"job")
+
+    def break_old(_: str) -> None:
+        if old is not None:
+            old.break_links(f"{where}: this group grew into a group of {size}, which lost a rank as it formed; "
+                            f"its members carry on in the group grow() returned")
+
+    listen, form, tok = shrink.ring_parts(addresses[rank], min(len(a) for a in addresses), op_timeout)
+    try:
+        new, members = shrinking.rejoin(old, seat, size, listen, form, tok, break_old, timeout, epoch, decided)
+    except _NobodyFormed as exc:
+        raise PeerError(str(exc)) from None
+    except DistributedError as exc:
+        if old is not None:
+            old.break_links(f"{where}: the grown group did not form on this rank and the agreement after it "
+                            f"failed: {exc}")
+        raise type(exc)(f"{where}: {why}; then the agreement of the grown group's members failed: {exc}") from None
+    lineage.record(new, grown.keep(members))
+    log.info("%s: the group of %d did not form here; its ranks %s carry on as a group of %d", where, size, members,
+             new.size())
     return new
 
 
@@ -169,7 +237,7 @@ def _recruit(old: "RingBackend", lin: Lineage, vacant: list[int], want: int, mem
             enrolment.tell(channel, {"kind": "cancel", "why": why}, tell_by)
         return {"ok": False, "why": why}
     newcomers = sorted(found)
-    decision = {"ok": True, "kind": "decision", "epoch": epoch, "nonce": os.urandom(16).hex(),
+    decision = {"ok": True, "kind": "decision", "epoch": epoch, "nonce": os.urandom(16).hex(), "timeout": timeout,
                 "slots": lin.slots + newcomers,
                 "addresses": members + [found[s][1]["addrs"] for s in newcomers]}
     for s in newcomers:
@@ -208,8 +276,25 @@ def join_ring(slot: int, origin: list[list[str]], timeout: float | None,
     slots, epoch = [int(s) for s in decision["slots"]], int(decision["epoch"])
     rank = slots.index(slot)
     key = group_key(auth, bytes.fromhex(decision["nonce"]), epoch)
-    new = RingBackend(rank, decision["addresses"], listeners, timeout, connect_timeout=connect_timeout,
-                      incarnation=epoch, job=key)
+    grow_timeout = float(decision.get("timeout", max(1.0, connect_timeout - 5.0)))
+    addresses = decision["addresses"]
+    started = time.monotonic()
+    listeners[0].hold()  # if the formation fails here, this rank's seat in the agreement after it
+    try:
+        new = RingBackend(rank, addresses, listeners, timeout, connect_timeout=grow_timeout + 5.0,
+                          incarnation=epoch, job=key)
+    except DistributedError as exc:
+        why = f"the group of {len(slots)} did not form after {time.monotonic() - started:.2f} s ({exc})"
+        new = after_failure(f"slot {slot}: grow epoch {epoch}", rank, addresses, listeners[0], key, epoch, timeout,
+                            grow_timeout, Lineage(origin, slots), None, why)
+        log.info("slot %d: joined as rank %d of %d (after grow epoch %d lost a rank)", slot, new.rank(), new.size(),
+                 epoch)
+        return new
+    except BaseException:
+        listeners[0].release()
+        listeners[0].close()
+        raise
+    listeners[0].release()
     lineage.record(new, Lineage(origin, slots))
     shrink.record_epoch(new, epoch)
     log.info("slot %d: joined as rank %d of %d (grow epoch %d)", slot, rank, len(slots), epoch)

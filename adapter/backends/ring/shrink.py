@@ -26,28 +26,34 @@ def admits(sender: int, rank: int, size: int) -> str | None:
 def shrink_ring(old: "RingBackend", seat: membership.Seat, addresses: list[list[str]], exclude: Sequence[int],
                 min_size: int | None, timeout: float) -> "RingBackend":
     """The ring of the survivors, as this rank's new backend (see the module docstring)."""
-    from .backend import RingBackend  # the class that formed `old`; a lazy import keeps the modules apart
-
-    k = min(len(a) for a in addresses)
-    hosts = [tcp.parse_address(a)[0] for a in addresses[seat.rank][:k]]
-
-    def listen() -> list[tcp.Listener]:
-        return [tcp.Listener(host, 0) for host in hosts]
-
-    def form(seat: membership.Seat, decision: membership.Decision, members: list[int], listeners: list[tcp.Listener],
-             connect_timeout: float) -> RingBackend:
-        return RingBackend(decision.members.index(seat.rank), addresses_of(decision), listeners, old.timeout,
-                           connect_timeout=connect_timeout, incarnation=decision.epoch, job=decision.key(seat.auth))
-
-    def token(seat: membership.Seat, decision: membership.Decision) -> int:
-        return RingBackend.context_token(addresses_of(decision), decision.epoch)
-
+    listen, form, token = ring_parts(addresses[seat.rank], min(len(a) for a in addresses), old.timeout)
     new, members = shrinking.shrink(old, seat, len(addresses), listen, form, token, old.break_links, exclude,
                                     min_size, timeout)
     origin = lineage.of(old)
     if origin is not None:
         lineage.record(new, origin.keep(members))  # so the survivors can grow again
     return new
+
+
+def ring_parts(mine: list[str], k: int, op_timeout: float) -> tuple:
+    """shrinking's listen, form and token for a ring: fresh listeners on the hosts of this rank's
+    first k addresses `mine`, and the ring a decision names on them (operations under op_timeout)."""
+    from .backend import RingBackend  # the class that formed `old`; a lazy import keeps the modules apart
+
+    hosts = [tcp.parse_address(a)[0] for a in mine[:k]]
+
+    def listen() -> list[tcp.Listener]:
+        return [tcp.Listener(host, 0) for host in hosts]
+
+    def form(seat: membership.Seat, decision: membership.Decision, members: list[int], listeners: list[tcp.Listener],
+             connect_timeout: float) -> RingBackend:
+        return RingBackend(decision.members.index(seat.rank), addresses_of(decision), listeners, op_timeout,
+                           connect_timeout=connect_timeout, incarnation=decision.epoch, job=decision.key(seat.auth))
+
+    def token(seat: membership.Seat, decision: membership.Decision) -> int:
+        return RingBackend.context_token(addresses_of(decision), decision.epoch)
+
+    return listen, form, token
 
 
 def addresses_of(decision: membership.Decision) -> list[list[str]]:

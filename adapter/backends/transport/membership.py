@@ -7,10 +7,12 @@ collects joins until every old member has joined, is proven dead (its listener r
 connection: the process is gone) or the window ends; the ones that joined are the new group if
 there are enough of them (quorum), and it sends that decision, with an epoch number and a fresh
 nonce (the seed of the new group's key), to each of them. A joiner whose coordinator dies or
-stalls (the connection ends, or no answer within the window) moves on to the next rank. A rank
-that has moved on from a group answers later joins at its listener there with the outcome
-(Tombstone), so a rank that was only stopped learns that it was excluded instead of forming a
-group of its own.
+stalls (the connection ends, or no answer within the window) moves on to the next rank; when the
+coordinator took its join and died, it first asks the other members whether a decision was made
+(a member that was told answers). A rank that has the decision answers later joins and questions
+at its listener of the group it leaves with the outcome (Tombstone), so a rank that was only
+stopped learns that it was excluded instead of forming a group of its own, and one whose
+coordinator died before telling it learns the decision.
 
 Every frame after the handshake carries a MAC under a key of that connection alone (from the job
 key and both handshake nonces), so nobody without the job key can forge or alter a decision.
@@ -20,6 +22,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import select
 import socket
 import struct
 import threading
@@ -225,7 +228,14 @@ def agree(seat: Seat, size: int, payload: dict, exclude: Sequence[int], min_size
         except DistributedError as exc:
             log.debug("rank %d: shrink: coordinator candidate rank %d gave no answer: %s", seat.rank, candidate, exc)
             unreachable.add(candidate)
-            continue
+            # It took the join and went without an answer: it may have decided and told others
+            # before it died. A member that was told answers at its seat (its tombstone).
+            told = _ask_told(seat, size, excluded | unreachable | {seat.rank}, answer_timeout)
+            if told is None:
+                continue
+            log.debug("rank %d: shrink: coordinator rank %d died; rank %s says it decided", seat.rank, candidate,
+                      told.get("coordinator"))
+            answer = told
         finally:
             channel.close()
         kind = answer.get("kind")
@@ -238,6 +248,45 @@ def agree(seat: Seat, size: int, payload: dict, exclude: Sequence[int], min_size
             return _parse_decision(answer)
         unreachable.add(candidate)
     raise PeerError(f"rank {seat.rank}: shrink: no rank answered")  # unreachable: this rank coordinates
+
+
+def _ask_told(seat: Seat, size: int, skip: set[int], budget: float) -> dict | None:
+    """The outcome ("decision" or "excluded") that a member which has moved on from this group
+    gives within `budget`, asking every old member not in `skip` at once; None when nobody does.
+    A member still agreeing leaves the question unanswered (a coordinator drops it: it is no
+    join), so only an outcome that exists is learnt."""
+    end = time.monotonic() + budget
+    asked: list[Channel] = []
+    try:
+        for q in range(size):
+            left = end - time.monotonic()
+            if q in skip or left <= 0:
+                continue
+            channel = _reach(seat, q, left)
+            if channel is None:
+                continue
+            try:
+                channel.send({"kind": "ask", "rank": seat.rank}, end)
+            except DistributedError:
+                channel.close()
+                continue
+            asked.append(channel)
+        while asked and time.monotonic() < end:
+            readable, _, _ = select.select([c.sock for c in asked], [], [], max(0.0, end - time.monotonic()))
+            for channel in [c for c in asked if c.sock in readable]:
+                asked.remove(channel)
+                try:
+                    answer = channel.recv(max(end, time.monotonic() + 0.1))
+                except DistributedError:
+                    continue
+                finally:
+                    channel.close()
+                if answer.get("kind") in ("decision", "excluded"):
+                    return answer
+    finally:
+        for channel in asked:
+            channel.close()
+    return None
 
 
 def _parse_decision(message: dict) -> Decision:

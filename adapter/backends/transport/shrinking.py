@@ -9,8 +9,10 @@ anyone who was not told the decision, cannot connect to it). A death during that
 the decision) fails it on a member, perhaps not on every one: that member agrees again, with a
 higher epoch (a few times at most), as a member of the group that did not form, at that group's
 first listener, where a member on which it did form finds it when it shrinks that group. Once a
-rank has moved on from a group, its listener there answers later joins with the outcome
-(Tombstone), so a rank that was only stopped learns that it was excluded.
+rank has a decision, its listener of the group it leaves answers later joins with the outcome
+(Tombstone), so a rank that was only stopped learns that it was excluded. rejoin() runs the same
+loop for a rank on which a group formed otherwise (grow's) did not form. The seats kept in groups
+that did not form close with the group this rank ends in (release(), from its close()).
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from typing import Callable, Sequence, TypeVar
 
 from ...errors import DistributedError, PeerError
 from . import membership, tcp
+from .auth import Auth
 from .handshake import ANSWER_TIMEOUT_S
 
 log = logging.getLogger("jacklring.shrink")
@@ -31,6 +34,9 @@ Group = TypeVar("Group")
 
 _epochs: "weakref.WeakKeyDictionary[object, int]" = weakref.WeakKeyDictionary()
 _tombstones: "weakref.WeakKeyDictionary[object, membership.Tombstone]" = weakref.WeakKeyDictionary()
+# The seats of groups that did not form, and their tombstones, that a group's close() closes.
+_kept: "weakref.WeakKeyDictionary[object, list[tuple[list[tcp.Listener], list[membership.Tombstone]]]]" = \
+    weakref.WeakKeyDictionary()
 
 
 def epoch_of(group: object) -> int:
@@ -60,29 +66,84 @@ def shrink(old: object, seat: membership.Seat, size: int, listen: Callable[[], l
     formed and, at its first failed collective, shrinks it. So after a failed formation this rank
     does the same: it agrees again as a member of the group that did not form, at that group's
     first listener, kept open for it (its seat), and never again on the group it came from."""
-    floor = epoch_of(old) + 1
+    return _loop(old, seat, size, listen, form, token, break_links, exclude, min_size, timeout, epoch_of(old) + 1,
+                 None, None)
+
+
+def rejoin(predecessor: object | None, seat: membership.Seat, size: int, listen: Callable[[], list[tcp.Listener]],
+           form: Callable[[membership.Seat, membership.Decision, list[int], list[tcp.Listener], float], Group],
+           token: Callable[[membership.Seat, membership.Decision], int], break_links: Callable[[str], None],
+           timeout: float, epoch: int, decided: Callable[[membership.Decision], None]) -> tuple[Group, list[int]]:
+    """After a group that was not formed by shrink() (grow's) failed to form on this rank: agree
+    as a member of it, at `seat` (unformed_seat(): its first listener, held), where a member on
+    which it did form meets this rank when it shrinks it, and form the group the agreement names
+    (shrink()'s loop from there on). Returns it and its members, as ranks of the group that did
+    not form. This rank's join says that the group did not form here ("unformed"), so
+    decided(decision), called on the first decision before this rank acts on it, can tell
+    whether any member of it formed that group; it may raise to stop here (grow: nobody did, so
+    the members keep the group they had), and the seat then answers later joins with that
+    decision until `predecessor` is closed (at once when None). break_links(why) is called once
+    this rank carries on (decided() passed). epoch: that of the group that did not form. A
+coordinator here takes any number of members (min_size 1): going back needs no quorum, so
+decided() applies the quorum for carrying on (a coordinator on which the group formed, in its
+own shrink(), applies its min_size as ever)."""
+    return _loop(predecessor, seat, size, listen, form, token, break_links, [], 1, timeout, epoch + 1,
+                 decided, seat.listener)
+
+
+def _loop(old: object | None, seat: membership.Seat, size: int, listen: Callable[[], list[tcp.Listener]],
+          form: Callable[[membership.Seat, membership.Decision, list[int], list[tcp.Listener], float], Group],
+          token: Callable[[membership.Seat, membership.Decision], int], break_links: Callable[[str], None],
+          exclude: Sequence[int], min_size: int | None, timeout: float, floor: int,
+          decided: Callable[[membership.Decision], None] | None,
+          unformed: tcp.Listener | None) -> tuple[Group, list[int]]:
+    """shrink() and rejoin(): unformed is rejoin()'s seat (this rank starts in a group that did
+    not form), else None (it starts in `old`, formed)."""
     ranks = list(range(size))   # the rank in `old` of each rank of the group `seat` is in
-    kept: list[tcp.Listener] = []  # this rank's seats in groups that did not form
+    kept: list[tcp.Listener] = [unformed] if unformed is not None else []  # seats in groups that did not form
     left: list[membership.Tombstone] = []  # at the seats it moved on from, the kept ones included
     failures: list[str] = []
+    label = "old ranks" if unformed is None else "ranks"
     for attempt in range(MAX_ATTEMPTS):
+        again = attempt > 0 or unformed is not None
         listeners = listen()
         # After a failed formation the members give up at different moments: one that was
         # connecting to a stopped member waits out the handshake's answer timeout first.
-        window = timeout if attempt == 0 else timeout + ANSWER_TIMEOUT_S + 1.0
+        window = timeout if not again else timeout + ANSWER_TIMEOUT_S + 1.0
+        payload: dict = {"addrs": [s.where() for s in listeners]}
+        if attempt == 0 and unformed is not None:
+            payload["unformed"] = True
         try:
-            decision = membership.agree(seat, len(ranks), {"addrs": [s.where() for s in listeners]}, exclude,
-                                        min_size, window, floor)
+            decision = membership.agree(seat, len(ranks), payload, exclude, min_size, window, floor)
         except BaseException as exc:
             for s in listeners:
                 s.close()
             _close(kept, left)
-            if attempt and isinstance(exc, DistributedError):
-                raise type(exc)(f"{exc} (agreeing again in the group of epoch {floor - 1}, old ranks {ranks}, which "
+            if again and isinstance(exc, DistributedError):
+                raise type(exc)(f"{exc} (agreeing again in the group of epoch {floor - 1}, {label} {ranks}, which "
                                 f"did not form on this rank)") from None
             raise
+        if attempt == 0 and decided is not None:
+            try:
+                decided(decision)
+            except BaseException:
+                for s in listeners:
+                    s.close()
+                left.append(membership.Tombstone(seat, decision))  # a late join here learns this decision
+                if old is None:
+                    _close(kept, left)
+                else:
+                    keep_until_closed(old, kept, left)
+                raise
         if attempt == 0:
             break_links(f"rank {seat.rank}: this group is being shrunk (epoch {decision.epoch})")
+        # From now on a join (or a question) at this seat learns this decision: a member whose
+        # coordinator died before telling it asks the members that were told.
+        tombstone = membership.Tombstone(seat, decision)
+        if attempt == 0 and unformed is None:
+            _tombstones[old] = tombstone
+        else:
+            left.append(tombstone)
         members = [ranks[q] for q in decision.members]
         if len(members) == 1:
             for s in listeners:
@@ -95,14 +156,9 @@ def shrink(old: object, seat: membership.Seat, size: int, listen: Callable[[], l
             new = form(seat, decision, members, listeners, timeout + 1.0)
         except DistributedError as exc:
             failures.append(f"epoch {decision.epoch}: {exc}")
-            log.info("rank %d: shrink epoch %d: the new group of old ranks %s did not form after %.2f s (%s); "
-                     "agreeing again as its rank %d", ranks[seat.rank], decision.epoch, members,
+            log.info("rank %d: shrink epoch %d: the new group of %s %s did not form after %.2f s (%s); "
+                     "agreeing again as its rank %d", ranks[seat.rank], decision.epoch, label, members,
                      time.monotonic() - started, exc, decision.members.index(seat.rank))
-            tombstone = membership.Tombstone(seat, decision)
-            if attempt == 0:
-                _tombstones[old] = tombstone
-            else:
-                left.append(tombstone)
             seat = _seat(seat, decision, listeners[0], token(seat, decision))
             kept.append(listeners[0])
             ranks, exclude, floor = members, [], decision.epoch + 1
@@ -116,15 +172,12 @@ def shrink(old: object, seat: membership.Seat, size: int, listen: Callable[[], l
         if listeners:
             listeners[0].release()  # the group's own now
         _epochs[new] = decision.epoch
-        tombstone = membership.Tombstone(seat, decision)
-        if attempt == 0:
-            _tombstones[old] = tombstone
-        else:
+        if kept or left:
             # Late joins at the seats of the groups that did not form are answered while the new
             # group lives.
-            weakref.finalize(new, _close, kept, left + [tombstone])
-        log.info("rank %d: shrink epoch %d: rank %d of the new group of old ranks %s", ranks[seat.rank],
-                 decision.epoch, decision.members.index(seat.rank), members)
+            keep_until_closed(new, kept, left)
+        log.info("rank %d: shrink epoch %d: rank %d of the new group of %s %s", ranks[seat.rank],
+                 decision.epoch, decision.members.index(seat.rank), label, members)
         return new, members
     _close(kept, left)
     raise PeerError(f"rank {ranks[seat.rank]}: shrink: the new group did not form in {MAX_ATTEMPTS} attempts: "
@@ -133,20 +186,45 @@ def shrink(old: object, seat: membership.Seat, size: int, listen: Callable[[], l
 
 def _seat(seat: membership.Seat, decision: membership.Decision, listener: tcp.Listener,
           token: int) -> membership.Seat:
-    """This rank's seat in the agreement of the group `decision` names, which did not form here:
-    that group's first listener, admitting shrink connections of its members alone from now on."""
-    rank, size = decision.members.index(seat.rank), len(decision.members)
-    purpose, key = seat.purpose, decision.key(seat.auth)
+    """This rank's seat in the agreement of the group `decision` names, which did not form here."""
+    return unformed_seat(decision.members.index(seat.rank), [decision.payloads[q]["addrs"][0] for q in decision.members],
+                         listener, decision.key(seat.auth), token, seat.purpose, decision.epoch,
+                         [seat.name(q) for q in decision.members])
+
+
+def unformed_seat(rank: int, addresses: list[str], listener: tcp.Listener, key: Auth, token: int, purpose: int,
+                  epoch: int, names: list[int] | None = None) -> membership.Seat:
+    """This rank's seat in the agreement of a group that did not form here (rank `rank` of the
+    members listening first at `addresses`, under `key` and job context `token`; epoch: the
+    group's): that group's first listener, admitting shrink connections (hello `purpose`) of its
+    members alone from now on. names: the rank of each member as the caller knows it."""
+    size = len(addresses)
 
     def admit(hello: tcp.Hello) -> str | None:
         if hello.purpose == purpose and 0 <= hello.sender < size and hello.sender != rank:
             return None
         return f"rank {rank} of a group that did not form only takes part in that group's shrink"
 
-    listener.serve(key, token, rank, admit, f"rank {rank} (shrink epoch {decision.epoch})")  # if not yet
+    listener.serve(key, token, rank, admit, f"rank {rank} (shrink epoch {epoch})")  # if not yet
     listener.readmit(admit)
-    return membership.Seat(rank, [decision.payloads[q]["addrs"][0] for q in decision.members], listener, key,
-                           token, purpose, [seat.name(q) for q in decision.members])
+    return membership.Seat(rank, addresses, listener, key, token, purpose, names)
+
+
+def keep_until_closed(group: object, kept: list[tcp.Listener], left: list[membership.Tombstone]) -> None:
+    """Close these seats and end these tombstones when `group` is closed (release(group)), or at
+    the latest when it is garbage collected."""
+    _kept.setdefault(group, []).append((kept, left))
+    weakref.finalize(group, _close, kept, left)
+
+
+def release(group: object) -> None:
+    """Close the seats kept for `group` (keep_until_closed): its close() calls this."""
+    try:
+        held = _kept.pop(group, [])
+    except TypeError:  # not weakly referenceable: nothing was kept for it
+        return
+    for kept, left in held:
+        _close(kept, left)
 
 
 def _close(kept: list[tcp.Listener], left: list[membership.Tombstone]) -> None:
