@@ -60,6 +60,7 @@ XDIST_GROUPS = {
     "tests/api/test_gradients.py": "gradients",
     "tests/api/test_parallel.py": "parallel",
     "tests/repository/test_examples.py": "examples",
+    "tests/torch/test_compile.py": "compile",
     # a one-node Slurm (munged, slurmctld, slurmd) started for the module
     "tests/engines/test_slurm.py": "slurm",
 }
