@@ -60,6 +60,7 @@ XDIST_GROUPS = {
     "tests/api/test_gradients.py": "gradients",
     "tests/api/test_parallel.py": "parallel",
     "tests/repository/test_examples.py": "examples",
+    "tests/torch/test_compile.py": "compile",
     # a one-node Slurm (munged, slurmctld, slurmd) started for the module
     "tests/engines/test_slurm.py": "slurm",
 }
@@ -77,13 +78,30 @@ def pytest_xdist_auto_num_workers(config):
     return max(2, len(os.sched_getaffinity(0)))
 
 
+@pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config, items):
+    """Mark the grouped files, and on an xdist worker append "@group" to their test ids: what
+    --dist loadgroup's scheduler groups by. xdist 3.8 appends it itself, in a hook that runs
+    before this one, into Node._nodeid, which pytest 9 no longer reads (Node._id): the groups
+    were silently dropped, every worker ran its share of a group and set up the group's costly
+    launches again (the contract's 25 launches, a one-node Slurm, the module fixtures)."""
+    grouping = getattr(config.option, "loadgroup", False)  # set on xdist workers under --dist loadgroup
     for item in items:
         path = os.path.relpath(str(item.path), ROOT).replace(os.sep, "/")
         for prefix, group in XDIST_GROUPS.items():
             if path.startswith(prefix):
                 item.add_marker(pytest.mark.xdist_group(group))
+                if grouping and "@" not in item.nodeid:
+                    _set_nodeid(item, f"{item.nodeid}@{group}")
                 break
+
+
+def _set_nodeid(item: pytest.Item, nodeid: str) -> None:
+    if hasattr(item, "_id"):  # pytest >= 9: a structured NodeId that keeps the string it was parsed from
+        from _pytest.nodeid import NodeId
+        item._id = NodeId.parse(nodeid)
+    else:
+        item._nodeid = nodeid
 
 
 def pytest_configure(config):

@@ -202,9 +202,18 @@ def test_slurm_steps_sharing_a_store_port_never_mix_their_ranks():
                                 stderr=subprocess.PIPE, text=True)
 
     a0 = task("101", 0)
-    time.sleep(2.0)  # A's store is up
-    b1, b0 = task("202", 1), task("202", 0)
-    time.sleep(4.0)  # B's task 1 has joined A's store; B's task 0 found the port taken
+    b1 = b0 = None
+    try:
+        _wait_for(lambda: _listening(int(port)), "A's store to listen", [a0])
+        b1, b0 = task("202", 1), task("202", 0)
+        _wait_for(lambda: b0.poll() is not None, "B's task 0 to find the port taken and fail", [a0])
+        _wait_for(lambda: _connected(b1.pid, int(port)), "B's task 1 to join A's store", [a0, b1])
+    except BaseException:
+        for p in (a0, b1, b0):
+            if p is not None:
+                p.kill()
+                p.communicate()
+        raise
     a1 = task("101", 1)
     done = ranks.collect([a0, a1, b0, b1], timeout=60)
     report = describe(done)
@@ -215,6 +224,45 @@ def test_slurm_steps_sharing_a_store_port_never_mix_their_ranks():
     assert f"Slurm rendezvous at localhost:{port}" in done[2].stderr, report
     # B's task 1 waited in A's store, for its own keys only, until A ended and took the store along
     assert "rank 1: jacklring rendezvous" in done[3].stderr and "Slurm store" in done[3].stderr, report
+
+
+def _tcp_table() -> list[list[str]]:
+    rows = []
+    for name in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(name) as f:
+                rows += [line.split() for line in f.readlines()[1:]]
+        except FileNotFoundError:
+            pass
+    return rows
+
+
+def _listening(port: int) -> bool:
+    """Whether a socket of this host listens on port (state 0A in /proc/net/tcp)."""
+    return any(row[1].endswith(f":{port:04X}") and row[3] == "0A" for row in _tcp_table())
+
+
+def _connected(pid: int, port: int) -> bool:
+    """Whether process pid holds an established connection to port on this host."""
+    inodes = set()
+    try:
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    except OSError:  # the process ended (or an fd closed meanwhile)
+        return False
+    return any(row[2].endswith(f":{port:04X}") and row[3] == "01" and row[9] in inodes for row in _tcp_table())
+
+
+def _wait_for(condition, what: str, alive: list[subprocess.Popen], timeout_s: float = 20) -> None:
+    """Poll condition until true; fails when it is not by the timeout or a process of alive ended."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        ended = [p.args for p in alive if p.poll() is not None]
+        assert not ended, f"while waiting for {what}: {ended} ended"
+        assert time.monotonic() < deadline, f"{what}: not within {timeout_s} s"
+        time.sleep(0.05)
 
 
 def test_mpi_world_agreeing_with_torch_variables_defers_to_mpi():

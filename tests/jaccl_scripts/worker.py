@@ -33,15 +33,22 @@ REDUCE_CASES = [
 
 
 def make(rank: int, tag: int, count: int, dtype) -> np.ndarray:
-    """Deterministic per-rank data, so every rank can compute every other rank's input."""
+    """Deterministic per-rank data, so every rank can compute every other rank's input.
+
+    Each rank makes every rank's input, up to tens of millions of elements per check: most of a
+    large-message rank's CPU. Hence drawn straight in the wanted width (integers; floats of 4
+    bytes or less in float32, then rounded to the dtype as from float64 before), not in 64 bits
+    and converted."""
     rng = np.random.default_rng(rank * 7919 + tag)
     dt = np.dtype(dtype)
     if dt == np.bool_:
-        return rng.integers(0, 2, count).astype(np.bool_)
+        return rng.integers(0, 2, count, dtype=np.uint8).view(np.bool_)
     if dt.kind in "iu":
-        return rng.integers(0, 5, count).astype(dt)
+        return rng.integers(0, 5, count, dtype=dt)
     if dt.kind == "c":
         return (rng.normal(size=count) + 1j * rng.normal(size=count)).astype(dt)
+    if dt.itemsize <= 4:  # float32, float16, bfloat16
+        return rng.standard_normal(count, dtype=np.float32).astype(dt)
     return rng.normal(size=count).astype(dt)
 
 

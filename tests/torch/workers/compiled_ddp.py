@@ -1,5 +1,6 @@
 """torch.compile(DDP(model)) on the given backend: prints each step's loss (argv extra: backend,
-then "shrink" to leave the last rank out with dist.shrink_group afterwards)."""
+then "shrink" to leave the last rank out with dist.shrink_group afterwards). run() is also the
+second part of compiled.py."""
 from __future__ import annotations
 
 import os
@@ -11,10 +12,7 @@ from common import extra, init
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 
-def main() -> None:
-    backend = next((a for a in sys.argv[1:] if a in ("jacklring", "gloo")), "jacklring")
-    rank, world = init(backend=backend)
-    args = extra()
+def run(rank: int, world: int, args: list[str]) -> None:
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
     ddp = torch.compile(DDP(model), backend="eager")
@@ -37,6 +35,9 @@ def main() -> None:
         dist.all_reduce(total)
         print(f"SHRUNK {dist.get_world_size()} {total.item():g}", flush=True)
     print("COMPILED OK", flush=True)
+
+
+def finish(backend: str) -> None:
     dist.destroy_process_group()
     if backend == "gloo":
         # The gloo run is only the reference's losses. torch 2.13's teardown after compiled DDP on
@@ -44,6 +45,13 @@ def main() -> None:
         # as on this branch; jacklring's runs still exit normally, so its teardown stays tested.
         sys.stdout.flush()
         os._exit(0)
+
+
+def main() -> None:
+    backend = next((a for a in sys.argv[1:] if a in ("jacklring", "gloo")), "jacklring")
+    rank, world = init(backend=backend)
+    run(rank, world, extra())
+    finish(backend)
 
 
 if __name__ == "__main__":

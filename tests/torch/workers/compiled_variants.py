@@ -3,7 +3,7 @@ the compile backend, "eager" by default): `ddp.compile()` (nn.Module.compile on 
 model) and FSDP2 (`fully_shard` on a 1-D CPU mesh) then `torch.compile`. Prints each step's
 loss ("LOSS ddp.compile 0 ..."), the number of graphs each compiled ("GRAPHS ..."), the mesh's
 backend, then "VARIANTS OK". "aot_eager" traces forward and backward as inductor does, without
-inductor's C++ build (minutes on a small machine)."""
+inductor's C++ build (minutes on a small machine). run() is also the first part of compiled.py."""
 from __future__ import annotations
 
 import sys
@@ -68,10 +68,7 @@ def graphs() -> int:
     return len(GRAPHS)
 
 
-def main() -> None:
-    backend = next((a for a in sys.argv[1:] if a in ("jacklring", "gloo")), "jacklring")
-    compiler = next((a for a in sys.argv[1:] if a in ("eager", "aot_eager", "inductor")), "eager")
-    rank, world = init(backend=backend)
+def run(rank: int, world: int, compiler: str) -> None:
     ddp = DDP(model())
     ddp.compile(backend=counting(compiler))
     train("ddp.compile", ddp, rank)
@@ -87,6 +84,13 @@ def main() -> None:
     print(f"GRAPHS fsdp2+compile {graphs() - before}", flush=True)
     print(f"MESH BACKEND {dist.get_backend(mesh.get_group())}", flush=True)
     print("VARIANTS OK", flush=True)
+
+
+def main() -> None:
+    backend = next((a for a in sys.argv[1:] if a in ("jacklring", "gloo")), "jacklring")
+    compiler = next((a for a in sys.argv[1:] if a in ("eager", "aot_eager", "inductor")), "eager")
+    rank, world = init(backend=backend)
+    run(rank, world, compiler)
     dist.destroy_process_group()
 
 
