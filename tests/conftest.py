@@ -69,13 +69,14 @@ XDIST_GROUPS = {
 def pytest_xdist_auto_num_workers(config):
     """`-n auto`: PYTEST_XDIST_AUTO_NUM_WORKERS if set; no workers for a run of named tests
     (`pytest tests/x/test_y.py::name`: starting workers would cost more than it saves);
-    otherwise as many as the machine has cores, at least 2 (the tests mostly wait)."""
+    otherwise as many as the machine has cores, at least 3: the tests mostly wait, and on 2 cores
+    a third worker ran the suite in 475 s instead of 557 s with the same CPU time."""
     if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
         return int(os.environ["PYTEST_XDIST_AUTO_NUM_WORKERS"])
     args = [a for a in config.args if not a.startswith("-")]
     if args and all("::" in a for a in args):
         return 0
-    return max(2, len(os.sched_getaffinity(0)))
+    return max(3, len(os.sched_getaffinity(0)))
 
 
 @pytest.hookimpl(trylast=True)
