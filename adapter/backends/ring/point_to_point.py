@@ -28,6 +28,7 @@ from .state import RingState
 __all__ = ["SPILL_CHUNK", "SPILL_POLL_S", "PointToPoint", "check_alive"]
 
 SPILL_POLL_S = 0.05     # how long a blocked send waits before looking for the peer's connection again
+GONE_AFTER_S = 1.0      # a member's address refusing connections this long: it has left (tcp.connect_with_hello)
 
 
 def check_alive(state: RingState, peer: int) -> None:
@@ -136,7 +137,8 @@ class PointToPoint:
             addr = tcp.parse_address(state.addresses[dst][0])
             hello = tcp.Hello(PURPOSE_P2P, state.rank, dst, 0, state.token)
             try:
-                sock, hello = tcp.connect_with_hello(addr, hello, deadline, f"rank {dst}", state.auth)
+                sock, hello = tcp.connect_with_hello(addr, hello, deadline, f"rank {dst}", state.auth,
+                                                     gone_after=GONE_AFTER_S)
             except PeerError as exc:
                 raise PeerError(f"rank {state.rank}: send: {exc}") from None
             self._connected(state.rank, dst, hello)

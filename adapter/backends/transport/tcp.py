@@ -292,21 +292,30 @@ def connect(addr: tuple[str, int], hello: Hello, deadline: float, who: str, auth
 def connect_with_hello(addr: tuple[str, int], hello: Hello, deadline: float, who: str, auth: Auth,
                        pause: Callable[[float], None] | None = None,
                        other_job: Callable[[], None] | None = None,
-                       retry: bool = True) -> tuple[socket.socket, Hello]:
+                       retry: bool = True, gone_after: float | None = None) -> tuple[socket.socket, Hello]:
     """connect(), also returning the hello as sent with both handshake nonces (Hello.session),
     for keys that belong to this connection alone. other_job() is called whenever the listener
     answers as a rank of another job context (it may raise: a layout check, see layout.py).
     retry=False: one attempt (the Unix socket, then TCP); a refusal, or a listener that closes
-    without answering, is a PeerError at once (a notice to a rank that has left needs no retry)."""
+    without answering, is a PeerError at once (a notice to a rank that has left needs no retry).
+    gone_after: for a peer that listened once (a member of a formed group): its address refusing
+    every attempt for this many seconds is a PeerError then, not a wait for the deadline. Only a
+    closed listener refuses (a busy one lets the connection wait), so the peer has left."""
     delay = 0.01
     last_error = "no attempt made"
     name = local_name(*addr)
     where = format_address(addr)
     closed_without_answer = 0
+    refused_since: float | None = None
     while True:
-        remaining = deadline - time.monotonic()
+        now = time.monotonic()
+        remaining = deadline - now
         if remaining <= 0:
             raise PeerError(f"could not connect to {who} at {where} before the deadline ({last_error})")
+        if refused_since is not None and gone_after is not None and now - refused_since >= gone_after:
+            raise PeerError(f"{who} has left: its address {where} refused every connection for "
+                            f"{now - refused_since:.1f} s (nothing listens there any more: it exited or "
+                            f"closed the group)")
         attempts = ([(socket.AF_UNIX, name)] if name and name not in _squat_reported else [])
         attempts.append((_family(addr[0]), addr))
         for family, target in attempts:
@@ -343,6 +352,9 @@ def connect_with_hello(addr: tuple[str, int], hello: Hello, deadline: float, who
             except OSError as exc:
                 sock.close()
                 last_error = exc.strerror or str(exc)
+                if family != socket.AF_UNIX:  # TCP is the last attempt of the round: it decides
+                    refused = isinstance(exc, ConnectionRefusedError)
+                    refused_since = (refused_since or time.monotonic()) if refused else None
         if not retry:
             raise PeerError(f"could not connect to {who} at {where} ({last_error})")
         (pause or time.sleep)(min(delay, max(0.0, deadline - time.monotonic())))
