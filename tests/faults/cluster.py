@@ -174,3 +174,25 @@ def stop_all(procs: list[RankProc]) -> None:
 
 def reports(procs: list[RankProc]) -> str:
     return "\n".join(p.report() for p in procs)
+
+
+def seats_close_with(group: str) -> str:
+    """Rank-script lines: the seats the group named `group` kept for groups that did not form close
+    when it closes, not when the collector runs (it is off here, and every group is still
+    referenced): says SEATS <how many were kept> <those still accepting after close(), or ->."""
+    return f"""
+import gc, socket
+from adapter.backends.transport import shrinking
+gc.disable()
+seats = [s.where() for kept, _ in shrinking._kept.get({group}.backend, []) for s in kept]
+{group}.close()
+still = []
+for address in seats:
+    host, port = address.rsplit(":", 1)
+    try:
+        socket.create_connection((host, int(port)), timeout=1).close()
+        still.append(address)
+    except OSError:
+        pass
+say("SEATS", len(seats), ",".join(still) or "-")
+"""

@@ -10,7 +10,7 @@ import textwrap
 import time
 
 import pytest
-from cluster import ROOT, finish_all, rank_envs, reports, start, stop_all
+from cluster import ROOT, finish_all, rank_envs, reports, seats_close_with, start, stop_all
 
 # A member shrinks after the death of a rank, then grows back; a newcomer (JACKLRING_JOIN=1)
 # gets the grown group from init(). Then every rank checks an all_gather of the slots (the
@@ -364,23 +364,7 @@ for attempt in range(3):
             sys.exit(5)
 expected = float(sum(q + 1 for q in slots))
 say("SUM", group.rank(), group.size(), ",".join(map(str, slots)), float(y[0]), expected, bool(np.all(y == expected)))
-# The seats kept in the grown group that did not form here close with the group this rank ended
-# in (the collector off): SEATS <kept> <those still accepting after close(), or ->.
-import gc, socket
-from adapter.backends.transport import shrinking
-gc.disable()
-seats = [s.where() for kept, _ in shrinking._kept.get(group.backend, []) for s in kept]
-group.close()
-still = []
-for address in seats:
-    host, port = address.rsplit(":", 1)
-    try:
-        socket.create_connection((host, int(port)), timeout=1).close()
-        still.append(address)
-    except OSError:
-        pass
-say("SEATS", len(seats), ",".join(still) or "-")
-"""
+""" + seats_close_with("group")
 
 # The member at slot VICTIM dies inside the last step of forming the grown ring (its all-gather
 # of shared-memory placements, after the closing barrier; shared memory is "not wanted" over

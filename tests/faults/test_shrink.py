@@ -9,7 +9,7 @@ import signal
 import time
 
 import pytest
-from cluster import finish_all, reports, start, stop_all
+from cluster import finish_all, reports, seats_close_with, start, stop_all
 
 # Every rank adds (old rank + 1) in a loop until the loop fails (or STOP_AFTER s pass), then
 # shrinks and checks one all_sum on the new group: the sum of (old rank + 1) over the members.
@@ -52,25 +52,7 @@ except ERRORS as e:
 time.sleep({linger})  # a survivor that stays (training on) answers an excluded rank's late shrink()
 {after}"""
 
-# The seats this rank kept in groups that did not form close when the group it ended in closes,
-# not when that is garbage collected (the collector is off, and every group still referenced):
-# SEATS <how many were kept> <those that still accept a connection after close(), or ->.
-SEATS_CLOSE_WITH_THE_GROUP = """
-import gc, socket
-from adapter.backends.transport import shrinking
-gc.disable()
-seats = [s.where() for kept, _ in shrinking._kept.get(new.backend, []) for s in kept]
-new.close()
-still = []
-for address in seats:
-    host, port = address.rsplit(":", 1)
-    try:
-        socket.create_connection((host, int(port)), timeout=1).close()
-        still.append(address)
-    except OSError:
-        pass
-say("SEATS", len(seats), ",".join(still) or "-")
-"""
+SEATS_CLOSE_WITH_THE_GROUP = seats_close_with("new")
 
 
 def body(min_size=None, stop_after=30, timeout=3.0, linger=0.0, retries=0, after="") -> str:
