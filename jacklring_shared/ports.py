@@ -8,6 +8,10 @@ simultaneous open), so the rank that should listen there gets EADDRINUSE. Ports 
 range are never handed out that way, so a port found free there stays free unless a program
 binds it on purpose.
 
+A port counts as free only when it is free on every address of the host: the probe binds the
+wildcard address. A port free on 127.0.0.1 but held on 127.0.0.2 (another job's listener) is
+not free for a server that binds all addresses, as torch's TCPStore does.
+
 JACKLRING_LOCAL_PORTS=LOW-HIGH draws from that range instead (a firewall's opening, or one slice
 per test process when several run jobs side by side).
 """
@@ -46,7 +50,8 @@ def port_range(raw: str) -> tuple[int, int]:
 def free_ports(hosts: list[str]) -> list[int]:
     """One free TCP port per host, all distinct: from JACKLRING_LOCAL_PORTS when set, else below
     the ephemeral range when that range leaves room (else from the kernel, bind port 0). Each
-    port was bound and released: it is free now."""
+    port was bound on all of this host's addresses and released: it is free now. For another
+    host's address this is the best guess there is."""
     raw = os.environ.get("JACKLRING_LOCAL_PORTS", "").strip()
     if raw:
         try:
@@ -60,8 +65,14 @@ def free_ports(hosts: list[str]) -> list[int]:
         for host in hosts:
             family = socket.AF_INET6 if ":" in host else socket.AF_INET
             sock = stack.enter_context(socket.socket(family, socket.SOCK_STREAM))
-            ports.append(_bind_some_port(sock, host, span, set(ports), bool(raw)))
+            ports.append(_bind_some_port(sock, _wildcard(family), span, set(ports), bool(raw)))
         return ports
+
+
+def _wildcard(family: socket.AddressFamily) -> str:
+    """The address that is every address of the host: a bind there fails while any address
+    holds the port (IPv6's also covers IPv4 on a dual-stack host)."""
+    return "::" if family == socket.AF_INET6 else "0.0.0.0"
 
 
 def _bind_some_port(sock: socket.socket, host: str, span: tuple[int, int], taken: set[int], only: bool) -> int:
@@ -81,8 +92,5 @@ def _bind_some_port(sock: socket.socket, host: str, span: tuple[int, int], taken
         if only:
             raise OSError(f"no free port found in JACKLRING_LOCAL_PORTS={low}-{high - 1} "
                           f"after {ATTEMPTS} tries")
-    try:
-        sock.bind((host, 0))
-    except OSError:
-        sock.bind(("", 0))  # an address not on this machine: any free port is the best guess
+    sock.bind((host, 0))
     return sock.getsockname()[1]

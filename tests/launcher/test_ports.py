@@ -29,3 +29,15 @@ def test_a_port_in_use_is_skipped(monkeypatch) -> None:
 
 def test_an_unreadable_range_falls_back_to_linuxs_default(tmp_path) -> None:
     assert ports.ephemeral_range(str(tmp_path / "missing")) == (32768, 60999)
+
+
+def test_a_port_held_on_another_loopback_address_is_skipped(monkeypatch) -> None:
+    """A listener on 127.0.0.2:P makes P unusable for a server on all addresses (TCPStore), so
+    a port for 127.0.0.1 must be free on every address, not on 127.0.0.1 alone."""
+    held_port, spare = ports.free_ports(["127.0.0.1"] * 2)
+    with socket.socket() as held:
+        held.bind(("127.0.0.2", held_port))
+        held.listen()
+        draws = iter([held_port, spare])
+        monkeypatch.setattr(ports.random, "randrange", lambda lo, hi: next(draws))
+        assert ports.free_ports(["127.0.0.1"]) == [spare]

@@ -18,8 +18,9 @@ def launches() -> dict[str, list[harness.Result]]:
     by side; both tests read their part of each. One launch per backend instead of one per test
     and backend: each rank pays the import of torch and Dynamo's warm-up (seconds of CPU) once.
     The file is one xdist group (tests/conftest.py), so both tests see the same launches."""
-    ours = harness.spawn(2, "compiled.py", "jacklring", "eager", "shrink")
-    gloo = harness.spawn(2, "compiled.py", "gloo", "eager")
+    our_port, gloo_port = harness.free_ports(2)
+    ours = harness.spawn(2, "compiled.py", "jacklring", "eager", "shrink", port=our_port)
+    gloo = harness.spawn(2, "compiled.py", "gloo", "eager", port=gloo_port)
     return {"jacklring": harness.collect(ours, 140), "gloo": harness.collect(gloo, 140)}
 
 

@@ -42,8 +42,11 @@ class Result:
         return f"--- rank {self.rank} exit {self.returncode}\n{self.stdout[-3000:]}\n{self.stderr[-6000:]}"
 
 
-def spawn(n: int, worker: str, *args: str, env: dict[str, str] | None = None) -> list[subprocess.Popen]:
-    port = free_port()
+def spawn(n: int, worker: str, *args: str, env: dict[str, str] | None = None,
+          port: int | None = None) -> list[subprocess.Popen]:
+    """n ranks of worker; launches that run side by side take their ports from one
+    free_ports() call (port=), so that they cannot draw the same one."""
+    port = port or free_port()
     path = os.path.join(WORKERS, worker)
     return [subprocess.Popen([sys.executable, path, str(rank), str(n), str(port), *args], cwd=ROOT,
                              env=env or clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
