@@ -112,11 +112,14 @@ class Runner:
             over: dict = {}
 
             def tensor_all_sum(src, dst):  # adapter.all_sum on tensors (tensor parallelism's call)
-                pair = over.get((id(src), id(dst)))
-                if pair is None or pair[1].data_ptr() != dst.ctypes.data or pair[0].data_ptr() != src.ctypes.data:
+                # The tensors over src and dst are made once per buffer pair; the entry holds the
+                # arrays, so their ids cannot be reused by other arrays while it is kept. Checking
+                # addresses here instead (ndarray.ctypes) would cost more than the call timed.
+                entry = over.get((id(src), id(dst)))
+                if entry is None:
                     over.clear()
-                    pair = over[(id(src), id(dst))] = (torch.from_numpy(src), torch.from_numpy(dst))
-                adapter.all_sum(pair[0], out=pair[1])
+                    entry = over[(id(src), id(dst))] = (src, dst, torch.from_numpy(src), torch.from_numpy(dst))
+                adapter.all_sum(entry[2], out=entry[3])
             self.fn = tensor_all_sum
         elif name in ("gloo", "torch-api"):
             import torch
@@ -125,11 +128,11 @@ class Runner:
             over: dict = {}
 
             def torch_all_reduce(src, dst):  # in place on a tensor over dst, as a training step does
-                t = over.get(id(dst))
-                if t is None or t.data_ptr() != dst.ctypes.data:
+                entry = over.get(id(dst))  # (dst, its tensor): held, so the id stays dst's
+                if entry is None:
                     over.clear()
-                    t = over[id(dst)] = torch.from_numpy(dst)
-                dist.all_reduce(t, group=group)
+                    entry = over[id(dst)] = (dst, torch.from_numpy(dst))
+                dist.all_reduce(entry[1], group=group)
 
             def check(src, dst):
                 dst[...] = src
