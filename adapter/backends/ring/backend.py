@@ -160,7 +160,7 @@ class RingBackend(Backend):
                  timeout: float | None, connect_timeout: float | None, incarnation: int = 0,
                  job: auth.Auth | None = None, watch: Watch | None = None,
                  parent_ranks: list[int] | None = None, peers_listening: bool = False,
-                 check: layout.Check | None = None) -> None:
+                 check: layout.Check | None = None, decided: bool = False) -> None:
         self._rank, self._size = rank, len(addresses)
         seconds = op_timeout(timeout)
         connect_seconds = default_connect_timeout(connect_timeout)
@@ -176,7 +176,7 @@ class RingBackend(Backend):
                                         connect_seconds, config.get("JACKLRING_VERIFY"), self.failure)
         # What an abort header is about (a split's parent rewords these for the sub-groups).
         self._words = Wording(state)
-        self._forming = Forming(state, self._words, watch, parent_ranks, peers_listening, check)
+        self._forming = Forming(state, self._words, watch, parent_ranks, peers_listening, check, decided)
         self._plumbing = plumbing = Plumbing(state, self._words)
         self._p2p = PointToPoint(state, plumbing.small_limit)
         self._collective = plumbing.collective

@@ -31,6 +31,7 @@ from .state import RingState
 
 log = logging.getLogger("jacklring.ring")
 
+GONE_AFTER_S = 1.0  # a decided member's address refusing connections this long: it has left (see decided)
 LEFT_PROBE_S = 0.25  # how often a rank waiting for its left neighbour probes that neighbour's listener
 LEFT_PROBE_ANSWER_S = 0.1  # ... and how long the answer may take (no answer: no conclusion)
 ABORT_NOTICE_S = 1.0  # how long a rank that gave up tries to reach a neighbour it had no connection with
@@ -117,7 +118,7 @@ class Forming:
 
     def __init__(self, state: RingState, words: Wording, watch: Watch | None,
                  parent_ranks: list[int] | None, peers_listening: bool = False,
-                 check: layout.Check | None = None) -> None:
+                 check: layout.Check | None = None, decided: bool = False) -> None:
         self._state = state
         # This rank's layout, compared with a listener that answers as another job (layout.py):
         # only for a ring formed from the hostfile with a job secret.
@@ -126,6 +127,11 @@ class Forming:
         # Every address came from a record its rank published while already listening there (a
         # store rendezvous), so a refused connection means that rank has left, not "not yet up".
         self._peers_listening = peers_listening
+        # The addresses come from a decision (shrink's, grow's): every member listened at them
+        # before it was made and keeps listening until it forms or gives up, so a right
+        # neighbour whose address refuses every connection for GONE_AFTER_S has died or given
+        # up: it is named then, not at the connect deadline.
+        self._gone_after = GONE_AFTER_S if decided else None
         self._words = words
         # A split's watch names members by their parent rank (parent_ranks[sub-group rank]).
         self._watched_rank: Callable[[int], int] = (lambda p: p) if parent_ranks is None else parent_ranks.__getitem__
@@ -247,9 +253,15 @@ class Forming:
         try:
             return tcp.connect_with_hello(addr, hello, deadline, f"rank {nxt}", state.auth,
                                           pause=self.watch.pause,
-                                          other_job=lambda: self._compare_layout(state.addresses[nxt][c], nxt))
+                                          other_job=lambda: self._compare_layout(state.addresses[nxt][c], nxt),
+                                          gone_after=self._gone_after)
         except FormationAbandoned:
             raise
+        except tcp.PeerGone as exc:
+            error = PeerError(f"rank {state.rank}: {exc}")
+            error.about_rank = nxt  # type: ignore[attr-defined]
+            error.missing_rank = self._watched_rank(nxt)  # type: ignore[attr-defined]
+            raise error from None
         except PeerError as exc:
             error = PeerError(f"rank {state.rank}: {exc}")
             error.about_rank = nxt  # type: ignore[attr-defined]
