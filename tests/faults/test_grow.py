@@ -30,6 +30,8 @@ if os.environ.get("JACKLRING_JOIN") != "1":
     group = group.shrink(timeout=3)
     say("SHRUNK", group.rank(), group.size())
     shrunk = group
+    while os.environ.get("FAULT_GO") and not os.path.exists(os.environ["FAULT_GO"]):
+        time.sleep(0.02)  # until the harness says the process at the vacant slot listens
     try:
         group = group.grow(timeout={grow_timeout})
         try:
@@ -127,8 +129,9 @@ def test_an_outsider_cannot_join_through_grow(tmp_path, outsider):
     raises CollectiveTimeout saying the slot's listener failed the handshake, nobody is taken in,
     and the shrunk group goes on."""
     envs = rank_envs("ring", 4, tmp_path)
+    go = tmp_path / "go"
     env = {"JACKLRING_SECRET": "6a61636b6c72696e672d746573742d6b65792d61", "JACKLRING_LOCAL_TRANSPORT": "tcp"}
-    procs = start("ring", 4, body(grow_timeout=2.0), tmp_path, env=env, envs=envs)
+    procs = start("ring", 4, body(grow_timeout=2.0), tmp_path, env={**env, "FAULT_GO": str(go)}, envs=envs)
     intruder = None
     try:
         for p in procs:
@@ -147,6 +150,7 @@ def test_an_outsider_cannot_join_through_grow(tmp_path, outsider):
                                          "/usr/bin/python3", "-c", ATTACK, host, str(port), "12"],
                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd="/")
             assert intruder.stdout.readline().split() == ["LISTENING"], intruder.stderr.read()
+        go.write_text("")  # the members grow only now: under load the intruder may take seconds to listen
         for p in (procs[0], procs[1], procs[3]):
             p.wait_line("SHRUNK", 15)
         for p in (procs[0], procs[1], procs[3]):
