@@ -175,6 +175,13 @@ def test_an_outsider_cannot_join_through_grow(tmp_path, outsider):
         assert not intruder.tagged("GROWN") and not intruder.tagged("SUM"), intruder.report()
 
 
+def newcomer_listens(envs, slot: int, go) -> None:
+    """Until the newcomer at `slot` listens there; then tell the members to grow (they wait for
+    the file `go`, FAULT_GO): under load a newcomer's start-up can outlast a short grow timeout."""
+    _wait_listening(_slot_address(envs, slot)[1], 20)
+    go.write_text("")
+
+
 def _wait_listening(port: int, timeout: float) -> None:
     """Until a socket listens on 127.0.0.1:port (read from /proc/net/tcp: connecting would be a
     handshake attempt the listener logs)."""
@@ -282,7 +289,8 @@ ring_backend.RingBackend.__init__ = die
 @pytest.mark.timeout(60)
 def test_a_newcomer_that_dies_after_accepting_leaves_the_members_group_usable(tmp_path):
     envs = rank_envs("ring", 4, tmp_path)
-    env = {"JACKLRING_LOCAL_TRANSPORT": "tcp"}
+    go = tmp_path / "go"
+    env = {"JACKLRING_LOCAL_TRANSPORT": "tcp", "FAULT_GO": str(go)}
     procs = start("ring", 4, body(grow_timeout=2.0), tmp_path, env=env, envs=envs)
     try:
         for p in procs:
@@ -293,6 +301,7 @@ def test_a_newcomer_that_dies_after_accepting_leaves_the_members_group_usable(tm
         procs += start("ring", 4, body(), tmp_path, env={**env, "JACKLRING_JOIN": "1",
                                                          "FAULT_BEFORE_INIT": DIE_BEFORE_FORMING},
                        envs=envs, ranks=[2])
+        newcomer_listens(envs, 2, go)
         procs[4].wait_line("DYING", 20)
         for q in (0, 1, 3):
             fields = procs[q].wait_line("GROWERR", 20)
@@ -312,7 +321,8 @@ def test_a_group_of_one_keeps_itself_when_its_newcomer_dies_after_accepting(tmp_
     forms: the agreement after that failure finds that nobody formed it, so going back needs no
     quorum, and the survivor's group of one stays usable."""
     envs = rank_envs("ring", 2, tmp_path)
-    env = {"JACKLRING_LOCAL_TRANSPORT": "tcp"}
+    go = tmp_path / "go"
+    env = {"JACKLRING_LOCAL_TRANSPORT": "tcp", "FAULT_GO": str(go)}
     text = body(grow_timeout=2.0).replace("group.shrink(timeout=3)", "group.shrink(timeout=3, min_size=1)")
     procs = start("ring", 2, text, tmp_path, env=env, envs=envs)
     try:
@@ -323,6 +333,7 @@ def test_a_group_of_one_keeps_itself_when_its_newcomer_dies_after_accepting(tmp_
         procs += start("ring", 2, text, tmp_path, env={**env, "JACKLRING_JOIN": "1",
                                                        "FAULT_BEFORE_INIT": DIE_BEFORE_FORMING},
                        envs=envs, ranks=[1])
+        newcomer_listens(envs, 1, go)
         procs[2].wait_line("DYING", 20)
         fields = procs[0].wait_line("GROWERR", 20)
         assert fields[2] == "PeerError" and "this group stays as it was" in " ".join(fields), fields
@@ -349,6 +360,8 @@ if os.environ.get("JACKLRING_JOIN") != "1":
         pass
     group = group.shrink(timeout=3)
     say("SHRUNK", group.rank(), group.size())
+    while os.environ.get("FAULT_GO") and not os.path.exists(os.environ["FAULT_GO"]):
+        time.sleep(0.02)  # until the harness says the process at the vacant slot listens
     try:
         group = group.grow(timeout=3)
     except ERRORS as e:
@@ -428,7 +441,8 @@ def test_a_death_inside_the_grown_rings_closing_barrier(tmp_path, victim):
     3 alone). Every survivor must end in the same group of the three that are left, with the
     right sums, and none may keep the group it grew from."""
     envs = rank_envs("ring", 4, tmp_path)
-    env = {"JACKLRING_LOCAL_TRANSPORT": "tcp", "MLX_RING_VERBOSE": "1",
+    go = tmp_path / "go"
+    env = {"JACKLRING_LOCAL_TRANSPORT": "tcp", "MLX_RING_VERBOSE": "1", "FAULT_GO": str(go),
            "FAULT_BEFORE_INIT": DIE_IN_THE_GROWN_RINGS_CLOSING_BARRIER.replace("VICTIM", str(SLOT_OF[victim]))}
     procs = start("ring", 4, GROW_THEN_CHECK, tmp_path, env=env, envs=envs)
     try:
@@ -439,6 +453,7 @@ def test_a_death_inside_the_grown_rings_closing_barrier(tmp_path, victim):
             procs[q].wait_line("SHRUNK", 15)
         procs += start("ring", 4, GROW_THEN_CHECK, tmp_path, env={**env, "JACKLRING_JOIN": "1"}, envs=envs,
                        ranks=[2])
+        newcomer_listens(envs, 2, go)
         dying = procs[victim].wait_line("DYING", 20)
         assert " ".join(dying[2:]) == "[0, 1, 3, 2]", dying
         survivors = [i for i in (0, 1, 3, 4) if i != victim]
@@ -487,6 +502,8 @@ if os.environ.get("JACKLRING_JOIN") != "1":
         pass
     group = group.shrink(timeout=3)
     say("SHRUNK", group.rank(), group.size())
+    while os.environ.get("FAULT_GO") and not os.path.exists(os.environ["FAULT_GO"]):
+        time.sleep(0.02)  # until the harness says the process at the vacant slot listens
     try:
         group = group.grow(timeout={grow_timeout})
         say("GROWN?", group.rank(), group.size())
@@ -548,7 +565,8 @@ def test_the_recruiter_dies_in_the_middle_of_grow(tmp_path, point):
     grow_timeout = 4.0
     envs = rank_envs("ring", 4, tmp_path)
     text = RECRUITER_DIES_BODY.replace("{grow_timeout}", str(grow_timeout))
-    env = {"JACKLRING_LOCAL_TRANSPORT": "tcp", "MLX_RING_VERBOSE": "1",
+    go = tmp_path / "go"
+    env = {"JACKLRING_LOCAL_TRANSPORT": "tcp", "MLX_RING_VERBOSE": "1", "FAULT_GO": str(go),
            "FAULT_BEFORE_INIT": RECRUITER_DIES.replace("POINT", point)}
     procs = start("ring", 4, text, tmp_path, env=env, envs=envs)
     try:
@@ -558,6 +576,7 @@ def test_the_recruiter_dies_in_the_middle_of_grow(tmp_path, point):
         for q in (0, 1, 3):
             procs[q].wait_line("SHRUNK", 15)
         procs += start("ring", 4, text, tmp_path, env={**env, "JACKLRING_JOIN": "1"}, envs=envs, ranks=[2])
+        newcomer_listens(envs, 2, go)
         died = float(procs[0].wait_line("DYING", 20)[1])
         errors = {q: procs[q].wait_line("GROWERR", grow_timeout + 15) for q in (1, 3)}
         for q in (1, 3):
@@ -574,8 +593,9 @@ def test_the_recruiter_dies_in_the_middle_of_grow(tmp_path, point):
     finally:
         stop_all(procs)
     everything = reports(procs)
+    tooks = {}
     for q, fields in errors.items():
-        took = float(fields[1]) - died
+        took = tooks[q] = float(fields[1]) - died
         assert fields[2] in ("PeerError", "CollectiveTimeout") and fields[3] == "0", (q, fields, everything)
         assert took < grow_timeout + 3.0, (q, took, fields, everything)
     if initerr:
@@ -586,3 +606,6 @@ def test_the_recruiter_dies_in_the_middle_of_grow(tmp_path, point):
     assert not any(p.tagged("GROWN?") for p in procs), everything
     assert all(f[1:] == ["3", "1,3,2", "9.0", "9.0", "True"] for f in sums.values()), (sums, everything)
     assert [codes[q] for q in (1, 3, len(procs) - 1)] == [0, 0, 0], everything
+    newcomer_took = f"raised {float(initerr[0][1]) - died:.2f} s after it" if initerr else "was taken in next"
+    print(f"{point}: members raised {min(tooks.values()):.3f}-{max(tooks.values()):.3f} s after the death; "
+          f"the newcomer {newcomer_took}")
