@@ -41,7 +41,15 @@ from ..transport.stream_engine import Engine, Stream
 from . import grow, hierarchy, lineage, shared, shrink, splitting
 from .addresses import links_per_neighbour, load_ring_hostfile, validate_addresses
 from .formation import FormationAbandoned, LayoutMismatch, Watch
-from .forming import ABORT_NOTICE_S, LAYOUT_LINGER_S, Forming, Wording, admit
+from .forming import (
+    ABORT_NOTICE_S,
+    CANNOT_LISTEN_NOTICE_S,
+    LAYOUT_LINGER_S,
+    Forming,
+    Wording,
+    admit,
+    tell_cannot_listen,
+)
 from .header import (
     HEADER,
     HEADER_MAGIC,
@@ -152,7 +160,10 @@ class RingBackend(Backend):
         except PeerError as exc:
             for sock in listeners:
                 sock.close()
-            raise PeerError(f"rank {rank}: {exc}") from None
+            error = PeerError(f"rank {rank}: {exc}")
+            tell_cannot_listen(rank, addresses, cls.context_token(addresses, incarnation),
+                               cls.job_keys(addresses, incarnation, job), CANNOT_LISTEN_NOTICE_S)
+            raise error from None
         return cls(rank, addresses, listeners, timeout, connect_timeout, incarnation, job,
                    check=layout.check_for(rank, addresses) if layout_check else None)
 
@@ -168,10 +179,8 @@ class RingBackend(Backend):
         # formed from the same hostfile: a re-formed ring's connections never count in a listener
         # of the ring closed before it). The key is the job secret (or, without one, derived from
         # that public context: see transport/auth.py).
-        context = json.dumps([addresses, incarnation]).encode()
         token = self.context_token(addresses, incarnation)
-        # The secret's stretch is salted by the addresses alone: it runs once for every incarnation.
-        keys = job if job is not None else auth.job_auth(context, "the ring", salt=json.dumps(addresses).encode())
+        keys = self.job_keys(addresses, incarnation, job)
         state = self._state = RingState(rank, self._size, addresses, listeners, token, keys, seconds,
                                         connect_seconds, config.get("JACKLRING_VERIFY"), self.failure)
         # What an abort header is about (a split's parent rewords these for the sub-groups).
@@ -201,6 +210,16 @@ class RingBackend(Backend):
                 if watch is None and isinstance(exc, FormationAbandoned):
                     raise blaming(PeerError(str(exc)), exc.culprit) from None
                 raise blaming(exc, getattr(exc, "missing_rank", None))
+
+    @staticmethod
+    def job_keys(addresses: list[list[str]], incarnation: int, job: auth.Auth | None) -> auth.Auth:
+        """The ring's key: `job` when given (a shrunk or grown group's), else the job secret's (or,
+        without one, derived from the public context: the address list and the incarnation)."""
+        if job is not None:
+            return job
+        context = json.dumps([addresses, incarnation]).encode()
+        # The secret's stretch is salted by the addresses alone: it runs once for every incarnation.
+        return auth.job_auth(context, "the ring", salt=json.dumps(addresses).encode())
 
     @staticmethod
     def context_token(addresses: list[list[str]], incarnation: int) -> int:
