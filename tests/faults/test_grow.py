@@ -30,6 +30,8 @@ if os.environ.get("JACKLRING_JOIN") != "1":
     group = group.shrink(timeout=3)
     say("SHRUNK", group.rank(), group.size())
     shrunk = group
+    while os.environ.get("FAULT_GO") and not os.path.exists(os.environ["FAULT_GO"]):
+        time.sleep(0.02)  # until the harness says the process at the vacant slot listens
     try:
         group = group.grow(timeout={grow_timeout})
         try:
@@ -127,8 +129,9 @@ def test_an_outsider_cannot_join_through_grow(tmp_path, outsider):
     raises CollectiveTimeout saying the slot's listener failed the handshake, nobody is taken in,
     and the shrunk group goes on."""
     envs = rank_envs("ring", 4, tmp_path)
+    go = tmp_path / "go"
     env = {"JACKLRING_SECRET": "6a61636b6c72696e672d746573742d6b65792d61", "JACKLRING_LOCAL_TRANSPORT": "tcp"}
-    procs = start("ring", 4, body(grow_timeout=2.0), tmp_path, env=env, envs=envs)
+    procs = start("ring", 4, body(grow_timeout=2.0), tmp_path, env={**env, "FAULT_GO": str(go)}, envs=envs)
     intruder = None
     try:
         for p in procs:
@@ -147,6 +150,7 @@ def test_an_outsider_cannot_join_through_grow(tmp_path, outsider):
                                          "/usr/bin/python3", "-c", ATTACK, host, str(port), "12"],
                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd="/")
             assert intruder.stdout.readline().split() == ["LISTENING"], intruder.stderr.read()
+        go.write_text("")  # the members grow only now: under load the intruder may take seconds to listen
         for p in (procs[0], procs[1], procs[3]):
             p.wait_line("SHRUNK", 15)
         for p in (procs[0], procs[1], procs[3]):
@@ -169,6 +173,13 @@ def test_an_outsider_cannot_join_through_grow(tmp_path, outsider):
     assert [codes[i] for i in (0, 1, 3)] == [0, 0, 0], reports(procs)
     if not isinstance(intruder, subprocess.Popen):
         assert not intruder.tagged("GROWN") and not intruder.tagged("SUM"), intruder.report()
+
+
+def newcomer_listens(envs, slot: int, go) -> None:
+    """Until the newcomer at `slot` listens there; then tell the members to grow (they wait for
+    the file `go`, FAULT_GO): under load a newcomer's start-up can outlast a short grow timeout."""
+    _wait_listening(_slot_address(envs, slot)[1], 20)
+    go.write_text("")
 
 
 def _wait_listening(port: int, timeout: float) -> None:
@@ -278,7 +289,8 @@ ring_backend.RingBackend.__init__ = die
 @pytest.mark.timeout(60)
 def test_a_newcomer_that_dies_after_accepting_leaves_the_members_group_usable(tmp_path):
     envs = rank_envs("ring", 4, tmp_path)
-    env = {"JACKLRING_LOCAL_TRANSPORT": "tcp"}
+    go = tmp_path / "go"
+    env = {"JACKLRING_LOCAL_TRANSPORT": "tcp", "FAULT_GO": str(go)}
     procs = start("ring", 4, body(grow_timeout=2.0), tmp_path, env=env, envs=envs)
     try:
         for p in procs:
@@ -289,6 +301,7 @@ def test_a_newcomer_that_dies_after_accepting_leaves_the_members_group_usable(tm
         procs += start("ring", 4, body(), tmp_path, env={**env, "JACKLRING_JOIN": "1",
                                                          "FAULT_BEFORE_INIT": DIE_BEFORE_FORMING},
                        envs=envs, ranks=[2])
+        newcomer_listens(envs, 2, go)
         procs[4].wait_line("DYING", 20)
         for q in (0, 1, 3):
             fields = procs[q].wait_line("GROWERR", 20)
@@ -308,7 +321,8 @@ def test_a_group_of_one_keeps_itself_when_its_newcomer_dies_after_accepting(tmp_
     forms: the agreement after that failure finds that nobody formed it, so going back needs no
     quorum, and the survivor's group of one stays usable."""
     envs = rank_envs("ring", 2, tmp_path)
-    env = {"JACKLRING_LOCAL_TRANSPORT": "tcp"}
+    go = tmp_path / "go"
+    env = {"JACKLRING_LOCAL_TRANSPORT": "tcp", "FAULT_GO": str(go)}
     text = body(grow_timeout=2.0).replace("group.shrink(timeout=3)", "group.shrink(timeout=3, min_size=1)")
     procs = start("ring", 2, text, tmp_path, env=env, envs=envs)
     try:
@@ -319,6 +333,7 @@ def test_a_group_of_one_keeps_itself_when_its_newcomer_dies_after_accepting(tmp_
         procs += start("ring", 2, text, tmp_path, env={**env, "JACKLRING_JOIN": "1",
                                                        "FAULT_BEFORE_INIT": DIE_BEFORE_FORMING},
                        envs=envs, ranks=[1])
+        newcomer_listens(envs, 1, go)
         procs[2].wait_line("DYING", 20)
         fields = procs[0].wait_line("GROWERR", 20)
         assert fields[2] == "PeerError" and "this group stays as it was" in " ".join(fields), fields
@@ -345,6 +360,8 @@ if os.environ.get("JACKLRING_JOIN") != "1":
         pass
     group = group.shrink(timeout=3)
     say("SHRUNK", group.rank(), group.size())
+    while os.environ.get("FAULT_GO") and not os.path.exists(os.environ["FAULT_GO"]):
+        time.sleep(0.02)  # until the harness says the process at the vacant slot listens
     try:
         group = group.grow(timeout=3)
     except ERRORS as e:
@@ -424,7 +441,8 @@ def test_a_death_inside_the_grown_rings_closing_barrier(tmp_path, victim):
     3 alone). Every survivor must end in the same group of the three that are left, with the
     right sums, and none may keep the group it grew from."""
     envs = rank_envs("ring", 4, tmp_path)
-    env = {"JACKLRING_LOCAL_TRANSPORT": "tcp", "MLX_RING_VERBOSE": "1",
+    go = tmp_path / "go"
+    env = {"JACKLRING_LOCAL_TRANSPORT": "tcp", "MLX_RING_VERBOSE": "1", "FAULT_GO": str(go),
            "FAULT_BEFORE_INIT": DIE_IN_THE_GROWN_RINGS_CLOSING_BARRIER.replace("VICTIM", str(SLOT_OF[victim]))}
     procs = start("ring", 4, GROW_THEN_CHECK, tmp_path, env=env, envs=envs)
     try:
@@ -435,6 +453,7 @@ def test_a_death_inside_the_grown_rings_closing_barrier(tmp_path, victim):
             procs[q].wait_line("SHRUNK", 15)
         procs += start("ring", 4, GROW_THEN_CHECK, tmp_path, env={**env, "JACKLRING_JOIN": "1"}, envs=envs,
                        ranks=[2])
+        newcomer_listens(envs, 2, go)
         dying = procs[victim].wait_line("DYING", 20)
         assert " ".join(dying[2:]) == "[0, 1, 3, 2]", dying
         survivors = [i for i in (0, 1, 3, 4) if i != victim]
@@ -463,3 +482,130 @@ def test_a_death_inside_the_grown_rings_closing_barrier(tmp_path, victim):
     # The ranks on which the grown group did not form kept a seat in it, closed with their group.
     seats = {i: procs[i].tagged("SEATS")[0][2:] for i in survivors}
     assert all(f[1] == "-" for f in seats.values()) and sum(int(f[0]) for f in seats.values()) == 2, seats
+
+
+# The members lose slot 2, shrink to slots 0, 1, 3 and grow; the recruiter (slot 0, rank 0) dies
+# in the middle of it (RECRUITER_DIES says where). The two members left report grow()'s error,
+# shrink to slots 1, 3 and grow again by one: the newcomer at slot 2 (the first one if it still
+# waits, else a second one the harness starts) joins that group, and every rank checks an
+# all_gather of the slots and an all_sum.
+RECRUITER_DIES_BODY = """
+import adapter
+slot = int(os.environ["MLX_RANK"])
+if os.environ.get("JACKLRING_JOIN") != "1":
+    all_sum(np.ones(16, np.float32))
+    say("READY")
+    try:
+        while True:
+            all_sum(np.ones(16, np.float32))
+    except ERRORS as e:
+        pass
+    group = group.shrink(timeout=3)
+    say("SHRUNK", group.rank(), group.size())
+    while os.environ.get("FAULT_GO") and not os.path.exists(os.environ["FAULT_GO"]):
+        time.sleep(0.02)  # until the harness says the process at the vacant slot listens
+    try:
+        group = group.grow(timeout={grow_timeout})
+        say("GROWN?", group.rank(), group.size())
+    except ERRORS as e:
+        say("GROWERR", type(e).__name__, getattr(e, "culprit", None), str(e).replace("\\n", " "))
+    group = group.shrink(timeout=3)
+    say("SHRUNK2", group.rank(), group.size())
+    group = group.grow(count=1, timeout=20)
+say("GROWN", group.rank(), group.size())
+slots = [int(s) for s in all_gather(np.array([slot], np.int64))]
+y = all_sum(np.full(64, float(slot + 1), np.float32))
+expected = float(sum(q + 1 for q in slots))
+say("SUM", group.rank(), group.size(), ",".join(map(str, slots)), float(y[0]), expected, bool(np.all(y == expected)))
+"""
+
+# Test hook (in the recruiter's process only, slot 0): SIGKILL at one point of grow's recruiting.
+#   recruited: the newcomer has accepted the invitation and was told nothing;
+#   told:      the newcomer was told the decision, no member was (before the broadcast);
+#   broadcast: the members got the decision's length, not the decision.
+RECRUITER_DIES = """
+if r == 0 and os.environ.get("JACKLRING_JOIN") != "1":
+    import json, signal
+    from adapter.backends.ring import grow
+    from adapter.backends.transport import enrolment
+    WHERE = "POINT"
+    def die(where):
+        say("DYING", where)
+        os.kill(os.getpid(), signal.SIGKILL)
+    real_recruit, real_tell = enrolment.recruit, enrolment.tell
+    def recruit(*args, **kwargs):
+        got = real_recruit(*args, **kwargs)
+        if WHERE == "recruited" and not isinstance(got, str):
+            die(WHERE)
+        return got
+    def tell(channel, message, deadline):
+        failed = real_tell(channel, message, deadline)
+        if WHERE == "told" and message.get("kind") == "decision":
+            die(WHERE)
+        return failed
+    def broadcast(old, decision):
+        if WHERE == "broadcast" and decision.get("ok"):
+            old.broadcast(np.array([len(json.dumps(decision).encode())], np.int64), 0)
+            die(WHERE)
+        return real_broadcast(old, decision)
+    real_broadcast = grow._broadcast
+    enrolment.recruit, enrolment.tell, grow._broadcast = recruit, tell, broadcast
+"""
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("point", ["recruited", "told", "broadcast"])
+def test_the_recruiter_dies_in_the_middle_of_grow(tmp_path, point):
+    """Rank 0 (slot 0) dies while it recruits the newcomer at slot 2 (`point`: see RECRUITER_DIES).
+    The members left and the newcomer never hang: each member's grow() raises PeerError or
+    CollectiveTimeout blaming rank 0 within the grow timeout and a margin; the newcomer either
+    still waits (and is taken in by the next grow) or its init() raises, blaming rank 0, and a
+    new one is started. The members shrink and grow again by one, and all three end in the same
+    group of slots 1, 3, 2 with the right sums."""
+    grow_timeout = 4.0
+    envs = rank_envs("ring", 4, tmp_path)
+    text = RECRUITER_DIES_BODY.replace("{grow_timeout}", str(grow_timeout))
+    go = tmp_path / "go"
+    env = {"JACKLRING_LOCAL_TRANSPORT": "tcp", "MLX_RING_VERBOSE": "1", "FAULT_GO": str(go),
+           "FAULT_BEFORE_INIT": RECRUITER_DIES.replace("POINT", point)}
+    procs = start("ring", 4, text, tmp_path, env=env, envs=envs)
+    try:
+        for p in procs:
+            p.wait_line("READY", 30)
+        procs[2].kill(signal.SIGKILL)
+        for q in (0, 1, 3):
+            procs[q].wait_line("SHRUNK", 15)
+        procs += start("ring", 4, text, tmp_path, env={**env, "JACKLRING_JOIN": "1"}, envs=envs, ranks=[2])
+        newcomer_listens(envs, 2, go)
+        died = float(procs[0].wait_line("DYING", 20)[1])
+        errors = {q: procs[q].wait_line("GROWERR", grow_timeout + 15) for q in (1, 3)}
+        for q in (1, 3):
+            procs[q].wait_line("SHRUNK2", 15)
+        newcomer = procs[4]
+        deadline = time.monotonic() + grow_timeout + 15
+        while not newcomer.tagged("GROWN") and not newcomer.tagged("INITERR") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        initerr = newcomer.tagged("INITERR")
+        if initerr:  # not taken in: it tries again, as a new process
+            procs += start("ring", 4, text, tmp_path, env={**env, "JACKLRING_JOIN": "1"}, envs=envs, ranks=[2])
+        sums = {q: procs[q].wait_line("SUM", 30)[2:] for q in (1, 3, len(procs) - 1)}
+        codes = finish_all(procs, 15)
+    finally:
+        stop_all(procs)
+    everything = reports(procs)
+    tooks = {}
+    for q, fields in errors.items():
+        took = tooks[q] = float(fields[1]) - died
+        assert fields[2] in ("PeerError", "CollectiveTimeout") and fields[3] == "0", (q, fields, everything)
+        assert took < grow_timeout + 3.0, (q, took, fields, everything)
+    if initerr:
+        culprit = newcomer.tagged("CULPRIT")[0]
+        took = float(initerr[0][1]) - died
+        assert culprit[2] == "0", (initerr, culprit, everything)
+        assert took < grow_timeout + 3.0, (took, initerr, everything)
+    assert not any(p.tagged("GROWN?") for p in procs), everything
+    assert all(f[1:] == ["3", "1,3,2", "9.0", "9.0", "True"] for f in sums.values()), (sums, everything)
+    assert [codes[q] for q in (1, 3, len(procs) - 1)] == [0, 0, 0], everything
+    newcomer_took = f"raised {float(initerr[0][1]) - died:.2f} s after it" if initerr else "was taken in next"
+    print(f"{point}: members raised {min(tooks.values()):.3f}-{max(tooks.values()):.3f} s after the death; "
+          f"the newcomer {newcomer_took}")

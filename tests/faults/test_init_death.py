@@ -7,7 +7,7 @@ point is the same on every run whatever the machine's load."""
 from __future__ import annotations
 
 import pytest
-from cluster import finish_all, reports, start, stop_all
+from cluster import finish_all, rank_envs, reports, start, stop_all
 
 LIMIT_S = 5.0  # the target is 1 s; the rest is slack for a loaded 2-core machine
 RING, SIDE_CHANNEL, MESH = 1, 0x4A43, 0x4A4D  # the handshake purposes (ring, JACCL side channel, TCP mesh)
@@ -138,3 +138,45 @@ def test_ring_death_before_any_connection_is_named_without_the_deadline(tmp_path
         assert took < LIMIT_S, (r, took, text)
         assert str(culprit) == str(victim), (r, culprit, text)
         assert f"rank {victim} died" in text, (r, text)
+
+
+@pytest.mark.timeout(60)
+def test_a_rank_that_cannot_listen_at_its_address_tells_its_neighbours(tmp_path):
+    """Rank 2's port is held by a listener of another job (a port collision between two jobs on
+    one host): rank 2 cannot listen and raises at once; the others, with a 30 s connect deadline,
+    raise within seconds naming rank 2 instead of waiting for it (rank 1 meanwhile reaches the
+    other job at that address, which refuses it as another job's)."""
+    import json
+
+    from adapter.backends.transport import auth, tcp
+
+    envs = rank_envs("ring", 4, tmp_path)
+    host, port = json.loads((tmp_path / "ring-hosts.json").read_text())[2][0].rsplit(":", 1)
+    other = b"another job"
+    holder = tcp.Listener(host, int(port))
+    try:
+        holder.serve(auth.job_auth(other, "another job"), auth.context_id(other), 2, lambda h: "another job",
+                     "another job")
+        # Rank 2 starts a little after the others, so they listen (and wait for it) by then.
+        late = "if r == 2:\n    time.sleep(1.5)\n"
+        procs = start("ring", 4, "say('FORMED')", tmp_path, envs=envs,
+                      env={"JACKLRING_CONNECT_TIMEOUT": "30", "FAULT_BEFORE_INIT": late})
+        try:
+            failed = procs[2].wait_line("INITERR", 30)
+            assert "cannot listen" in " ".join(failed), failed
+            errors = {}
+            for p in (procs[0], procs[1], procs[3]):
+                fields = p.wait_line("INITERR", 15)
+                culprit = p.tagged("CULPRIT")[0][2] if p.tagged("CULPRIT") else None
+                errors[p.rank] = (float(fields[1]) - float(failed[1]), culprit, " ".join(fields[2:]))
+            codes = finish_all(procs, 10)
+        finally:
+            stop_all(procs)
+    finally:
+        holder.close()
+    print({r: f"{t:.2f} s, culprit {c}: {m}" for r, (t, c, m) in errors.items()})
+    assert codes == [4, 4, 4, 4], reports(procs)
+    for r, (took, culprit, text) in errors.items():
+        assert took < LIMIT_S, (r, took, culprit, text)
+    for r in (1, 3):  # told by rank 2 itself, or first by a rank that was
+        assert errors[r][1] == "2" and "rank 2" in errors[r][2], errors[r]

@@ -41,7 +41,15 @@ from ..transport.stream_engine import Engine, Stream
 from . import grow, hierarchy, lineage, shared, shrink, splitting
 from .addresses import links_per_neighbour, load_ring_hostfile, validate_addresses
 from .formation import FormationAbandoned, LayoutMismatch, Watch
-from .forming import ABORT_NOTICE_S, LAYOUT_LINGER_S, Forming, Wording, admit
+from .forming import (
+    ABORT_NOTICE_S,
+    CANNOT_LISTEN_NOTICE_S,
+    LAYOUT_LINGER_S,
+    Forming,
+    Wording,
+    admit,
+    tell_cannot_listen,
+)
 from .header import (
     HEADER,
     HEADER_MAGIC,
@@ -152,7 +160,10 @@ class RingBackend(Backend):
         except PeerError as exc:
             for sock in listeners:
                 sock.close()
-            raise PeerError(f"rank {rank}: {exc}") from None
+            error = PeerError(f"rank {rank}: {exc}")
+            tell_cannot_listen(rank, addresses, cls.context_token(addresses, incarnation),
+                               cls.job_keys(addresses, incarnation, job), CANNOT_LISTEN_NOTICE_S)
+            raise error from None
         return cls(rank, addresses, listeners, timeout, connect_timeout, incarnation, job,
                    check=layout.check_for(rank, addresses) if layout_check else None)
 
@@ -160,7 +171,7 @@ class RingBackend(Backend):
                  timeout: float | None, connect_timeout: float | None, incarnation: int = 0,
                  job: auth.Auth | None = None, watch: Watch | None = None,
                  parent_ranks: list[int] | None = None, peers_listening: bool = False,
-                 check: layout.Check | None = None) -> None:
+                 check: layout.Check | None = None, decided: bool = False) -> None:
         self._rank, self._size = rank, len(addresses)
         seconds = op_timeout(timeout)
         connect_seconds = default_connect_timeout(connect_timeout)
@@ -168,15 +179,13 @@ class RingBackend(Backend):
         # formed from the same hostfile: a re-formed ring's connections never count in a listener
         # of the ring closed before it). The key is the job secret (or, without one, derived from
         # that public context: see transport/auth.py).
-        context = json.dumps([addresses, incarnation]).encode()
         token = self.context_token(addresses, incarnation)
-        # The secret's stretch is salted by the addresses alone: it runs once for every incarnation.
-        keys = job if job is not None else auth.job_auth(context, "the ring", salt=json.dumps(addresses).encode())
+        keys = self.job_keys(addresses, incarnation, job)
         state = self._state = RingState(rank, self._size, addresses, listeners, token, keys, seconds,
                                         connect_seconds, config.get("JACKLRING_VERIFY"), self.failure)
         # What an abort header is about (a split's parent rewords these for the sub-groups).
         self._words = Wording(state)
-        self._forming = Forming(state, self._words, watch, parent_ranks, peers_listening, check)
+        self._forming = Forming(state, self._words, watch, parent_ranks, peers_listening, check, decided)
         self._plumbing = plumbing = Plumbing(state, self._words)
         self._p2p = PointToPoint(state, plumbing.small_limit)
         self._collective = plumbing.collective
@@ -201,6 +210,16 @@ class RingBackend(Backend):
                 if watch is None and isinstance(exc, FormationAbandoned):
                     raise blaming(PeerError(str(exc)), exc.culprit) from None
                 raise blaming(exc, getattr(exc, "missing_rank", None))
+
+    @staticmethod
+    def job_keys(addresses: list[list[str]], incarnation: int, job: auth.Auth | None) -> auth.Auth:
+        """The ring's key: `job` when given (a shrunk or grown group's), else the job secret's (or,
+        without one, derived from the public context: the address list and the incarnation)."""
+        if job is not None:
+            return job
+        context = json.dumps([addresses, incarnation]).encode()
+        # The secret's stretch is salted by the addresses alone: it runs once for every incarnation.
+        return auth.job_auth(context, "the ring", salt=json.dumps(addresses).encode())
 
     @staticmethod
     def context_token(addresses: list[list[str]], incarnation: int) -> int:

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import logging
 import socket
+import threading
 import time
 from typing import Callable
 
 from ... import config
 from ...errors import CollectiveTimeout, DistributedError, PeerError
 from ..transport import blame, integrity, layout, tcp
+from ..transport.auth import Auth
 from ..transport.stream_engine import Engine, Stream
 from . import origin, shrink
 from .addresses import links_per_neighbour, ranks_on_this_host
@@ -31,8 +33,10 @@ from .state import RingState
 
 log = logging.getLogger("jacklring.ring")
 
+GONE_AFTER_S = 1.0  # a decided member's address refusing connections this long: it has left (see decided)
 LEFT_PROBE_S = 0.25  # how often a rank waiting for its left neighbour probes that neighbour's listener
 LEFT_PROBE_ANSWER_S = 0.1  # ... and how long the answer may take (no answer: no conclusion)
+CANNOT_LISTEN_NOTICE_S = 2.0  # how long a rank that cannot listen at its address tries to tell each neighbour
 ABORT_NOTICE_S = 1.0  # how long a rank that gave up tries to reach a neighbour it had no connection with
 LAYOUT_CHECK_S = 1.0  # a listener that answers as another job is asked for its layout at most this often
 LAYOUT_ANSWER_S = 0.5  # ... and how long its answer may take (no answer: no conclusion)
@@ -95,6 +99,43 @@ def admit(state: RingState, hello: tcp.Hello, listener: int, k: int) -> str | No
     return f"unknown purpose {hello.purpose:#x}"
 
 
+def tell_cannot_listen(rank: int, addresses: list[list[str]], token: int, keys: Auth, seconds: float) -> None:
+    """This rank cannot listen at its own address (another process holds the port: a collision
+    with another job, or the rank it replaces still runs), so it takes no part in forming the
+    ring. Its neighbours would wait for it until their connect deadline (the left one connecting
+    to whatever holds that address), so it tells both at once, for up to `seconds` each (they
+    may not listen yet): an abort notice naming this rank, as a rank that gave up after an error
+    of its own; they pass it on around the ring."""
+    size = len(addresses)
+    header = HEADER.pack(HEADER_MAGIC, OP_ABORT, ABORT_DIED, rank, 0, rank)
+    until = time.monotonic() + seconds
+
+    def other_job() -> None:
+        raise PeerError("it answers as another job")  # not this ring's rank: nothing to tell
+
+    def tell(peer: int) -> None:
+        hello = tcp.Hello(PURPOSE_ABORT, rank, peer, 0, token)
+        try:
+            sock = tcp.connect_with_hello(tcp.parse_address(addresses[peer][0]), hello, until, f"rank {peer}", keys,
+                                          other_job=other_job)[0]
+        except DistributedError:
+            return  # not listening in time: it waits for its own deadline
+        try:
+            sock.sendall(header)
+            sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+        finally:
+            sock.close()
+
+    tellers = [threading.Thread(target=tell, args=(peer,), daemon=True, name=f"jacklring-tell rank {peer}")
+               for peer in sorted({(rank + 1) % size, (rank - 1) % size} - {rank})]
+    for t in tellers:
+        t.start()
+    for t in tellers:
+        t.join(max(0.0, until - time.monotonic()) + 1.0)
+
+
 def abandon(state: RingState, words: Wording, culprit: int, missing: bool = False, frame: bytes | None = None) -> None:
     """Tell both ring neighbours (who tell theirs) that the split (or, in init's closing
     barrier, the formation) failed and why (or send frame, a layout abort), then stop writing:
@@ -117,7 +158,7 @@ class Forming:
 
     def __init__(self, state: RingState, words: Wording, watch: Watch | None,
                  parent_ranks: list[int] | None, peers_listening: bool = False,
-                 check: layout.Check | None = None) -> None:
+                 check: layout.Check | None = None, decided: bool = False) -> None:
         self._state = state
         # This rank's layout, compared with a listener that answers as another job (layout.py):
         # only for a ring formed from the hostfile with a job secret.
@@ -126,6 +167,11 @@ class Forming:
         # Every address came from a record its rank published while already listening there (a
         # store rendezvous), so a refused connection means that rank has left, not "not yet up".
         self._peers_listening = peers_listening
+        # The addresses come from a decision (shrink's, grow's): every member listened at them
+        # before it was made and keeps listening until it forms or gives up, so a right
+        # neighbour whose address refuses every connection for GONE_AFTER_S has died or given
+        # up: it is named then, not at the connect deadline.
+        self._gone_after = GONE_AFTER_S if decided else None
         self._words = words
         # A split's watch names members by their parent rank (parent_ranks[sub-group rank]).
         self._watched_rank: Callable[[int], int] = (lambda p: p) if parent_ranks is None else parent_ranks.__getitem__
@@ -247,9 +293,15 @@ class Forming:
         try:
             return tcp.connect_with_hello(addr, hello, deadline, f"rank {nxt}", state.auth,
                                           pause=self.watch.pause,
-                                          other_job=lambda: self._compare_layout(state.addresses[nxt][c], nxt))
+                                          other_job=lambda: self._compare_layout(state.addresses[nxt][c], nxt),
+                                          gone_after=self._gone_after)
         except FormationAbandoned:
             raise
+        except tcp.PeerGone as exc:
+            error = PeerError(f"rank {state.rank}: {exc}")
+            error.about_rank = nxt  # type: ignore[attr-defined]
+            error.missing_rank = self._watched_rank(nxt)  # type: ignore[attr-defined]
+            raise error from None
         except PeerError as exc:
             error = PeerError(f"rank {state.rank}: {exc}")
             error.about_rank = nxt  # type: ignore[attr-defined]

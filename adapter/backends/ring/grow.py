@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ...errors import CollectiveTimeout, ConfigError, DistributedError, PeerError, QuorumError
+from ...errors import CollectiveTimeout, ConfigError, DistributedError, PeerError, QuorumError, blaming, culprit_of
 from ..transport import enrolment, shrinking, tcp
 from ..transport.auth import Auth
 from . import lineage, shrink
@@ -103,11 +103,11 @@ def grow_ring(old: "RingBackend", count: int | None, timeout: float) -> "RingBac
     listeners[0].hold()  # if the formation fails here, this rank's seat in the agreement after it
     try:
         new = RingBackend(me, addresses, listeners, saved, connect_timeout=timeout + 5.0, incarnation=epoch,
-                          job=key)
+                          job=key, decided=True)
     except DistributedError as exc:
         why = f"the group of {len(slots)} did not form after {time.monotonic() - started:.2f} s ({exc})"
         return after_failure(f"rank {me}: grow epoch {epoch}", me, addresses, listeners[0], key, epoch, saved,
-                             timeout, Lineage(lin.origin, slots), old, why)
+                             timeout, Lineage(lin.origin, slots), old, why, culprit_of(exc))
     except BaseException:
         listeners[0].release()
         listeners[0].close()
@@ -127,7 +127,7 @@ class _NobodyFormed(PeerError):
 
 def after_failure(where: str, rank: int, addresses: list[list[str]], listener: tcp.Listener, key: Auth, epoch: int,
                   op_timeout: float | None, timeout: float, grown: Lineage, old: "RingBackend | None",
-                  why: str) -> "RingBackend":
+                  why: str, culprit: int | None = None) -> "RingBackend":
     """The grown group (rank `rank` of `addresses`, epoch `epoch`, key `key`) did not form on this
     rank, a member or a newcomer: a rank died or stopped after the decision. It may have formed
     on another rank all the same (a death inside its closing barrier ends the formation one way
@@ -139,7 +139,9 @@ def after_failure(where: str, rank: int, addresses: list[list[str]], listener: t
     group `old` is then left: its links break). If none did, nobody entered the grown group:
     each raises PeerError, and a member keeps `old` as it was (its links were never broken).
     Any other end of the agreement (QuorumError, ExcludedError: some may have carried on) breaks
-    `old` too, since this rank cannot know that nobody left it."""
+    `old` too, since this rank cannot know that nobody left it. The error raised then blames
+    `culprit` (the rank the failed formation blamed, numbered as in the grown group, whose ranks
+    0..k-1 are the members' own)."""
     from .backend import RingBackend
 
     size = len(addresses)
@@ -168,12 +170,13 @@ def after_failure(where: str, rank: int, addresses: list[list[str]], listener: t
     try:
         new, members = shrinking.rejoin(old, seat, size, listen, form, tok, break_old, timeout, epoch, decided)
     except _NobodyFormed as exc:
-        raise PeerError(str(exc)) from None
+        raise blaming(PeerError(str(exc)), culprit) from None
     except DistributedError as exc:
         if old is not None:
             old.break_links(f"{where}: the grown group did not form on this rank and the agreement after it "
                             f"failed: {exc}")
-        raise type(exc)(f"{where}: {why}; then the agreement of the grown group's members failed: {exc}") from None
+        raise blaming(type(exc)(f"{where}: {why}; then the agreement of the grown group's members failed: {exc}"),
+                      culprit) from None
     lineage.record(new, grown.keep(members))
     log.info("%s: the group of %d did not form here; its ranks %s carry on as a group of %d", where, size, members,
              new.size())
@@ -282,11 +285,11 @@ def join_ring(slot: int, origin: list[list[str]], timeout: float | None,
     listeners[0].hold()  # if the formation fails here, this rank's seat in the agreement after it
     try:
         new = RingBackend(rank, addresses, listeners, timeout, connect_timeout=grow_timeout + 5.0,
-                          incarnation=epoch, job=key)
+                          incarnation=epoch, job=key, decided=True)
     except DistributedError as exc:
         why = f"the group of {len(slots)} did not form after {time.monotonic() - started:.2f} s ({exc})"
         new = after_failure(f"slot {slot}: grow epoch {epoch}", rank, addresses, listeners[0], key, epoch, timeout,
-                            grow_timeout, Lineage(origin, slots), None, why)
+                            grow_timeout, Lineage(origin, slots), None, why, culprit_of(exc))
         log.info("slot %d: joined as rank %d of %d (after grow epoch %d lost a rank)", slot, new.rank(), new.size(),
                  epoch)
         return new

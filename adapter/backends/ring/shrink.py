@@ -48,7 +48,8 @@ def ring_parts(mine: list[str], k: int, op_timeout: float) -> tuple:
     def form(seat: membership.Seat, decision: membership.Decision, members: list[int], listeners: list[tcp.Listener],
              connect_timeout: float) -> RingBackend:
         return RingBackend(decision.members.index(seat.rank), addresses_of(decision), listeners, op_timeout,
-                           connect_timeout=connect_timeout, incarnation=decision.epoch, job=decision.key(seat.auth))
+                           connect_timeout=connect_timeout, incarnation=decision.epoch, job=decision.key(seat.auth),
+                           decided=True)
 
     def token(seat: membership.Seat, decision: membership.Decision) -> int:
         return RingBackend.context_token(addresses_of(decision), decision.epoch)

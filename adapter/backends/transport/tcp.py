@@ -278,6 +278,11 @@ def _new_socket(family: int, operation: str) -> socket.socket:
         raise from_os_error(exc, operation) from None
 
 
+class PeerGone(PeerError):
+    """connect_with_hello(gone_after=...): the peer's address refused every connection for that
+    long: it listened there once and has left."""
+
+
 def connect(addr: tuple[str, int], hello: Hello, deadline: float, who: str, auth: Auth,
             pause: Callable[[float], None] | None = None) -> socket.socket:
     """Connect to addr, retrying with backoff until deadline (the peer may not be listening yet),
@@ -313,7 +318,7 @@ def connect_with_hello(addr: tuple[str, int], hello: Hello, deadline: float, who
         if remaining <= 0:
             raise PeerError(f"could not connect to {who} at {where} before the deadline ({last_error})")
         if refused_since is not None and gone_after is not None and now - refused_since >= gone_after:
-            raise PeerError(f"{who} has left: its address {where} refused every connection for "
+            raise PeerGone(f"{who} has left: its address {where} refused every connection for "
                             f"{now - refused_since:.1f} s (nothing listens there any more: it exited or "
                             f"closed the group)")
         attempts = ([(socket.AF_UNIX, name)] if name and name not in _squat_reported else [])
