@@ -125,7 +125,9 @@ def test_jaccl_coordinator_rejects_strays(tmp_path):
 def test_ring_one_idle_connection_does_not_use_up_the_connect_deadline(tmp_path):
     envs = rank_envs("ring", 2, tmp_path)
     address = json.loads((tmp_path / "ring-hosts.json").read_text())[0][0]
-    env = {"JACKLRING_CONNECT_TIMEOUT": "3"}
+    # A listener that waited on the idle connection would wait until the deadline, however long
+    # it is, so the test fails then at any length; 8 s leaves room for rank 1's start under load.
+    env = {"JACKLRING_CONNECT_TIMEOUT": "8"}
     procs = start("ring", 2, "say('FORMED')", tmp_path, envs=envs, ranks=[0], env=env)
     idle = dial(address)
     try:
