@@ -155,6 +155,11 @@ def blame_p2p(ring: RingState, exc: BaseException, peer: int, partners: set[int]
     partners = (set(partners) | {peer}) - {ring.rank}
     if isinstance(exc, CollectiveTimeout):
         named = blame_silence(ring, exc, [peer], partners)
+    elif getattr(exc, "unanswered", False):
+        # peer's acceptor left this rank's handshake unanswered until the deadline: peer is
+        # stopped (or starved), and no notice will come from it (blame() would wait NOTICE_WAIT_S).
+        named = blaming_text(exc, peer, f"{exc}; rank {peer} is the rank that went silent: its process answered "
+                                        f"no connection for the whole deadline (it is stopped, or starved of CPU)")
     else:
         exc.peer = peer  # type: ignore[attr-defined]
         named = blame(ring, exc)

@@ -140,7 +140,10 @@ class PointToPoint:
                 sock, hello = tcp.connect_with_hello(addr, hello, deadline, f"rank {dst}", state.auth,
                                                      gone_after=GONE_AFTER_S)
             except PeerError as exc:
-                raise PeerError(f"rank {state.rank}: send: {exc}") from None
+                error = PeerError(f"rank {state.rank}: send: {exc}")
+                if getattr(exc, "unanswered", False):
+                    error.unanswered = True  # type: ignore[attr-defined]  # origin.blame_p2p: silent
+                raise error from None
             self._connected(state.rank, dst, hello)
             with self._lock:
                 self._out[dst] = sock
