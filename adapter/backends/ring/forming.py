@@ -14,7 +14,7 @@ from ... import config
 from ...errors import CollectiveTimeout, DistributedError, PeerError
 from ..transport import blame, integrity, layout, tcp
 from ..transport.stream_engine import Engine, Stream
-from . import origin, shrink
+from . import origin, shrink, standby
 from .addresses import links_per_neighbour, ranks_on_this_host
 from .formation import FormationAbandoned, LayoutMismatch, Watch
 from .header import (
@@ -85,6 +85,8 @@ def admit(state: RingState, hello: tcp.Hello, listener: int, k: int) -> str | No
         return f"ring connection {listener} is for rank {prv}"
     if hello.purpose == origin.PURPOSE_NOTICE and listener == 0:
         return None if origin.admits(hello.sender, rank, size) else f"no rank {hello.sender} here"
+    if hello.purpose == standby.PURPOSE_STANDBY and listener == 0:
+        return None if standby.admits(hello.sender, rank, size) else f"no rank {hello.sender} here"
     if hello.purpose == PURPOSE_P2P and listener == 0:
         if 0 <= hello.sender < size and hello.sender != rank and hello.channel == 0:
             return None
