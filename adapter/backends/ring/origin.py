@@ -264,14 +264,16 @@ def _send_notices(ring: RingState, culprit: int, skip: set, to=None, wait: bool 
     targets -= skip | {q for q, said in heard.items() if said is None}
     until = {q: deadline if heard.get(q) is None else max(now, min(deadline, heard[q] + RELAY_WAIT_S))  # type: ignore[operator]
              for q in targets}
-    if ring.standby is not None:
-        ring.standby.say(culprit, targets)  # at once, on the connections made for it (standby.py)
+    # At once, on the connections made for it (standby.py): a rank told there is not waited for.
+    told = ring.standby.say(culprit, targets) if ring.standby is not None else set()
     senders = [(threading.Thread(target=_send_notice, args=(ring, q, culprit, until[q]), daemon=True,
                                  name=f"abort-notice-{q}"), q)
                for q in sorted(targets)]
     for sender, _ in senders:
         sender.start()
     for sender, q in senders if wait else ():
+        if q in told:
+            continue
         sender.join(max(0.0, until[q] - time.monotonic()))
 
 

@@ -126,20 +126,23 @@ class Standby:
             if old is not None:
                 old.sock.close()
 
-    def say(self, code: int, to: set[int] | None = None) -> None:
+    def say(self, code: int, to: set[int] | None = None) -> set[int]:
         """Write `code` to the ranks in `to` (default: all) that made a standby connection to this
-        rank; never blocks."""
+        rank; never blocks. Returns the ranks whose connection took the whole frame."""
         self._collect()
         with self._lock:
             links = [(q, link) for q, link in self._watched.items() if to is None or q in to]
-        for _, link in links:
+        told = set()
+        for q, link in links:
             frame = FRAME.pack(MAGIC, link.count, code)
             link.count += 1
+            data = frame + hmac.new(link.key, frame, "sha256").digest()[:TAG_BYTES]
             try:
-                link.sock.send(frame + hmac.new(link.key, frame, "sha256").digest()[:TAG_BYTES],
-                               socket.MSG_DONTWAIT)
+                if link.sock.send(data, socket.MSG_DONTWAIT) == len(data):
+                    told.add(q)
             except OSError:
                 pass
+        return told
 
     def words(self, ranks) -> list[tuple[int, int]]:
         """The codes the ranks in `ranks` wrote on the standby connections this rank made to them
