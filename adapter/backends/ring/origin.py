@@ -289,25 +289,43 @@ def _send_notice(ring: RingState, q: int, culprit: int, deadline: float) -> None
 
 
 def _notice_from(ring: RingState, peer: int) -> int | None:
-    """The culprit in peer's abort notice; None when it sent none (it died, or cannot say)."""
+    """The culprit in peer's abort notice (a handshake notice, or its word on a standby
+    connection); None when it sent none (it died, or cannot say)."""
     if not ring.listeners:
         return None
+    standby = ring.standby
     match = lambda h: h.purpose == PURPOSE_NOTICE and h.sender == peer  # noqa: E731
+
+    def said() -> list[int]:
+        """What peer said so far, in either way, consumed."""
+        codes = [code for _, code in standby.words([peer])] if standby is not None else []
+        while (taken := ring.listeners[0].take(match, time.monotonic(), None)) is not None:
+            taken[0].close()
+            codes.append(taken[1].channel)
+        return codes
     deadline = time.monotonic() + NOTICE_WAIT_S
-    taken = ring.listeners[0].take(match, time.monotonic(), None)
-    while taken is None:
-        if time.monotonic() >= deadline or not _listening(ring.addresses[peer][0]):
-            return None  # it died: no notice will come
-        taken = ring.listeners[0].take(match, min(deadline, time.monotonic() + RECHECK_S), None)
-    sock, hello = taken
-    sock.close()
-    culprit = hello.channel
+    probed = 0.0
+    codes = said()
+    while not codes:
+        now = time.monotonic()
+        if now >= deadline:
+            return None
+        if now >= probed + RECHECK_S:
+            probed = now
+            if not _listening(ring.addresses[peer][0]):
+                codes = said()  # it may have spoken just before it left
+                if not codes:
+                    return None  # it died: no notice will come
+                break
+        poll = STANDBY_POLL_S if standby is not None else RECHECK_S
+        taken = ring.listeners[0].take(match, min(deadline, now + poll), None)
+        if taken is not None:
+            taken[0].close()
+            codes.append(taken[1].channel)
+        codes += said()
     # A rank that timed out first said it was stuck (-1), then whom it blames: take the last word.
-    while (taken := ring.listeners[0].take(match, time.monotonic(), None)) is not None:
-        taken[0].close()
-        if taken[1].channel != -1:
-            culprit = taken[1].channel
-    return culprit
+    named = [code for code in codes if code != -1]
+    return named[-1] if named else -1
 
 
 def _listening(address: str) -> bool:
