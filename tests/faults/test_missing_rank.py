@@ -3,6 +3,7 @@ the missing rank and the address involved."""
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 from cluster import finish_all, rank_envs, reports, start, stop_all
@@ -71,3 +72,38 @@ def test_jaccl_missing_coordinator_is_named_with_its_address(tmp_path):
     assert "coordinator" in out[1][1] and "rank 0" in out[1][1] and "127.0.0.1:" in out[1][1], out[1]
     assert address.split(":")[0] in out[1][1]
     assert out[1][2] == "0", f"the unreachable coordinator, rank 0, is not the culprit: {out[1]}"
+
+
+LATE_DEADLINE_S = 3.0
+LATE_BY_S = 4.5   # rank 2 starts after the others gave up and left
+ON_TIME_S = 0.5   # every init error within the connect deadline + this, from the rank's own init()
+
+
+@pytest.mark.timeout(60)
+def test_ring_late_starter_raises_within_its_deadline_naming_the_rank_it_missed(tmp_path):
+    """A rank that starts after its neighbours gave up and left has nobody to connect with: it
+    must raise within its own connect deadline + 0.5 s (counted from its own init()), naming
+    the rank it could not reach. Its notice to the neighbour it has no connection with (which
+    left too) must not hold the error past that (it used to: deadline + 1 s)."""
+    n, late = 3, 2
+    envs = rank_envs("ring", n, tmp_path)
+    env = {"JACKLRING_CONNECT_TIMEOUT": str(LATE_DEADLINE_S)}
+    early = start("ring", n, "say('FORMED')", tmp_path, envs=envs, ranks=[0, 1], env=env)
+    procs = list(early)
+    try:
+        for p in early:
+            p.wait_line("INITERR", LATE_DEADLINE_S + 20)
+        codes = finish_all(early, 10)
+        time.sleep(max(0.0, LATE_BY_S - LATE_DEADLINE_S))
+        procs += start("ring", n, "say('FORMED')", tmp_path, envs=envs, ranks=[late], env=env)
+        began = float(procs[-1].wait_line("INIT", 30)[1])
+        fields = procs[-1].wait_line("INITERR", LATE_DEADLINE_S + 20)
+        culprit = procs[-1].tagged("CULPRIT")[0][2] if procs[-1].tagged("CULPRIT") else None
+        codes += finish_all(procs[-1:], 10)
+    finally:
+        stop_all(procs)
+    took, text = float(fields[1]) - began, " ".join(fields[2:])
+    print(f"late rank {late}: {took:.2f} s after its init() (deadline {LATE_DEADLINE_S} s), culprit {culprit}: {text}")
+    assert codes == [4] * n, reports(procs)
+    assert took < LATE_DEADLINE_S + ON_TIME_S, f"raised {took:.2f} s into init(): {text}"
+    assert culprit == "0" and "rank 0" in text, (culprit, text)

@@ -202,6 +202,11 @@ class RingBackend(Backend):
                 if watch is None:
                     self._forming.finish(self.barrier)  # a split's parent runs the closing barrier instead
                 self._attach_shared_memory()
+                if state.shm is None and state.standby is not None:
+                    # Collectives over the ring links wait on the neighbours: their words after a
+                    # deadline come over standby connections, without a handshake (standby.py).
+                    for q in ((rank + 1) % self._size, (rank - 1) % self._size):
+                        state.standby.watch(q)
             except BaseException as exc:
                 self._forming.give_up(exc, tell_unlinked=watch is None)
                 self.close()  # the listeners, so a failed formation leaves no fd behind

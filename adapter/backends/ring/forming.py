@@ -15,7 +15,7 @@ from ...errors import CollectiveTimeout, DistributedError, PeerError
 from ..transport import blame, integrity, layout, tcp
 from ..transport.auth import Auth
 from ..transport.stream_engine import Engine, Stream
-from . import origin, shrink
+from . import origin, shrink, standby
 from .addresses import links_per_neighbour, ranks_on_this_host
 from .formation import FormationAbandoned, LayoutMismatch, Watch
 from .header import (
@@ -38,6 +38,8 @@ LEFT_PROBE_S = 0.25  # how often a rank waiting for its left neighbour probes th
 LEFT_PROBE_ANSWER_S = 0.1  # ... and how long the answer may take (no answer: no conclusion)
 CANNOT_LISTEN_NOTICE_S = 2.0  # how long a rank that cannot listen at its address tries to tell each neighbour
 ABORT_NOTICE_S = 1.0  # how long a rank that gave up tries to reach a neighbour it had no connection with
+ABORT_NOTICE_HOLD_S = 0.25  # ... of which its error waits at most this long past the connect deadline (the
+                            # rest goes on in the background: every init error within deadline + 0.5 s)
 LAYOUT_CHECK_S = 1.0  # a listener that answers as another job is asked for its layout at most this often
 LAYOUT_ANSWER_S = 0.5  # ... and how long its answer may take (no answer: no conclusion)
 LAYOUT_LINGER_S = 2.0  # a rank that found (or was told of) a layout mismatch stays to tell late starters
@@ -86,6 +88,8 @@ def admit(state: RingState, hello: tcp.Hello, listener: int, k: int) -> str | No
         return f"ring connection {listener} is for rank {prv}"
     if hello.purpose == origin.PURPOSE_NOTICE and listener == 0:
         return None if origin.admits(hello.sender, rank, size) else f"no rank {hello.sender} here"
+    if hello.purpose == standby.PURPOSE_STANDBY and listener == 0:
+        return None if standby.admits(hello.sender, rank, size) else f"no rank {hello.sender} here"
     if hello.purpose == PURPOSE_P2P and listener == 0:
         if 0 <= hello.sender < size and hello.sender != rank and hello.channel == 0:
             return None
@@ -384,32 +388,52 @@ class Forming:
             return
         # A ring neighbour this rank has no connection with yet would wait for its deadline (not
         # the one this failure is about: it is missing, or something else answers at its address).
-        until = time.monotonic() + ABORT_NOTICE_S
+        # Both are told at once, each on a thread: for up to ABORT_NOTICE_S (a neighbour whose
+        # listener comes up within it is still told), but the error waits for them only until
+        # ABORT_NOTICE_HOLD_S past the connect deadline; the threads are not daemons, so a process
+        # that exits on the error still finishes them (bounded by ABORT_NOTICE_S).
+        now = time.monotonic()
+        until = now + ABORT_NOTICE_S
+        hold = min(until, max(now, self._deadline) + ABORT_NOTICE_HOLD_S)
         skip = {culprit, state.rank, getattr(exc, "about_rank", -1)}
+        notice = frame or self._words.abort_header(culprit, missing)
+        threads = []
+        for peer in sorted({(state.rank + 1) % state.size, (state.rank - 1) % state.size} - skip):
+            if self.watch.linked(peer):
+                continue
+            thread = threading.Thread(target=self._notify, args=(peer, notice, frame is not None, until),
+                                      name=f"jacklring-abort-notice-{state.rank}-{peer}")
+            thread.start()
+            threads.append(thread)
+        for thread in threads:
+            thread.join(max(0.0, hold - time.monotonic()))
+        if frame is not None:
+            self._linger(frame)
+
+    def _notify(self, peer: int, notice: bytes, layout_frame: bool, until: float) -> None:
+        """Pass a formation's verdict to ring neighbour `peer`, which this rank has no connection
+        with, trying until `until` (on a thread of give_up: never raises)."""
+        state = self._state
 
         def other_view() -> None:
             """After a layout mismatch a neighbour that answers as another job holds the other
             view: it cannot take this notice (it learns from its own check), so do not retry."""
-            if frame is not None:
+            if layout_frame:
                 raise PeerError("it answers as another job")
-        for peer in {(state.rank + 1) % state.size, (state.rank - 1) % state.size} - skip:
-            if self.watch.linked(peer):
-                continue
+        try:
             hello = tcp.Hello(PURPOSE_ABORT, state.rank, peer, 0, state.token)
-            try:
-                sock = tcp.connect_with_hello(tcp.parse_address(state.addresses[peer][0]), hello, until,
-                                              f"rank {peer}", state.auth, other_job=other_view)[0]
-            except DistributedError:
-                continue  # not listening (yet): it waits for its own deadline
-            try:
-                sock.sendall(frame or self._words.abort_header(culprit, missing))
-                sock.shutdown(socket.SHUT_WR)
-            except OSError:
-                pass
-            finally:
-                sock.close()
-        if frame is not None:
-            self._linger(frame)
+            sock = tcp.connect_with_hello(tcp.parse_address(state.addresses[peer][0]), hello, until,
+                                          f"rank {peer}", state.auth, other_job=other_view)[0]
+        except Exception:
+            return  # not listening (yet): it waits for its own deadline
+        try:
+            sock.settimeout(max(0.01, until - time.monotonic()))
+            sock.sendall(notice)
+            sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+        finally:
+            sock.close()
 
     def _linger(self, frame: bytes) -> None:
         """After a layout mismatch, for LAYOUT_LINGER_S: answer every connection that arrives

@@ -40,6 +40,7 @@ RECHECK_S = 0.05     # meanwhile, how often to look whether it still listens (a 
 SEND_S = 0.3         # how long a failing rank spends delivering its notices, at most
 ARRIVING_S = 0.05    # at the end of the window, how long to wait for a notice still in its handshake
 PROBE_S = 0.2        # how long a connection attempt may take to say whether a peer still listens
+STANDBY_POLL_S = 0.01  # after a deadline, how often the standby connections are read (standby.py)
 # The culprit codes a notice's channel field carries, the rule for whom a deadline blames and
 # the relayed verdict's words are the transport's (transport/blame.py, shared with JACCL's mesh):
 # MISMATCH + a * MISMATCH_SPAN + b, ranks a and b called different collectives; OUTER - q, rank
@@ -100,10 +101,26 @@ def blame_silence(ring: RingState, exc: BaseException, waited, tell: set) -> Bas
     _send_notices(ring, -1, {me}, sorted(tell - {me}), wait=False)  # "stuck too"
     heard: dict[int, float | None] = {}  # sender -> when it said it is stuck; None: it named a rank
     listener = ring.listeners[0]
+    standby = ring.standby  # the words of the ranks waited for, without a handshake (standby.py)
     match = lambda h: h.purpose == PURPOSE_NOTICE and h.sender in waited  # noqa: E731
+
+    def word(sender: int, channel: int) -> BaseException | None:
+        """What a notice from `sender` saying `channel` means: None while it says it is stuck."""
+        if channel == -1 or channel == me:
+            heard.setdefault(sender, time.monotonic())
+            return None
+        heard[sender] = None
+        if channel >= MISMATCH:
+            return _mismatch_seen(ring, exc, channel, sender)
+        return _relayed(exc, channel, sender)
+
     until = start + STUCK_WAIT_S
     named: BaseException | None = None
     while named is None:
+        for sender, channel in standby.words(waited) if standby is not None else ():
+            named = named or word(sender, channel)
+        if named is not None:
+            break
         now = time.monotonic()
         if now >= until:
             silent = rule.silent_rank(waited, set(heard))
@@ -117,25 +134,20 @@ def blame_silence(ring: RingState, exc: BaseException, waited, tell: set) -> Bas
                                                      f"and none named another rank")
             until = start + RELAY_WAIT_S
             continue
-        taken = listener.take(match, until, None)
+        taken = listener.take(match, until if standby is None else min(until, now + STANDBY_POLL_S), None)
         if taken is None:
             continue
         sock, hello = taken
         sock.close()
-        if hello.channel == -1 or hello.channel == me:
-            heard.setdefault(hello.sender, time.monotonic())
-            continue
-        heard[hello.sender] = None
-        if hello.channel >= MISMATCH:
-            named = _mismatch_seen(ring, exc, hello.channel, hello.sender)
-        else:
-            named = _relayed(exc, hello.channel, hello.sender)
+        named = word(hello.sender, hello.channel)
     # What the ranks this one tells have said meanwhile: one that named a rank needs no verdict
     # from this one, one that is stuck listens only until its own window closes (notify).
     told = lambda h: h.purpose == PURPOSE_NOTICE and h.sender in tell  # noqa: E731
+    said = standby.words(tell) if standby is not None else []
     while (taken := listener.take(told, time.monotonic(), None)) is not None:
         taken[0].close()
-        sender, channel = taken[1].sender, taken[1].channel
+        said.append((taken[1].sender, taken[1].channel))
+    for sender, channel in said:
         if channel == -1 or channel == me:
             heard.setdefault(sender, time.monotonic())
         else:
@@ -155,6 +167,11 @@ def blame_p2p(ring: RingState, exc: BaseException, peer: int, partners: set[int]
     partners = (set(partners) | {peer}) - {ring.rank}
     if isinstance(exc, CollectiveTimeout):
         named = blame_silence(ring, exc, [peer], partners)
+    elif getattr(exc, "unanswered", False):
+        # peer's acceptor left this rank's handshake unanswered until the deadline: peer is
+        # stopped (or starved), and no notice will come from it (blame() would wait NOTICE_WAIT_S).
+        named = blaming_text(exc, peer, f"{exc}; rank {peer} is the rank that went silent: its process answered "
+                                        f"no connection for the whole deadline (it is stopped, or starved of CPU)")
     else:
         exc.peer = peer  # type: ignore[attr-defined]
         named = blame(ring, exc)
@@ -247,12 +264,16 @@ def _send_notices(ring: RingState, culprit: int, skip: set, to=None, wait: bool 
     targets -= skip | {q for q, said in heard.items() if said is None}
     until = {q: deadline if heard.get(q) is None else max(now, min(deadline, heard[q] + RELAY_WAIT_S))  # type: ignore[operator]
              for q in targets}
+    # At once, on the connections made for it (standby.py): a rank told there is not waited for.
+    told = ring.standby.say(culprit, targets) if ring.standby is not None else set()
     senders = [(threading.Thread(target=_send_notice, args=(ring, q, culprit, until[q]), daemon=True,
                                  name=f"abort-notice-{q}"), q)
                for q in sorted(targets)]
     for sender, _ in senders:
         sender.start()
     for sender, q in senders if wait else ():
+        if q in told:
+            continue
         sender.join(max(0.0, until[q] - time.monotonic()))
 
 
@@ -268,25 +289,43 @@ def _send_notice(ring: RingState, q: int, culprit: int, deadline: float) -> None
 
 
 def _notice_from(ring: RingState, peer: int) -> int | None:
-    """The culprit in peer's abort notice; None when it sent none (it died, or cannot say)."""
+    """The culprit in peer's abort notice (a handshake notice, or its word on a standby
+    connection); None when it sent none (it died, or cannot say)."""
     if not ring.listeners:
         return None
+    standby = ring.standby
     match = lambda h: h.purpose == PURPOSE_NOTICE and h.sender == peer  # noqa: E731
+
+    def said() -> list[int]:
+        """What peer said so far, in either way, consumed."""
+        codes = [code for _, code in standby.words([peer])] if standby is not None else []
+        while (taken := ring.listeners[0].take(match, time.monotonic(), None)) is not None:
+            taken[0].close()
+            codes.append(taken[1].channel)
+        return codes
     deadline = time.monotonic() + NOTICE_WAIT_S
-    taken = ring.listeners[0].take(match, time.monotonic(), None)
-    while taken is None:
-        if time.monotonic() >= deadline or not _listening(ring.addresses[peer][0]):
-            return None  # it died: no notice will come
-        taken = ring.listeners[0].take(match, min(deadline, time.monotonic() + RECHECK_S), None)
-    sock, hello = taken
-    sock.close()
-    culprit = hello.channel
+    probed = 0.0
+    codes = said()
+    while not codes:
+        now = time.monotonic()
+        if now >= deadline:
+            return None
+        if now >= probed + RECHECK_S:
+            probed = now
+            if not _listening(ring.addresses[peer][0]):
+                codes = said()  # it may have spoken just before it left
+                if not codes:
+                    return None  # it died: no notice will come
+                break
+        poll = STANDBY_POLL_S if standby is not None else RECHECK_S
+        taken = ring.listeners[0].take(match, min(deadline, now + poll), None)
+        if taken is not None:
+            taken[0].close()
+            codes.append(taken[1].channel)
+        codes += said()
     # A rank that timed out first said it was stuck (-1), then whom it blames: take the last word.
-    while (taken := ring.listeners[0].take(match, time.monotonic(), None)) is not None:
-        taken[0].close()
-        if taken[1].channel != -1:
-            culprit = taken[1].channel
-    return culprit
+    named = [code for code in codes if code != -1]
+    return named[-1] if named else -1
 
 
 def _listening(address: str) -> bool:

@@ -17,6 +17,7 @@ from ..transport.stream_engine import Engine, Stream
 if TYPE_CHECKING:
     from ..local.shm import SharedGroup
     from .hierarchy import Hierarchy
+    from .standby import Standby
 
 
 @dataclass(eq=False)
@@ -43,6 +44,7 @@ class RingState:
     # While a split's (or init's) closing barrier runs: a failure passes the verdict on over the
     # ring links (forming.abandon), and collectives stay on the ring.
     abandon_on_failure: bool = False
+    standby: "Standby | None" = None  # point-to-point partners' standby notice connections (standby.py)
 
     def who(self, rank: int, index: int = 0) -> str:
         """A rank and its address `index`, for messages."""

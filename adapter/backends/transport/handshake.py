@@ -158,8 +158,12 @@ def client_handshake(sock: socket.socket, hello: Hello, auth: Auth, where: str, 
         answer = _recv_fixed(sock, CHALLENGE.size, time.monotonic() + answer_s, CHALLENGE_MAGIC)
     except socket.timeout:
         if answer_s < answer_timeout:
-            raise PeerError(f"{who} at {where} accepted the connection but did not answer the jacklring "
-                            f"handshake before the deadline (stopped, or too busy to answer)") from None
+            silent = PeerError(f"{who} at {where} accepted the connection but did not answer the jacklring "
+                               f"handshake before the deadline (stopped, or too busy to answer)")
+            # Its acceptor thread (which answers whatever its main thread does) said nothing for
+            # the whole deadline: it is the silent one, and it will send no notice either.
+            silent.unanswered = True  # type: ignore[attr-defined]
+            raise silent from None
         raise PeerError(f"the process listening on {where} (expected: {who}) accepted the connection but did "
                         f"not answer the jacklring handshake within {answer_s:.3g} s; another program "
                         f"listens on that address, or the rank is stopped") from None
