@@ -1,9 +1,10 @@
-"""Every op against gloo, point-to-point, and forming the group again and again: three checks of
-the jacklring torch group that each need three ranks and leave the group as they found it, so one
-launch of three ranks runs all three scripts one after the other (workers/parts.py) and each
-test reads its script's part. Three ranks importing torch cost seconds of CPU; one launch instead
-of three saves two of them. The file is one xdist group (tests/conftest.py), so its tests see the
-same launch."""
+"""Checks of the jacklring torch group that each need three ranks and end with the group as
+they found it or destroyed: every op against gloo, point-to-point, forming the group again and
+again, and the gloo features a torch user expects (recv from any source, batch_isend_irecv, DDP
+join, monitored_barrier). One launch of three ranks runs their scripts one after the other
+(workers/parts.py: each on a group and port of its own) and each test reads its script's part.
+Three ranks importing torch cost seconds of CPU; one launch instead of five saves twelve
+imports. The file is one xdist group (tests/conftest.py), so its tests see the same launch."""
 from __future__ import annotations
 
 import dataclasses
@@ -13,45 +14,67 @@ import torch_harness as harness
 
 pytest.importorskip("torch")
 
-SCRIPTS = ("ops_parity.py", "p2p.py", "lifecycle.py")  # lifecycle last: it sets env:// variables
+# monitored last: it leaves failed barriers behind (nothing is destroyed after the last part)
+PARTS = ("ops_parity.py", "p2p.py", "lifecycle.py", "torch_features.py:anysource,batch,join",
+         "torch_features.py:monitored")
 
 
 @pytest.fixture(scope="module")
 def launch() -> list[harness.Result]:
-    """One port per script: a script's group forms on a port no store of an earlier one holds."""
-    port, *ports = harness.free_ports(1 + len(SCRIPTS))
-    specs = [f"{script}:{p}" for script, p in zip(SCRIPTS, ports)]
-    return harness.collect(harness.spawn(3, "parts.py", *specs, port=port), 200)
+    """One port per part: a part's group forms on a port no store of an earlier one holds."""
+    port, *ports = harness.free_ports(1 + len(PARTS))
+    specs = []
+    for part, p in zip(PARTS, ports):
+        script, _, arg = part.partition(":")
+        specs.append(f"{script}:{p}" + (f":{arg}" if arg else ""))
+    # alone, each had 80 s (join's 150 s): join trains four models, about 45 s on a loaded 2-core host
+    return harness.collect(harness.spawn(3, "parts.py", *specs, port=port), 330)
 
 
-def _part(results: list[harness.Result], script: str, marker: str) -> None:
-    """Each rank ran the script to its marker: the output from "=== script" to the next part,
-    and the rank exited 0, or 1 for another script's failure (never a signal or a crash at exit)."""
+def _part(results: list[harness.Result], part: str, *markers: str) -> list[harness.Result]:
+    """Each rank's output of one part (from "=== part" to the next part), after checking that
+    every rank printed the markers there and exited 0, or 1 for another part's failure (never a
+    signal or a crash at exit)."""
+    name = part.replace(":", " ")
+
     def cut(text: str) -> str:
-        start = text.find(f"=== {script}\n")
+        start = text.find(f"=== {name}\n")
         if start < 0:
             return ""
         end = text.find("\n=== ", start + 1)
         return text[start:] if end < 0 else text[start:end + 1]
     parts = [dataclasses.replace(r, stdout=cut(r.stdout)) for r in results]
     bad = [p for p, r in zip(parts, results)
-           if marker not in p.stdout or not (r.returncode == 0 or (r.returncode == 1 and " FAILED\n" in r.stdout))]
-    assert not bad, f"{script}:\n" + "\n".join(r.report() for r in results)
+           if not all(m in p.stdout for m in markers)
+           or not (r.returncode == 0 or (r.returncode == 1 and " FAILED\n" in r.stdout))]
+    assert not bad, f"{name}:\n" + "\n".join(r.report() for r in results)
+    return parts
 
 
-# The first test to run also waits for the launch (200 s at most).
-@pytest.mark.timeout(300)
+# The first test to run also waits for the launch (330 s at most).
+@pytest.mark.timeout(420)
 def test_every_op_matches_gloo_with_three_ranks(launch):
     _part(launch, "ops_parity.py", "checks ALL OK")
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(420)
 def test_point_to_point_any_peer_irecv_before_isend_and_tags(launch):
     _part(launch, "p2p.py", "p2p ALL OK")
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(420)
 def test_destroy_and_init_again_over_file_tcp_twice_and_env(launch):
     """torch keeps the TCPStore of a port alive after destroy_process_group and names the new
     groups as the old ones: the second group must not read the first one's addresses."""
     _part(launch, "lifecycle.py", "lifecycle ALL OK")
+
+
+@pytest.mark.timeout(420)
+@pytest.mark.parametrize("modes", ["anysource,batch,join", "monitored"])
+def test_gloo_features_on_three_ranks(launch, modes):
+    """The modes that leave the group working in one part, monitored in one of its own."""
+    results = _part(launch, f"torch_features.py:{modes}", *(f"{mode} OK" for mode in modes.split(",")))
+    if modes == "monitored":
+        assert "Rank 2 failed to pass monitoredBarrier in 1000 ms" in results[0].stdout, results[0].report()
+        assert "Ranks 1, 2 failed to pass monitoredBarrier" in results[0].stdout, results[0].report()
+        assert "Rank 1 successfully reached monitoredBarrier, but received errors" in results[1].stdout, results[1].report()
