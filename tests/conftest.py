@@ -62,6 +62,7 @@ XDIST_GROUPS = {
     "tests/repository/test_examples.py": "examples",
     "tests/torch/test_compile.py": "compile",
     "tests/torch/test_three_rank_launch.py": "three_rank_launch",
+    "tests/torch/test_two_rank_launch.py": "two_rank_launch",
     # a one-node Slurm (munged, slurmctld, slurmd) started for the module
     "tests/engines/test_slurm.py": "slurm",
 }

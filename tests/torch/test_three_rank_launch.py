@@ -8,8 +8,6 @@ CPU; one launch instead of six saves fifteen imports. The file is one xdist grou
 (tests/conftest.py), so its tests see the same launch."""
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch_harness as harness
 
@@ -22,52 +20,26 @@ PARTS = ("ops_parity.py", "p2p.py", "lifecycle.py", "routed_monitored_barrier.py
 
 @pytest.fixture(scope="module")
 def launch() -> list[harness.Result]:
-    """One port per part: a part's group forms on a port no store of an earlier one holds."""
-    port, *ports = harness.free_ports(1 + len(PARTS))
-    specs = []
-    for part, p in zip(PARTS, ports):
-        script, _, arg = part.partition(":")
-        specs.append(f"{script}:{p}" + (f":{arg}" if arg else ""))
     # alone, each had 80 s (join's 150 s): join trains four models, about 45 s on a loaded 2-core host
-    return harness.collect(harness.spawn(3, "parts.py", *specs, port=port), 330)
-
-
-def _part(results: list[harness.Result], part: str, *markers: str) -> list[harness.Result]:
-    """Each rank's output of one part (from "=== part" to the next part), after checking that
-    every rank printed the markers there and exited 0, or 1 for another part's failure (never a
-    signal or a crash at exit)."""
-    name = part.replace(":", " ")
-
-    def cut(text: str) -> str:
-        start = text.find(f"=== {name}\n")
-        if start < 0:
-            return ""
-        end = text.find("\n=== ", start + 1)
-        return text[start:] if end < 0 else text[start:end + 1]
-    parts = [dataclasses.replace(r, stdout=cut(r.stdout)) for r in results]
-    bad = [p for p, r in zip(parts, results)
-           if not all(m in p.stdout for m in markers)
-           or not (r.returncode == 0 or (r.returncode == 1 and " FAILED\n" in r.stdout))]
-    assert not bad, f"{name}:\n" + "\n".join(r.report() for r in results)
-    return parts
+    return harness.launch_parts(3, PARTS, 330)
 
 
 # The first test to run also waits for the launch (330 s at most).
 @pytest.mark.timeout(420)
 def test_every_op_matches_gloo_with_three_ranks(launch):
-    _part(launch, "ops_parity.py", "checks ALL OK")
+    harness.part(launch, "ops_parity.py", "checks ALL OK")
 
 
 @pytest.mark.timeout(420)
 def test_point_to_point_any_peer_irecv_before_isend_and_tags(launch):
-    _part(launch, "p2p.py", "p2p ALL OK")
+    harness.part(launch, "p2p.py", "p2p ALL OK")
 
 
 @pytest.mark.timeout(420)
 def test_destroy_and_init_again_over_file_tcp_twice_and_env(launch):
     """torch keeps the TCPStore of a port alive after destroy_process_group and names the new
     groups as the old ones: the second group must not read the first one's addresses."""
-    _part(launch, "lifecycle.py", "lifecycle ALL OK")
+    harness.part(launch, "lifecycle.py", "lifecycle ALL OK")
 
 
 @pytest.mark.timeout(420)
@@ -77,7 +49,7 @@ def test_torch_monitored_barrier_routed_names_the_late_rank_of_three_and_the_gro
     After the timeout the group is used again: with the failed barrier's receives left posted,
     the next barrier's release went to them and the ranks timed out once more. (No part before
     this one routes monitored_barrier: the script first checks that torch refuses.)"""
-    results = _part(launch, "routed_monitored_barrier.py", "ROUTED OK", "the group works after the failed barrier")
+    results = harness.part(launch, "routed_monitored_barrier.py", "ROUTED OK", "the group works after the failed barrier")
     assert "Rank 2 failed to pass monitoredBarrier in 1000 ms" in results[0].stdout, results[0].report()
     assert "Rank 1 successfully reached monitoredBarrier" in results[1].stdout, results[1].report()
     assert "Rank 2 successfully reached monitoredBarrier" in results[2].stdout, results[2].report()
@@ -87,7 +59,7 @@ def test_torch_monitored_barrier_routed_names_the_late_rank_of_three_and_the_gro
 @pytest.mark.parametrize("modes", ["anysource,batch,join", "monitored"])
 def test_gloo_features_on_three_ranks(launch, modes):
     """The modes that leave the group working in one part, monitored in one of its own."""
-    results = _part(launch, f"torch_features.py:{modes}", *(f"{mode} OK" for mode in modes.split(",")))
+    results = harness.part(launch, f"torch_features.py:{modes}", *(f"{mode} OK" for mode in modes.split(",")))
     if modes == "monitored":
         assert "Rank 2 failed to pass monitoredBarrier in 1000 ms" in results[0].stdout, results[0].report()
         assert "Ranks 1, 2 failed to pass monitoredBarrier" in results[0].stdout, results[0].report()

@@ -54,15 +54,6 @@ def test_exit_collects_cyclic_garbage_before_interpreter_finalization():
     assert "cycle freed while finalizing: False" in results[0].stdout, results[0].report()
 
 
-@pytest.mark.timeout(120)
-def test_training_parameters_equal_gloo_ddp_hooks_zero_fsdp2():
-    results = harness.run(2, "training.py", timeout=110)
-    harness.assert_all_ok(results, marker="training ALL OK")
-    for case in ("ddp", "bucket_view", "unused", "no_sync", "bf16", "static_graph",
-                 "fp16_hook", "powersgd", "sparse", "zero", "fsdp2"):
-        assert f"{case}: parameters match gloo" in results[0].stdout
-
-
 @pytest.mark.timeout(60)
 def test_dead_peer_raises_within_seconds():
     results = harness.run(2, "failures.py", "kill", timeout=50)

@@ -16,15 +16,6 @@ import torch_harness as harness
 pytest.importorskip("torch")
 
 
-@pytest.mark.timeout(120)
-def test_future_is_done_when_wait_returns_for_thousands_of_async_ops():
-    results = harness.run(2, "futures.py", "success", timeout=110)
-    harness.assert_all_ok(results, marker="futures ALL OK")
-    for r in results:
-        match = re.search(r"NOT DONE AFTER WAIT: (\d+) of (\d+)", r.stdout)
-        assert match and int(match.group(1)) == 0 and int(match.group(2)) >= 1000, r.report()
-
-
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("kind", ["mismatch", "deadline", "death"])
 def test_failed_work_keeps_the_contract(kind):
