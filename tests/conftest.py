@@ -61,6 +61,8 @@ XDIST_GROUPS = {
     "tests/api/test_parallel.py": "parallel",
     "tests/repository/test_examples.py": "examples",
     "tests/torch/test_compile.py": "compile",
+    "tests/torch/test_three_rank_launch.py": "three_rank_launch",
+    "tests/torch/test_two_rank_launch.py": "two_rank_launch",
     # a one-node Slurm (munged, slurmctld, slurmd) started for the module
     "tests/engines/test_slurm.py": "slurm",
 }

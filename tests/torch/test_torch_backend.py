@@ -40,11 +40,6 @@ def test_pg_options_choose_the_backend_and_reject_nonsense():
 
 
 @pytest.mark.timeout(90)
-def test_every_op_matches_gloo_with_three_ranks():
-    harness.assert_all_ok(harness.run(3, "ops_parity.py", timeout=80))
-
-
-@pytest.mark.timeout(90)
 def test_what_a_demanding_user_runs_matches_gloo_on_four_ranks():
     """Subgroups (a subset, non-members, new_subgroups, a 2x2 mesh), uneven all_to_all, non-zero
     roots on non-contiguous tensors, object collectives, dtype x op, empty tensors, tags in
@@ -52,32 +47,11 @@ def test_what_a_demanding_user_runs_matches_gloo_on_four_ranks():
     harness.assert_all_ok(harness.run(4, "adversarial.py", timeout=80))
 
 
-@pytest.mark.timeout(90)
-def test_point_to_point_any_peer_irecv_before_isend_and_tags():
-    harness.assert_all_ok(harness.run(3, "p2p.py", timeout=80), marker="p2p ALL OK")
-
-
-@pytest.mark.timeout(90)
-def test_destroy_and_init_again_over_file_tcp_twice_and_env():
-    """torch keeps the TCPStore of a port alive after destroy_process_group and names the new
-    groups as the old ones: the second group must not read the first one's addresses."""
-    harness.assert_all_ok(harness.run(3, "lifecycle.py", timeout=80), marker="lifecycle ALL OK")
-
-
 @pytest.mark.timeout(60)
 def test_exit_collects_cyclic_garbage_before_interpreter_finalization():
     results = harness.run(1, "exit_gc.py", timeout=50)
     harness.assert_all_ok(results, marker="exit_gc ALL OK")
     assert "cycle freed while finalizing: False" in results[0].stdout, results[0].report()
-
-
-@pytest.mark.timeout(120)
-def test_training_parameters_equal_gloo_ddp_hooks_zero_fsdp2():
-    results = harness.run(2, "training.py", timeout=110)
-    harness.assert_all_ok(results, marker="training ALL OK")
-    for case in ("ddp", "bucket_view", "unused", "no_sync", "bf16", "static_graph",
-                 "fp16_hook", "powersgd", "sparse", "zero", "fsdp2"):
-        assert f"{case}: parameters match gloo" in results[0].stdout
 
 
 @pytest.mark.timeout(60)

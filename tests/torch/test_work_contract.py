@@ -1,6 +1,7 @@
 """The Work / Future contract of c10d's own backends (docs/torch.md), from Python and from C++
-(DDP's reducer), for success and for every error kind; and the gloo features a torch user
-expects (recv from any source, monitored_barrier, batch_isend_irecv, DDP join).
+(DDP's reducer), for success and for every error kind. (The gloo features a torch user expects,
+recv from any source, monitored_barrier, batch_isend_irecv and DDP join, share a launch in
+test_three_rank_launch.py.)
 
 Ranks are spawned here (tests/torch/torch_harness.py), never by our launcher, so nothing
 stops a survivor before it has shown how it ends."""
@@ -13,15 +14,6 @@ import pytest
 import torch_harness as harness
 
 pytest.importorskip("torch")
-
-
-@pytest.mark.timeout(120)
-def test_future_is_done_when_wait_returns_for_thousands_of_async_ops():
-    results = harness.run(2, "futures.py", "success", timeout=110)
-    harness.assert_all_ok(results, marker="futures ALL OK")
-    for r in results:
-        match = re.search(r"NOT DONE AFTER WAIT: (\d+) of (\d+)", r.stdout)
-        assert match and int(match.group(1)) == 0 and int(match.group(2)) >= 1000, r.report()
 
 
 @pytest.mark.timeout(60)
@@ -112,19 +104,3 @@ def test_every_survivor_names_the_killed_rank(n, transport):
 def _reporters(message: str) -> set[int]:
     """Ranks a message names only as the ones that reported the death."""
     return {int(q) for q in re.findall(r"reported by rank (\d+)", message)}
-
-
-@pytest.mark.timeout(160)
-@pytest.mark.parametrize("modes", ["anysource,batch,join", "monitored"])
-def test_gloo_features_on_three_ranks(modes):
-    """One launch for the modes that leave the group working (three ranks importing torch cost
-    seconds of CPU each), monitored in one of its own."""
-    # join trains four models (two divisors, jacklring and gloo): about 45 s on a loaded 2-core host
-    results = harness.run(3, "torch_features.py", modes, timeout=150 if "join" in modes else 80)
-    for mode in modes.split(","):
-        harness.assert_all_ok(results, marker=f"{mode} OK")
-    if modes == "monitored":
-        assert "Rank 2 failed to pass monitoredBarrier in 1000 ms" in results[0].stdout, results[0].report()
-        assert "Ranks 1, 2 failed to pass monitoredBarrier" in results[0].stdout, results[0].report()
-        assert "Rank 1 successfully reached monitoredBarrier, but received errors" in results[1].stdout, results[1].report()
-

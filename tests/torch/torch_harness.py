@@ -2,6 +2,7 @@
 127.0.0.1), no MLX_* variables, every process under a timeout."""
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -64,3 +65,35 @@ def run(n: int, worker: str, *args: str, timeout: float = 60, env: dict[str, str
 def assert_all_ok(results: list[Result], marker: str = "ALL OK") -> None:
     bad = [r for r in results if r.returncode != 0 or marker not in r.stdout]
     assert not bad, "\n".join(r.report() for r in results)
+
+
+def launch_parts(n: int, parts: tuple[str, ...], timeout: float) -> list[Result]:
+    """n ranks of workers/parts.py running the scripts of parts ("SCRIPT" or "SCRIPT:ARG") one
+    after the other in each rank process, each part on a port of its own: a part's group forms
+    on a port no store of an earlier part holds."""
+    port, *ports = free_ports(1 + len(parts))
+    specs = []
+    for part, p in zip(parts, ports):
+        script, _, arg = part.partition(":")
+        specs.append(f"{script}:{p}" + (f":{arg}" if arg else ""))
+    return collect(spawn(n, "parts.py", *specs, port=port), timeout)
+
+
+def part(results: list[Result], name: str, *markers: str) -> list[Result]:
+    """Each rank's output of one part of launch_parts (from "=== SCRIPT [ARG]" to the next part),
+    after checking that every rank printed the markers there and exited 0, or 1 for another
+    part's failure (never a signal or a crash at exit). A failure names the part."""
+    name = name.replace(":", " ")
+
+    def cut(text: str) -> str:
+        start = text.find(f"=== {name}\n")
+        if start < 0:
+            return ""
+        end = text.find("\n=== ", start + 1)
+        return text[start:] if end < 0 else text[start:end + 1]
+    parts = [dataclasses.replace(r, stdout=cut(r.stdout)) for r in results]
+    bad = [p for p, r in zip(parts, results)
+           if not all(m in p.stdout for m in markers)
+           or not (r.returncode == 0 or (r.returncode == 1 and " FAILED\n" in r.stdout))]
+    assert not bad, f"{name}:\n" + "\n".join(r.report() for r in results)
+    return parts
