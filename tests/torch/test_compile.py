@@ -26,13 +26,7 @@ def launches() -> dict[str, list[harness.Result]]:
 
 def _part(results: list[harness.Result], name: str) -> list[harness.Result]:
     """Each rank's output of one part of compiled.py (from its '=== name' line to the next part)."""
-    def cut(text: str) -> str:
-        start = text.find(f"=== {name}\n")
-        if start < 0:
-            return ""
-        end = text.find("\n=== ", start + 1)
-        return text[start:] if end < 0 else text[start:end + 1]
-    return [dataclasses.replace(r, stdout=cut(r.stdout) or r.stdout) for r in results]
+    return [dataclasses.replace(r, stdout=harness.section(r.stdout, name) or r.stdout) for r in results]
 
 
 def _losses(results: list[harness.Result]) -> list[str]:

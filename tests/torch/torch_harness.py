@@ -79,19 +79,21 @@ def launch_parts(n: int, parts: tuple[str, ...], timeout: float) -> list[Result]
     return collect(spawn(n, "parts.py", *specs, port=port), timeout)
 
 
+def section(text: str, name: str) -> str:
+    """The part of a rank's output from its "=== name" line to the next "=== " line; "" if none."""
+    start = text.find(f"=== {name}\n")
+    if start < 0:
+        return ""
+    end = text.find("\n=== ", start + 1)
+    return text[start:] if end < 0 else text[start:end + 1]
+
+
 def part(results: list[Result], name: str, *markers: str) -> list[Result]:
     """Each rank's output of one part of launch_parts (from "=== SCRIPT [ARG]" to the next part),
     after checking that every rank printed the markers there and exited 0, or 1 for another
     part's failure (never a signal or a crash at exit). A failure names the part."""
     name = name.replace(":", " ")
-
-    def cut(text: str) -> str:
-        start = text.find(f"=== {name}\n")
-        if start < 0:
-            return ""
-        end = text.find("\n=== ", start + 1)
-        return text[start:] if end < 0 else text[start:end + 1]
-    parts = [dataclasses.replace(r, stdout=cut(r.stdout)) for r in results]
+    parts = [dataclasses.replace(r, stdout=section(r.stdout, name)) for r in results]
     bad = [p for p, r in zip(parts, results)
            if not all(m in p.stdout for m in markers)
            or not (r.returncode == 0 or (r.returncode == 1 and " FAILED\n" in r.stdout))]
