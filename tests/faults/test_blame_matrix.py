@@ -268,3 +268,61 @@ def test_the_words_after_a_deadline_need_no_handshake(tmp_path, phase):
     print("; ".join(f"rank {r}: {t:.2f} s, culprit {c}: {m[-160:]}"
                     for r, (t, c, m) in sorted(outcome["results"].items())))
     assert not outcome["problems"], "\n".join(outcome["problems"])
+
+
+
+# Ordered so that rank 1 gives up (rank 2 died on its link) while its listener has acknowledged
+# rank 0's ring connection but its acceptor has not queued it yet (0.6 s late here), so rank 1's
+# formation never takes it: rank 2 dies only once rank 0 and rank 1 have connected to their right
+# neighbours. Rank 0 hears of nothing else in time (it takes no arrival before its deadline and
+# does not probe its left neighbour, nor tell it), so its right connection to rank 1 must carry
+# the verdict.
+LATE_TAKE = """
+from adapter.backends.transport import handshake, tcp as tcp_
+from adapter.backends.ring import forming
+from adapter.backends.ring.header import PURPOSE_RING
+MARKS = "MARKS_"
+connect_before_marks = tcp_.connect_with_hello
+
+def connect_in_order(addr, hello, *args, **kwargs):
+    if r == 2:
+        until = time.monotonic() + 20
+        while not all(os.path.exists(os.path.join(MARKS, f"r{q}")) for q in (0, 1)) and time.monotonic() < until:
+            time.sleep(0.01)
+    done = connect_before_marks(addr, hello, *args, **kwargs)
+    if hello.purpose == PURPOSE_RING:
+        open(os.path.join(MARKS, f"r{r}"), "w").close()
+    return done
+tcp_.connect_with_hello = connect_in_order
+
+if r == 1:
+    real_acceptor_send = handshake.Acceptor._send
+
+    def late_queue(item, frame):
+        sent = real_acceptor_send(item, frame)
+        if frame[:4] == handshake.ACK_MAGIC and item.hello is not None and item.hello.purpose == PURPOSE_RING:
+            time.sleep(0.6)
+        return sent
+    handshake.Acceptor._send = staticmethod(late_queue)
+if r == 0:
+    forming.LEFT_PROBE_S = 100.0
+    forming.Forming._notify = lambda self, *args: None  # rank 3, never taken, has left: no 1 s of retries
+    real_take = tcp_.Listener.take
+
+    def take_at_the_deadline_only(self, match, deadline, who):
+        return None if who is None else real_take(self, match, deadline, who)
+    tcp_.Listener.take = take_at_the_deadline_only
+"""
+
+
+@pytest.mark.timeout(60)
+def test_a_connection_acknowledged_but_not_yet_taken_hears_the_verdict(tmp_path):
+    """kill / init / 4 ranks / TCP: rank 1 gives up while rank 0's ring connection is
+    acknowledged but not yet taken by its formation. That connection must end with the abort
+    naming rank 2 (the listener's farewell), not bare: rank 0 then named the live rank 1."""
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    outcome = run_trial(tmp_path, "kill", "init", 4, "tcp", prelude=LATE_TAKE.replace("MARKS_", str(marks)))
+    print("; ".join(f"rank {r}: {t:.2f} s, culprit {c}: {m[-200:]}"
+                    for r, (t, c, m) in sorted(outcome["results"].items())))
+    assert not outcome["problems"], "\n".join(outcome["problems"])

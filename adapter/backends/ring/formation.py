@@ -159,11 +159,24 @@ class Watch:
             poller.register(listener.ready_fd(), select.POLLIN)
         events = poller.poll(max(0, int(timeout * 1000 + 0.999)))
         ended = [links[fd] for fd, what in events if fd in links and what & ENDED]
-        if any(fd in arrivals for fd, _ in events):
+        if ended or any(fd in arrivals for fd, _ in events):
+            # Taken also when a link ended: the connection that explains that end (a neighbour's,
+            # sent on with its abort as it gave up) may have been queued meanwhile.
             for listener in self._listeners:
                 listener.drain_ready()
             if self._on_arrival is not None:
                 self._on_arrival()
+        if ended:
+            # A link taken just now that already ended, with an abort, explains the bare close of
+            # another in the same look (the member that closed gave up because of its news).
+            fresh = [(sock, peer) for sock, peer in self._links
+                     if sock.fileno() >= 0 and sock.fileno() not in links and sock not in self._heard]
+            if fresh:
+                poller = select.poll()
+                for sock, _ in fresh:
+                    poller.register(sock.fileno(), select.POLLRDHUP)
+                now_ended = {fd for fd, what in poller.poll(0) if what & ENDED}
+                ended += [link for link in fresh if link[0].fileno() in now_ended]
         verdicts = []
         for link in ended:
             error, aborted = self._verdict(*link)
@@ -190,10 +203,10 @@ class Watch:
         return self._error(peer, f"{self._prefix}{self._describe(peer)} died while {self._forming} formed "
                                  f"(its connection closed)"), False
 
-    def abandon(self, culprit: int, missing: bool = False, frame: bytes | None = None) -> None:
+    def abandon(self, culprit: int, missing: bool = False, frame: bytes | None = None) -> bytes:
         """Tell every watched member that the formation failed and whom to blame (or send
         `frame`, an abort header of another kind), then stop writing to it (the end of the
-        stream wakes its poll)."""
+        stream wakes its poll). Returns the frame sent."""
         frame = frame or self._abort_frame(culprit, missing)
         for sock, _ in self._links:
             try:
@@ -201,4 +214,4 @@ class Watch:
                 sock.shutdown(socket.SHUT_WR)
             except OSError:
                 pass
-
+        return frame

@@ -383,7 +383,13 @@ class Forming:
             except FormationAbandoned as cause:
                 culprit, missing = cause.culprit, cause.missing
                 frame = cause.frame() if isinstance(cause, LayoutMismatch) else None
-        self.watch.abandon(culprit, missing, frame)
+        sent = self.watch.abandon(culprit, missing, frame)
+        # A left neighbour's ring connection that this rank's listener acknowledged but this
+        # formation did not take yet (the acceptor queued it after the last look, or while this
+        # rank gave up) is made, for that neighbour: it watches it, and a bare close there would
+        # name this rank. It is closed with the same verdict.
+        for listener in state.listeners:
+            listener.farewell(sent, lambda hello: hello.purpose == PURPOSE_RING)
         if not tell_unlinked or state.size < 2:
             return
         # A ring neighbour this rank has no connection with yet would wait for its deadline (not

@@ -261,6 +261,9 @@ class Acceptor:
         self._budget = SourceBudget()
         self._shed = 0   # connections closed unread: their source was over its handshake budget
         self._closed = False
+        # (which hellos, frame): an acknowledged connection of those that is closed untaken gets
+        # the frame first (see farewell)
+        self._farewell: tuple[Callable[[Hello], bool], bytes] | None = None
         self._wake_r, self._wake_w = socket.socketpair()
         # A byte per authenticated arrival: a consumer can sleep in poll() on other sockets too.
         self._ready_r, self._ready_w = socket.socketpair()
@@ -329,13 +332,35 @@ class Acceptor:
             self._admit = admit
             dropped = [item for item in self._ready if admit(item[0]) is not None]
             self._ready = [item for item in self._ready if item not in dropped]
-        for _, sock, _ in dropped:
-            sock.close()
+            farewell, self._farewell = self._farewell, None  # a new use of this listener
+        for hello, sock, _ in dropped:
+            self._dismiss(hello, sock, farewell)
+
+    def farewell(self, frame: bytes, match: Callable[[Hello], bool]) -> None:
+        """From now on, a connection whose hello satisfies match that this acceptor acknowledged
+        but nobody took is sent `frame` (then the end of its stream) when it is closed: by close(),
+        by readmit(), or acknowledged after close(). A formation that gave up passes its verdict
+        this way to a neighbour whose connection it had not taken yet: for that neighbour the
+        connection is made (the acknowledgement came), and a bare close would name this rank."""
+        with self._cond:
+            self._farewell = (match, frame)
+
+    @staticmethod
+    def _dismiss(hello: Hello, sock: socket.socket,
+                 farewell: "tuple[Callable[[Hello], bool], bytes] | None") -> None:
+        if farewell is not None and farewell[0](hello):
+            try:
+                sock.send(farewell[1], socket.MSG_DONTWAIT)
+                sock.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass
+        sock.close()
 
     def close(self) -> None:
         with self._cond:
             self._closed = True
             ready, self._ready = self._ready, []
+            farewell = self._farewell
             self._cond.notify_all()
         try:
             self._wake_w.send(b"x")
@@ -343,8 +368,8 @@ class Acceptor:
             pass
         if threading.current_thread() is not self._thread:
             self._thread.join(2.0)
-        for _, sock, _ in ready:
-            sock.close()
+        for hello, sock, _ in ready:
+            self._dismiss(hello, sock, farewell)
         self._ready_r.close()
         self._ready_w.close()
 
@@ -541,7 +566,7 @@ class Acceptor:
         item.sock.settimeout(None)
         with self._cond:
             if self._closed:
-                item.sock.close()
+                self._dismiss(hello, item.sock, self._farewell)
                 return
             self._ready.append((replace(hello, server_nonce=item.nonce_s), item.sock, item.peer))
             self._cond.notify_all()

@@ -255,6 +255,12 @@ class Listener:
         """Undo hold(): the next close() closes."""
         self._held = False
 
+    def farewell(self, frame: bytes, match: Callable[[Hello], bool]) -> None:
+        """Send `frame` on each acknowledged connection matching `match` that is closed untaken
+        (see Acceptor.farewell)."""
+        if self._acceptor is not None:
+            self._acceptor.farewell(frame, match)
+
     def readmit(self, admit: Admit) -> None:
         """Admit arrivals by `admit` from now on (see Acceptor.readmit)."""
         assert self._acceptor is not None, "Listener.serve() was not called"
