@@ -90,6 +90,10 @@ class Plumbing:
                 if state.abandon_on_failure:  # a formation's closing barrier: pass the verdict on first
                     if isinstance(exc, CollectiveTimeout) and not hasattr(exc, "culprit"):
                         exc = self._unresponsive_member(exc)
+                    elif isinstance(exc, PeerError) and not isinstance(exc, FormationAbandoned):
+                        # A link broke: a neighbour that gave up wrote why before it closed, and
+                        # what it wrote may still wait unread here; it names the rank at fault.
+                        exc = self._verdict_on_links() or exc
                     abandon(state, self._words, exc.culprit if isinstance(exc, FormationAbandoned)
                             else getattr(exc, "culprit", getattr(exc, "peer", (getattr(exc, "waiting_on", None)
                                                                                 or [-1])[0])),
