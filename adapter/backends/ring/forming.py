@@ -103,6 +103,26 @@ def admit(state: RingState, hello: tcp.Hello, listener: int, k: int) -> str | No
     return f"unknown purpose {hello.purpose:#x}"
 
 
+def send_abort_notice(address: str, hello: tcp.Hello, keys: Auth, notice: bytes, until: float,
+                      other_job: Callable[[], None]) -> None:
+    """Connect to a ring neighbour's `address` (an abort notice's hello) until `until` and write
+    `notice`; nothing when it does not answer in time (it then waits for its own deadline) or
+    answers as another job and other_job raises. Never raises: it runs on a thread of its own."""
+    try:
+        sock = tcp.connect_with_hello(tcp.parse_address(address), hello, until, f"rank {hello.receiver}", keys,
+                                      other_job=other_job)[0]
+    except Exception:
+        return
+    try:
+        sock.settimeout(max(0.01, until - time.monotonic()))
+        sock.sendall(notice)
+        sock.shutdown(socket.SHUT_WR)
+    except OSError:
+        pass
+    finally:
+        sock.close()
+
+
 def tell_cannot_listen(rank: int, addresses: list[list[str]], token: int, keys: Auth, seconds: float) -> None:
     """This rank cannot listen at its own address (another process holds the port: a collision
     with another job, or the rank it replaces still runs), so it takes no part in forming the
@@ -118,19 +138,8 @@ def tell_cannot_listen(rank: int, addresses: list[list[str]], token: int, keys: 
         raise PeerError("it answers as another job")  # not this ring's rank: nothing to tell
 
     def tell(peer: int) -> None:
-        hello = tcp.Hello(PURPOSE_ABORT, rank, peer, 0, token)
-        try:
-            sock = tcp.connect_with_hello(tcp.parse_address(addresses[peer][0]), hello, until, f"rank {peer}", keys,
-                                          other_job=other_job)[0]
-        except DistributedError:
-            return  # not listening in time: it waits for its own deadline
-        try:
-            sock.sendall(header)
-            sock.shutdown(socket.SHUT_WR)
-        except OSError:
-            pass
-        finally:
-            sock.close()
+        send_abort_notice(addresses[peer][0], tcp.Hello(PURPOSE_ABORT, rank, peer, 0, token), keys, header, until,
+                          other_job)
 
     tellers = [threading.Thread(target=tell, args=(peer,), daemon=True, name=f"jacklring-tell rank {peer}")
                for peer in sorted({(rank + 1) % size, (rank - 1) % size} - {rank})]
@@ -426,20 +435,8 @@ class Forming:
             view: it cannot take this notice (it learns from its own check), so do not retry."""
             if layout_frame:
                 raise PeerError("it answers as another job")
-        try:
-            hello = tcp.Hello(PURPOSE_ABORT, state.rank, peer, 0, state.token)
-            sock = tcp.connect_with_hello(tcp.parse_address(state.addresses[peer][0]), hello, until,
-                                          f"rank {peer}", state.auth, other_job=other_view)[0]
-        except Exception:
-            return  # not listening (yet): it waits for its own deadline
-        try:
-            sock.settimeout(max(0.01, until - time.monotonic()))
-            sock.sendall(notice)
-            sock.shutdown(socket.SHUT_WR)
-        except OSError:
-            pass
-        finally:
-            sock.close()
+        send_abort_notice(state.addresses[peer][0], tcp.Hello(PURPOSE_ABORT, state.rank, peer, 0, state.token),
+                          state.auth, notice, until, other_view)
 
     def _linger(self, frame: bytes) -> None:
         """After a layout mismatch, for LAYOUT_LINGER_S: answer every connection that arrives
