@@ -68,18 +68,6 @@ XDIST_GROUPS = {
 }
 
 
-# Handed out first: the files whose launches or single tests take longest (20-45 s each, see
-# --durations). The scheduler hands out tests and groups in collection order, so these, last in
-# alphabetical order (tests/torch), ran while the other workers had finished: a tail of one busy
-# worker on a machine with idle cores.
-LONGEST_FIRST = (
-    "tests/api/test_parallel.py", "tests/torch/test_three_rank_launch.py", "tests/torch/test_torchsuite.py",
-    "tests/api/test_gradients.py", "tests/engines/test_frameworks.py", "tests/repository/test_examples.py",
-    "tests/jaccl/test_jaccl_large_messages.py", "tests/torch/test_compile.py", "tests/torch/test_two_rank_launch.py",
-    "tests/engines/test_slurm.py",
-)
-
-
 def pytest_xdist_auto_num_workers(config):
     """`-n auto`: PYTEST_XDIST_AUTO_NUM_WORKERS if set; no workers for a run of named tests
     (`pytest tests/x/test_y.py::name`: starting workers would cost more than it saves);
@@ -109,12 +97,6 @@ def pytest_collection_modifyitems(config, items):
                 if grouping and "@" not in item.nodeid:
                     _set_nodeid(item, f"{item.nodeid}@{group}")
                 break
-    items[:] = sorted(items, key=_longest_first)  # stable: the rest keep their order
-
-
-def _longest_first(item: pytest.Item) -> int:
-    path = os.path.relpath(str(item.path), ROOT).replace(os.sep, "/")
-    return next((i for i, prefix in enumerate(LONGEST_FIRST) if path.startswith(prefix)), len(LONGEST_FIRST))
 
 
 def _set_nodeid(item: pytest.Item, nodeid: str) -> None:
