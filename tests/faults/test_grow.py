@@ -344,10 +344,9 @@ def test_a_group_of_one_keeps_itself_when_its_newcomer_dies_after_accepting(tmp_
     assert codes[0] == 0, reports(procs)
 
 
-# After grow (or, on a newcomer, init), every rank checks an all_gather of the slots and an
-# all_sum; when that fails (a rank died as the grown group formed) it shrinks and tries again.
-# A member whose grow() raised carries on with the group it still has, as a program would.
-GROW_THEN_CHECK = """
+# A member runs all_sums until one fails (a rank was killed), shrinks, and waits for the
+# harness's word that the process at the vacant slot listens; a newcomer skips all of it.
+MEMBERS_SHRINK_AND_AWAIT_THE_NEWCOMER = """
 import adapter
 slot = int(os.environ["MLX_RANK"])
 if os.environ.get("JACKLRING_JOIN") != "1":
@@ -362,7 +361,13 @@ if os.environ.get("JACKLRING_JOIN") != "1":
     say("SHRUNK", group.rank(), group.size())
     while os.environ.get("FAULT_GO") and not os.path.exists(os.environ["FAULT_GO"]):
         time.sleep(0.02)  # until the harness says the process at the vacant slot listens
-    try:
+"""
+
+
+# After grow (or, on a newcomer, init), every rank checks an all_gather of the slots and an
+# all_sum; when that fails (a rank died as the grown group formed) it shrinks and tries again.
+# A member whose grow() raised carries on with the group it still has, as a program would.
+GROW_THEN_CHECK = MEMBERS_SHRINK_AND_AWAIT_THE_NEWCOMER + """    try:
         group = group.grow(timeout=3)
     except ERRORS as e:
         say("GROWERR", type(e).__name__, str(e).replace("\\n", " "))
@@ -489,22 +494,7 @@ def test_a_death_inside_the_grown_rings_closing_barrier(tmp_path, victim):
 # shrink to slots 1, 3 and grow again by one: the newcomer at slot 2 (the first one if it still
 # waits, else a second one the harness starts) joins that group, and every rank checks an
 # all_gather of the slots and an all_sum.
-RECRUITER_DIES_BODY = """
-import adapter
-slot = int(os.environ["MLX_RANK"])
-if os.environ.get("JACKLRING_JOIN") != "1":
-    all_sum(np.ones(16, np.float32))
-    say("READY")
-    try:
-        while True:
-            all_sum(np.ones(16, np.float32))
-    except ERRORS as e:
-        pass
-    group = group.shrink(timeout=3)
-    say("SHRUNK", group.rank(), group.size())
-    while os.environ.get("FAULT_GO") and not os.path.exists(os.environ["FAULT_GO"]):
-        time.sleep(0.02)  # until the harness says the process at the vacant slot listens
-    try:
+RECRUITER_DIES_BODY = MEMBERS_SHRINK_AND_AWAIT_THE_NEWCOMER + """    try:
         group = group.grow(timeout={grow_timeout})
         say("GROWN?", group.rank(), group.size())
     except ERRORS as e:
