@@ -424,7 +424,7 @@ class TcpMeshTransport(Transport):
             return True
         if length & _NOTICE and length & _OUTER:
             outer = length & ~(_NOTICE | _OUTER)
-            exc = relay_error("", outer, state.rank, f"{state.label}, by rank of the group whose hosts it links")
+            exc = relay_error("", outer, state.rank, f"{state.label}, naming it by its rank in the group spanning the hosts")
             exc.outer_culprit = outer  # type: ignore[attr-defined]
             del exc.culprit  # no rank of this mesh: nothing to pass on to its other peers
             state.gone = str(exc)
