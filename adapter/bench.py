@@ -12,7 +12,10 @@ busbw follows nccl-tests: all-reduce busbw = 2(n-1)/n * bytes / time.
 
 ring is the ring backend as configured (on one host: shared memory); ring-unix and ring-tcp are
 extra ring groups in the same processes forced onto Unix or TCP sockets, ring-1dir one whose large
-reductions go one way round the ring only (JACKLRING_RING_DIRECTIONS=1). mpi means both
+reductions go one way round the ring only (JACKLRING_RING_DIRECTIONS=1). jaccl-flat is an extra
+JACCL group that never uses shared memory (JACKLRING_LOCAL_TRANSPORT=unix: its mesh for every
+collective, Unix sockets between the ranks of a host), where jaccl shares memory on each host
+(in stages when the group spans hosts). mpi means both
 mpi-sm (Open MPI's shared-memory BTL) and mpi-tcp (its TCP BTL): a BTL is chosen per job, so
 every MPI variant after the first runs as a job of its own right after the main one (its column
 is then not interleaved with the others). --api adds numpy-api (adapter.all_sum(src, out=dst) on the
@@ -25,6 +28,7 @@ it kept busy, spinning included), which load on the machine inflates far less th
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -33,7 +37,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 
@@ -44,7 +48,9 @@ DEFAULT_SIZES = "4,64,1K,4K,16K,64K,256K,1M,4M,16M,64M"
 RING_VARIANTS = {"ring-unix": {"JACKLRING_LOCAL_TRANSPORT": "unix"},
                  "ring-tcp": {"JACKLRING_LOCAL_TRANSPORT": "tcp"},
                  "ring-1dir": {"JACKLRING_RING_DIRECTIONS": "1"}}
-OURS = ("ring", *RING_VARIANTS, "jaccl", "mpi-adapter")
+# Extra JACCL groups, each formed with these settings at a coordinator of its own.
+JACCL_VARIANTS = {"jaccl-flat": {"JACKLRING_LOCAL_TRANSPORT": "unix"}}
+OURS = ("ring", *RING_VARIANTS, "jaccl", *JACCL_VARIANTS, "mpi-adapter")
 OTHERS = ("gloo", "mpi-sm", "mpi-tcp", "mlx")
 # --api: the user-facing calls over the configured group, beside the backend's own all_reduce.
 APIS = {"numpy": "numpy-api", "tensor": "tensor-api", "torch": "torch-api"}
@@ -71,6 +77,21 @@ def human(n: int) -> str:
 
 # ---- worker side ------------------------------------------------------------------------------
 
+@contextlib.contextmanager
+def _settings(settings: dict[str, str]) -> Iterator[None]:
+    """The settings are read (through adapter.config) while a group forms: set them for that
+    moment only, then put back whatever the user had."""
+    saved = {key: os.environ.get(key) for key in settings}
+    os.environ.update(settings)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            os.environ.pop(key, None)
+            if value is not None:
+                os.environ[key] = value
+
+
 class Runner:
     """One backend's all_sum, timed identically for every library."""
 
@@ -87,18 +108,15 @@ class Runner:
             from adapter.backends.base import ReduceOp
             from adapter.backends.ring.backend import RingBackend, load_ring_hostfile
             addresses = load_ring_hostfile(os.environ[f"BENCH_HOSTFILE_{name[5:].upper()}"])
-            # The settings are read (through adapter.config) while the group forms: set them for
-            # that moment only, then put back whatever the user had.
-            settings = RING_VARIANTS[name]
-            saved = {key: os.environ.get(key) for key in settings}
-            os.environ.update(settings)
-            try:
+            with _settings(RING_VARIANTS[name]):
                 backend = RingBackend.from_addresses(rank, addresses)
-            finally:
-                for key, value in saved.items():
-                    os.environ.pop(key, None)
-                    if value is not None:
-                        os.environ[key] = value
+            self.fn = lambda src, dst: backend.all_reduce(src, dst, ReduceOp.SUM)
+        elif name in JACCL_VARIANTS:
+            from adapter.backends.base import ReduceOp
+            from adapter.backends.jaccl import backend as jaccl
+            coordinator = os.environ[f"BENCH_JACCL_{name[6:].upper()}_COORDINATOR"]
+            with _settings(dict(JACCL_VARIANTS[name], MLX_JACCL_COORDINATOR=coordinator)):
+                backend = jaccl.create()
             self.fn = lambda src, dst: backend.all_reduce(src, dst, ReduceOp.SUM)
         elif name == "numpy-api":
             import adapter
@@ -297,12 +315,14 @@ def contract_env(n: int, hosts: list[str], ports, tmp: str, connections: int,
                BENCH_HOSTFILE_1DIR=hostfile("ring-1dir.json", connections),
                BENCH_MLX_HOSTFILE=hostfile("mlx-ring.json", 1),
                MASTER_ADDR=hosts[0], MASTER_PORT=str(next(ports)), WORLD_SIZE=str(n))
-    if "jaccl" in backends:
+    if any(b == "jaccl" or b in JACCL_VARIANTS for b in backends):
         devices = os.path.join(tmp, "devices.json")
         with open(devices, "w") as f:
             # Device names that exist nowhere: JACCL then runs over its TCP mesh.
             json.dump([[None if i == j else f"rdma_fake{j}" for j in range(n)] for i in range(n)], f)
         env.update(MLX_IBV_DEVICES=devices, MLX_JACCL_COORDINATOR=f"{hosts[0]}:{next(ports)}")
+        for name in JACCL_VARIANTS:
+            env[f"BENCH_JACCL_{name[6:].upper()}_COORDINATOR"] = f"{hosts[0]}:{next(ports)}"
     return env
 
 
@@ -328,7 +348,7 @@ def measure(args: argparse.Namespace, argv: list[str], env: dict, tmp: str,
 def launch(args: argparse.Namespace, argv: list[str]) -> int:
     n = args.n
     tmp = tempfile.mkdtemp(prefix="jacklring-bench-")
-    ports = iter(free_ports(len(RING_VARIANTS) * n * args.connections + 2 * n + 2))
+    ports = iter(free_ports(len(RING_VARIANTS) * n * args.connections + 2 * n + 2 + len(JACCL_VARIANTS)))
     env = dict(os.environ, **contract_env(n, ["127.0.0.1"] * n, ports, tmp, args.connections, args.backends))
     results = measure(args, argv, env, tmp)
     if results is None:
@@ -381,7 +401,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-n", type=int, default=2, help="number of ranks (default 2)")
     ap.add_argument("--backend", default="ring",
-                    help="our backends to measure, comma separated: ring, ring-unix, ring-tcp, ring-1dir, jaccl, mpi-adapter")
+                    help="our backends to measure, comma separated: ring, ring-unix, ring-tcp, ring-1dir, jaccl, "
+                         "jaccl-flat, mpi-adapter")
     ap.add_argument("--compare", default="",
                     help="others in the same run, comma separated: gloo, mpi (= mpi-sm,mpi-tcp), mpi-sm, mpi-tcp, mlx")
     ap.add_argument("--api", default="",

@@ -172,7 +172,8 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
             "run large reductions over both ring directions (2) or one (1)"),
     Setting("JACKLRING_LOCAL_TRANSPORT", choice("auto", "shm", "unix", "tcp"), "auto",
             'how ranks on one host connect: auto/shm (collectives over shared memory between the ranks of a host:'
-            " the ring's in stages when the group spans hosts, JACCL's when all its ranks share one host; Unix "
+            " in stages when the group spans hosts and some host has several of its ranks, for the ring and"
+            " JACCL alike; Unix "
             "sockets for the rest), unix (abstract Unix sockets on Linux) or tcp; JACCL's TCP mesh uses Unix "
             'sockets only with unix, and its collectives stay on the mesh with unix or tcp'),
     Setting("JACKLRING_SHM_CHUNK_BYTES", byte_size, 2 << 20,

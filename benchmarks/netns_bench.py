@@ -5,13 +5,15 @@ link rate. Needs root (ip netns, tc).
     sudo .venv/bin/python benchmarks/netns_bench.py -n 2 --rate 1gbit
     sudo .venv/bin/python benchmarks/netns_bench.py -n 4 --rate 500mbit --backend ring,jaccl --compare gloo
     sudo .venv/bin/python benchmarks/netns_bench.py -n 4 --ranks-per-host 2 --backend ring,ring-unix
+    sudo .venv/bin/python benchmarks/netns_bench.py -n 4 --ranks-per-host 2 --backend jaccl,jaccl-flat
     sudo .venv/bin/python benchmarks/netns_bench.py --cleanup        # leftovers of a killed run
 
 The ranks get the real environment contract, with addresses inside the namespaces only
 (SUBNET.1 ... SUBNET.n, or one per namespace of --ranks-per-host ranks): MLX_RANK / MLX_HOSTFILE
 for the ring, MLX_JACCL_COORDINATOR and MLX_IBV_DEVICES (devices that do not exist, so JACCL runs over its TCP mesh) for JACCL,
 MASTER_ADDR for torch's gloo; ring-1dir is a second ring group whose large reductions go one
-way round (JACKLRING_RING_DIRECTIONS=1). Timing, warm-up and the table are adapter.bench's (interleaved
+way round (JACKLRING_RING_DIRECTIONS=1); jaccl-flat a second JACCL group that never shares memory
+(its mesh for every collective, as ring-unix for the ring). Timing, warm-up and the table are adapter.bench's (interleaved
 rounds). First a plain TCP ring (benchmarks/tcp_ceiling.py) measures what the links carry.
 
 Open MPI (--compare mpi: its TCP BTL) runs as one mpirun in rank 0's namespace that starts its
@@ -44,7 +46,7 @@ from adapter import bench
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
-OURS = ("ring", "ring-unix", "ring-1dir", "jaccl")
+OURS = ("ring", "ring-unix", "ring-1dir", "jaccl", "jaccl-flat")
 OTHERS = ("gloo", "mpi")
 BASE_PORT = 20000  # every namespace has its own ports: nothing else listens there
 
@@ -163,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="tbf queue on each end of each link, bytes (default 4M; at least 10 ms of the rate)")
     ap.add_argument("--backend", default="ring,jaccl",
                     help="ours, comma separated: ring, ring-unix (never shared memory), ring-1dir (large "
-                         "reductions one way round), jaccl")
+                         "reductions one way round), jaccl, jaccl-flat (never shared memory)")
     ap.add_argument("--compare", default="", help="others, comma separated: gloo, mpi (Open MPI's TCP BTL)")
     ap.add_argument("--sizes", default="64K,1M,16M,64M")
     ap.add_argument("--rounds", type=int, default=5)

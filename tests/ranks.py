@@ -109,6 +109,17 @@ class Rank:
 ANOTHER_HOST = ["unshare", "--pid", "--fork", "--kill-child"]
 
 
+def jaccl_env(n: int, directory: str | None = None) -> dict[str, str]:
+    """What makes spawn() start JACCL ranks instead (init tries JACCL before the ring): a
+    coordinator on this host and a device file whose devices do not exist, so the ranks form
+    JACCL's TCP mesh."""
+    fd, devices = tempfile.mkstemp(suffix=".json", prefix="jaccl-devices-", dir=directory)
+    with os.fdopen(fd, "w") as f:
+        json.dump([[None if i == j else f"rdma_en{j + 2}" for j in range(n)] for i in range(n)], f)
+    return {"MLX_JACCL_COORDINATOR": f"127.0.0.1:{free_ports(1)[0]}", "MLX_IBV_DEVICES": devices,
+            "JACKLRING_JACCL_TRANSPORT": "tcp"}
+
+
 def spawn(n: int, script: str, args: list[str] | None = None, env: dict | None = None,
           connections: int = 1, hostfile: str | None = None, ranks: list[int] | None = None,
           wraps: dict[int, list[str]] | None = None) -> list[subprocess.Popen]:

@@ -141,8 +141,12 @@ VARIANTS = [
         rank_wrapper='if [ "$MLX_RANK" = 0 ]; then export JACKLRING_LOCAL_TRANSPORT=tcp; fi; exec "$@"'),
     # A group spanning hosts: ranks 1 and 3 each in a pid namespace of their own (another host, as
     # far as shared memory can tell), ranks 0 and 2 sharing memory. Every collective runs in
-    # stages: the host's shared memory, then the ring of each host's first rank (ring/hierarchy.py).
+    # stages: the host's shared memory, then the ring of each host's first rank (local/staged.py).
     Variant("ring-across-hosts", "ring", (3, 4), missing=_another_host_missing, torch_size=3,
+            env={"CONTRACT_SHARED_HOST": "0,2"},
+            rank_wrapper='case "$MLX_RANK" in 1|3) exec unshare --pid --fork --kill-child "$@";; esac; exec "$@"'),
+    # The same for JACCL, whose leaders form a mesh of their own (its TCP mesh here).
+    Variant("jaccl-across-hosts", "jaccl", (4,), missing=_another_host_missing,
             env={"CONTRACT_SHARED_HOST": "0,2"},
             rank_wrapper='case "$MLX_RANK" in 1|3) exec unshare --pid --fork --kill-child "$@";; esac; exec "$@"'),
     # Checksums on every message (JACKLRING_VERIFY=1), one-pass and pipelined paths. The ranks

@@ -107,7 +107,7 @@ def init_returns_the_launched_backend(c: Context) -> None:
         c.expect(said == (on_shm == "1"), f"backend.shared_memory is {said}, expected {on_shm == '1'}")
     shared = os.environ.get("CONTRACT_SHARED_HOST")  # a variant's ranks that share a host
     if shared:
-        staged = getattr(getattr(c.group.backend, "state", None), "hier", None)
+        staged = getattr(c.group.backend, "staging", None)
         here = [int(q) for q in shared.split(",") if int(q) < c.n]
         c.expect(staged is not None, "the group spans hosts but does not run in stages")
         if staged is not None:

@@ -1,5 +1,6 @@
 """Groups that span hosts with several ranks on some: the ranks of a host share memory, the
-hosts' first ranks talk over sockets, and collectives run in stages (ring/hierarchy.py).
+hosts' first ranks talk over sockets (the ring's leaders' ring, JACCL's leaders' mesh), and
+collectives run in stages (local/staged.py).
 
 "Another host" is a real one as far as shared memory can tell: a pid namespace of its own
 (unshare: this host's pids mean nothing there), or a network namespace behind a veth link
@@ -14,7 +15,7 @@ import tempfile
 
 import netns
 import pytest
-from ranks import ANOTHER_HOST, assert_all_ok, collect, run, spawn
+from ranks import ANOTHER_HOST, assert_all_ok, collect, jaccl_env, run, spawn
 
 pytestmark = [
     pytest.mark.skipif(sys.platform != "linux", reason="shared memory is implemented for Linux"),
@@ -30,19 +31,29 @@ def elsewhere(*ranks: int) -> dict[int, list[str]]:
     return {r: ANOTHER_HOST for r in ranks}
 
 
+def backend_env(backend: str, n: int, **extra: str) -> dict[str, str]:
+    """STAGED for the ring, or for JACCL (its TCP mesh: jaccl_env), with extra settings."""
+    return dict(STAGED, **(jaccl_env(n) if backend == "jaccl" else {}), **extra)
+
+
+SPANS = [("ring", 3, (2,)), ("ring", 3, (0,)), ("ring", 3, (1,)), ("ring", 4, (1, 3)),
+         ("jaccl", 3, (2,)), ("jaccl", 3, (1,))]
+
+
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("n,away", [(3, (2,)), (3, (0,)), (3, (1,)), (4, (1, 3))],
-                         ids=["3-ranks-2-away", "3-ranks-0-away", "3-ranks-1-away", "4-ranks-1-3-away"])
-def test_every_op_and_dtype_when_the_group_spans_hosts(n, away):
+@pytest.mark.parametrize("backend,n,away", SPANS,
+                         ids=[f"{b}-{n}-ranks-{''.join(map(str, a))}-away" for b, n, a in SPANS])
+def test_every_op_and_dtype_when_the_group_spans_hosts(backend, n, away):
     # Rank 0 away: the shared host's first rank is rank 1. Rank 1 away: the shared host holds
     # ranks 0 and 2, not neighbours in the ring. A 64 KiB chunk makes 70001 elements take many
     # chunks on the shared host.
-    results = collect(spawn(n, OPS, ["0,1,5,1023,70001"], env=dict(STAGED, JACKLRING_SHM_CHUNK_BYTES="64K"),
+    results = collect(spawn(n, OPS, ["0,1,5,1023,70001"], env=backend_env(backend, n, JACKLRING_SHM_CHUNK_BYTES="64K"),
                             wraps=elsewhere(*away)), timeout=110)
     assert_all_ok(results)
     here = [r for r in range(n) if r not in away]
     for r in results:
-        want = f"sharing memory with ranks {here}" if r.rank in here else "alone on its host"
+        want = f"{backend} ok on stages, " + (f"sharing memory with ranks {here}" if r.rank in here
+                                              else "alone on its host")
         assert want in r.stdout, r.stdout
 
 
@@ -54,7 +65,7 @@ def test_sockets_only_when_asked_even_when_some_ranks_share_a_host():
 
 MISMATCH = ("import numpy as np, sys, adapter\n"
             "g = adapter.init(strict=True)\n"
-            "assert g.backend.state.hier is not None\n"
+            "assert g.backend.staging is not None\n"
             "x = np.ones(12, np.float32)\n"
             "try:\n"
             "    CALL\n"
@@ -72,12 +83,13 @@ DIFFERENT = {
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize("backend", ["ring", "jaccl"])
 @pytest.mark.parametrize("case", list(DIFFERENT))
-def test_hosts_calling_different_collectives_of_one_size_raise_a_mismatch(case):
+def test_hosts_calling_different_collectives_of_one_size_raise_a_mismatch(case, backend):
     # The hosts agree within themselves, and the leaders' collectives alone would look alike: the
-    # group's operation and root in the leaders' headers tell them apart.
+    # group's operation and root in the leaders' headers (JACCL: its frames) tell them apart.
     call, words = DIFFERENT[case]
-    results = collect(spawn(3, "ring_scripts/exec.py", [MISMATCH.replace("CALL", call)], env=STAGED,
+    results = collect(spawn(3, "ring_scripts/exec.py", [MISMATCH.replace("CALL", call)], env=backend_env(backend, 3),
                             wraps=elsewhere(2)), timeout=50)
     for r in results:
         assert r.returncode == 3, r.stdout + r.stderr
@@ -109,7 +121,8 @@ def test_a_split_of_a_group_spanning_hosts_stages_only_where_it_still_spans_them
 @pytest.mark.timeout(150)
 def test_two_hosts_of_two_ranks_each_over_a_real_link():
     # Network namespaces joined by a veth pair: ranks 0 and 1 in one, 2 and 3 in the other, each
-    # host's ranks on its address. Every op and dtype, each host on its own shared memory.
+    # host's ranks on its address. Every op and dtype, each host on its own shared memory; the
+    # ring, then JACCL (its coordinator on the first host's address, its mesh over the link).
     why = netns.unavailable()
     if why:
         pytest.skip(why)
@@ -121,6 +134,8 @@ def test_two_hosts_of_two_ranks_each_over_a_real_link():
             try:
                 wraps = {r: pair.exec_prefix(r // 2) for r in range(4)}
                 results = collect(spawn(4, OPS, ["0,5,70001"], env=STAGED, hostfile=f.name, wraps=wraps), timeout=140)
+                jaccl = dict(backend_env("jaccl", 4), MLX_JACCL_COORDINATOR=f"{pair.addresses[0]}:41100")
+                results += collect(spawn(4, OPS, ["0,5,70001"], env=jaccl, hostfile=f.name, wraps=wraps), timeout=140)
                 links = collect(spawn(4, "ring_scripts/exec.py", [LINK_FAMILIES], hostfile=f.name, wraps=wraps,
                                       env={"JACKLRING_LOCAL_TRANSPORT": "unix"}), timeout=60)
             finally:
@@ -128,8 +143,9 @@ def test_two_hosts_of_two_ranks_each_over_a_real_link():
     except RuntimeError as exc:
         pytest.skip(str(exc))
     assert_all_ok(results)
-    for r in results:
-        assert f"sharing memory with ranks {[0, 1] if r.rank < 2 else [2, 3]}" in r.stdout, r.stdout
+    for r, backend in zip(results, ["ring"] * 4 + ["jaccl"] * 4):
+        assert f"{backend} ok on stages, sharing memory with ranks {[0, 1] if r.rank < 2 else [2, 3]}" in r.stdout, \
+            r.stdout
     # Sockets between the ranks of a host are Unix sockets, found by address, not by loopback:
     # rank r's link to r + 1 (same namespace for 0 -> 1 and 2 -> 3).
     assert_all_ok(links)

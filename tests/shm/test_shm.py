@@ -10,7 +10,7 @@ import sys
 import time
 
 import pytest
-from ranks import ANOTHER_HOST, assert_all_ok, collect, ring_hostfile, run, spawn
+from ranks import ANOTHER_HOST, assert_all_ok, collect, jaccl_env, ring_hostfile, run, spawn
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="shared memory is implemented for Linux")
 
@@ -101,17 +101,20 @@ def another_host_unavailable() -> str | None:
 # (the rank killed, the ranks on another host): the whole group on shared memory, then a group
 # spanning two hosts where ranks 0 and 1 share memory (run in stages: hierarchy.py) and the
 # rank killed is the first rank of the shared host, the other one, or the rank on its own.
-KILLS = [(0, ()), (2, ()), (0, (2,)), (1, (2,)), (2, (2,))]
+# JACCL runs the same stages (its leaders on a mesh): the three kills of a group spanning hosts.
+KILLS = [("ring", 0, ()), ("ring", 2, ()), ("ring", 0, (2,)), ("ring", 1, (2,)), ("ring", 2, (2,)),
+         ("jaccl", 0, (2,)), ("jaccl", 1, (2,)), ("jaccl", 2, (2,))]
 
 
 @pytest.mark.timeout(90)
-@pytest.mark.parametrize("victim,elsewhere", KILLS, ids=[f"kill{v}-elsewhere{''.join(map(str, e)) or '-none'}"
-                                                         for v, e in KILLS])
-def test_kill_9_mid_collective_survivors_raise_within_a_second_and_nothing_is_left(victim, elsewhere):
+@pytest.mark.parametrize("backend,victim,elsewhere", KILLS,
+                         ids=[f"{b}-kill{v}-elsewhere{''.join(map(str, e)) or '-none'}" for b, v, e in KILLS])
+def test_kill_9_mid_collective_survivors_raise_within_a_second_and_nothing_is_left(backend, victim, elsewhere):
     if elsewhere and another_host_unavailable():
         pytest.skip(another_host_unavailable())
     before = shm_names()
-    procs = spawn(3, "shm/scripts/kill_loop.py", [str(1 << 20)], env=SHM,
+    env = dict(SHM, **jaccl_env(3)) if backend == "jaccl" else SHM
+    procs = spawn(3, "shm/scripts/kill_loop.py", [str(1 << 20)], env=env,
                   wraps={r: ANOTHER_HOST for r in elsewhere})
     try:
         deadline = time.monotonic() + 60

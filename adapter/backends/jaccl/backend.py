@@ -9,7 +9,9 @@ together by all ranks over the side channel with one log line. JACKLRING_JACCL_T
 forces TCP; =rdma requires RDMA (and fails, naming the rank and reason, without it).
 
 Ranks that all share a host run the collectives over shared memory (local.py) unless
-JACKLRING_LOCAL_TRANSPORT is unix or tcp; send/recv always take the transport.
+JACKLRING_LOCAL_TRANSPORT is unix or tcp; a group spanning hosts, some with several of its ranks,
+runs them in stages (each host's memory, a mesh of one rank per host: local/staged.py); send/recv
+always take the transport.
 
 JACKLRING_VERIFY=1 adds a CRC-32C to every frame (=mac is refused), checked on receipt; JACKLRING_STALL_REPORT
 (seconds, default 30, 0 turns it off) logs once when an operation waits that long.
@@ -29,6 +31,7 @@ import numpy as np
 from ... import config
 from ...errors import BackendUnavailable, ConfigError, DistributedError, PeerError, blaming
 from ..base import Backend, ReduceOp, split_members
+from ..local import staged
 from ..singleton import SingletonBackend
 from ..transport import auth, layout, membership, shrinking, tcp, tcp_mesh, verbs
 from ..transport.names import check_resolvable
@@ -37,7 +40,7 @@ from . import config as jaccl_config
 from . import local, shrink
 from .algorithms import MeshAlgorithms, RingAlgorithms
 from .config import MESH, RING, DeviceMatrix
-from .exchange import FrameExchange
+from .exchange import FrameExchange, stage_tag
 from .local import SharedCollectives
 from .side_channel import SideChannel
 
@@ -184,21 +187,59 @@ class JacclBackend(Backend):
 
     def attach_shared_memory(self) -> None:
         """When every rank is on this host (and JACKLRING_LOCAL_TRANSPORT allows it), run the
-        collectives over shared memory from now on (local.py). A collective over the mesh: every
-        rank of the group calls it once, right after forming; on failure the group is closed."""
+        collectives over shared memory from now on; when the group spans hosts and some host has
+        several of its ranks, in stages, on a leaders' mesh split from this group (local.py). A
+        collective over the mesh: every rank of the group calls it once, right after forming; on
+        failure the group is closed."""
         try:
-            group = local.attach(self.rank(), self.size(), self._gather_records, self._transport)
+            placement = local.attach(self.rank(), self.size(), self._gather_records, self._transport)
+            if not placement.shared:
+                return
+            group, staging = placement.group, None
+            if len(placement.hosts) > 1:
+                group = None
+                if not self._leaders_can_link([members[0] for members in placement.hosts]):
+                    if placement.group is not None:
+                        placement.group.close()
+                    return
+                staging = staged.form(self, placement, "mesh")
+                log.debug("rank %d: JACCL collectives in stages over %d hosts", self.rank(), len(placement.hosts))
         except BaseException:
             self.close()
             raise
-        if group is not None:
-            self._local = SharedCollectives(group, self._timeout, self.failure, self._busy, self._busy_error,
-                                            config.get("JACKLRING_SHM_SMALL_BYTES"))
+        self._local = SharedCollectives(group, staging, self._timeout, self.failure, self._busy, self._busy_error,
+                                        config.get("JACKLRING_SHM_SMALL_BYTES"))
+
+    def _leaders_can_link(self, leaders: list[int]) -> bool:
+        """Whether the hosts' first ranks can form a group of their own: in RDMA ring mode only
+        when their cables make a ring (the same answer on every rank: the device file's)."""
+        if self.mode != RING or self.transport_kind != "rdma":
+            return True
+        missing = jaccl_config.missing_ring_links([[self._devices[a][b] for b in leaders] for a in leaders])
+        if missing:
+            log.debug("rank %d: the hosts' first ranks %s have no RDMA ring (missing %s): collectives "
+                      "over the mesh", self.rank(), leaders, missing)
+        return not missing
 
     @property
     def shared_memory(self) -> bool:
-        """Whether this group's collectives run over same-host shared memory."""
-        return self._local is not None
+        """Whether this group's collectives run over same-host shared memory (all on this host)."""
+        return self._local is not None and self._local.staging is None
+
+    @property
+    def staging(self) -> "staged.Staging | None":
+        """The staged collectives of a group spanning hosts (None: not staged)."""
+        return self._local.staging if self._local is not None else None
+
+    # ---- as the leaders' mesh of a group spanning hosts (local/staged.py's Leaders) ----------
+
+    def set_stage(self, op_code: int, detail: int) -> None:
+        self._link.stage = stage_tag(op_code, detail)
+
+    def notify_outer(self, culprit: int) -> None:
+        notify = getattr(self._transport, "notify_outer", None)  # the TCP mesh; verbs has no notices
+        if notify is not None:
+            notify(culprit)
 
     def _gather_records(self, record: bytes) -> list[bytes]:
         """All-gather of one fixed-size record per rank over the mesh (shared memory's set-up)."""
@@ -402,7 +443,7 @@ class JacclBackend(Backend):
         listener stays open for shrink's agreement."""
         self.failure.mark(why)
         if self._local is not None:
-            self._local.group.mark_broken()  # a shared-memory wait sleeps on the segment, not the links
+            self._local.break_links()  # a shared-memory wait sleeps on the segment, not the links
         stop = getattr(self._transport, "break_links", None)
         if stop is not None:
             stop()

@@ -30,7 +30,7 @@ import numpy as np
 from ...errors import CollectiveTimeout, MismatchError, PeerError, blaming
 from ..base import GroupFailure, ReduceOp
 from ..elements import reduce_many
-from ..protocol import CHECKSUM, Request, checksum, checksum_error, mismatch_message
+from ..protocol import CHECKSUM, OP_CODES, Request, checksum, checksum_error, mismatch_message
 from ..transport.blame import RELAY_WAIT_S, STUCK_WAIT_S, silence_text, silent_rank
 from ..transport.slots import SEND, Transport
 
@@ -40,6 +40,27 @@ log = logging.getLogger("jacklring.jaccl")
 HEADER = struct.Struct("<BBBBIIiQ")
 VERIFY_FLAG = 0x80
 SEQ_MASK = 0xFFFFFFFF
+# On the leaders' mesh of a group spanning hosts (local/staged.py) every frame's extra also
+# carries the group's operation (and a broadcast's root), so leaders' collectives that look alike
+# but stage different operations of the group mismatch: bit 30 set, the operation from bit 26,
+# the root (mod 2**14) from bit 12, the leaders' own extra (a root among the hosts) below.
+STAGE_BIT, STAGE_SHIFT, DETAIL_SHIFT = 1 << 30, 26, 12
+_DETAIL_MASK, _OWN_MASK = (1 << 14) - 1, (1 << 12) - 1
+_REDUCING = (OP_CODES["all_reduce"], OP_CODES["reduce_scatter"])
+
+
+def stage_tag(op_code: int, detail: int) -> int:
+    return STAGE_BIT | op_code << STAGE_SHIFT | (detail & _DETAIL_MASK) << DETAIL_SHIFT if op_code else 0
+
+
+def staged_request(request: Request, extra: int) -> Request:
+    """The request a frame's fields stand for: with a stage tag in extra, the group's operation."""
+    if extra < 0 or not extra & STAGE_BIT:
+        return request
+    op = extra >> STAGE_SHIFT & 0xF
+    detail = extra >> DETAIL_SHIFT & _DETAIL_MASK
+    return Request(op, request.reduce if op in _REDUCING else 0, request.dtype, request.nbytes,
+                   detail if op == OP_CODES["broadcast"] else 0)
 _HS = HEADER.size
 
 _EMPTY = memoryview(b"")
@@ -65,6 +86,7 @@ class FrameExchange:
         self.payload = transport.frame_bytes - _HS - self.trailer
         self.op_seq = 0        # operations started on this group by this rank (the backend counts)
         self._stalled_op = -1  # the operation whose stall was already reported
+        self.stage = 0         # stage_tag of the group's collective, on a leaders' mesh
 
     def set_timeout(self, timeout: float) -> None:
         self.timeout = timeout
@@ -140,7 +162,7 @@ class FrameExchange:
                 notify(exc)
             wrapped = PeerError(f"rank {self.rank}: {request.label(self.op_seq)}: {exc}"
                                 + ("" if earlier is None else f"; {earlier}"))
-            for name in ("culprit", "peer") if earlier is None else ():  # the peer is no culprit then
+            for name in ("culprit", "peer", "outer_culprit") if earlier is None else ():  # the peer is no culprit then
                 if hasattr(exc, name):
                     setattr(wrapped, name, getattr(exc, name))
             raise wrapped from None
@@ -167,7 +189,7 @@ class FrameExchange:
                     direct = direct or set()
                     direct.add(p)
         kind, reduce, dtype, extra, total = request.op | self.flag, request.reduce, request.dtype, \
-            request.extra, request.nbytes
+            request.extra | self.stage, request.nbytes
         pack_into, verify = HEADER.pack_into, self.verify
         for p, data in sends.items():
             buf = t.send_buffer(p, 0)
@@ -274,7 +296,7 @@ class FrameExchange:
         if nbytes >= _HS:
             kind, reduce, dtype, their_phase, seq, index, extra, total = HEADER.unpack_from(buf, 0)
             if (kind == expect.op | self.flag and reduce == expect.reduce and dtype == expect.dtype
-                    and their_phase == phase and extra == expect.extra and total == expect.nbytes
+                    and their_phase == phase and extra == expect.extra | self.stage and total == expect.nbytes
                     and seq == self.received[peer] & SEQ_MASK and index == frame
                     and nbytes == _HS + want + self.trailer
                     and (not self.verify or CHECKSUM.unpack_from(buf, nbytes - CHECKSUM.size)[0]
@@ -301,8 +323,12 @@ class FrameExchange:
                 raise checksum_error(nbytes, who, actual, expected, rank, f" during {request.label(self.op_seq)}")
         kind &= ~VERIFY_FLAG
         e = expect
-        if (kind, reduce, dtype, total, extra, their_phase) != (e.op, e.reduce, e.dtype, e.nbytes, e.extra, phase):
-            theirs = Request(kind, reduce, dtype, total, extra)
+        if (kind, reduce, dtype, total, extra, their_phase) != (e.op, e.reduce, e.dtype, e.nbytes,
+                                                                e.extra | self.stage, phase):
+            theirs = Request(kind, reduce, dtype, total, extra & _OWN_MASK if extra & STAGE_BIT else extra)
+            theirs = staged_request(theirs, extra)
+            request = staged_request(Request(request.op, request.reduce, request.dtype, request.nbytes,
+                                             request.extra), request.extra | self.stage)
             steps = "" if their_phase == phase else f" (at step {phase}; rank {peer} at step {their_phase})"
             raise MismatchError(mismatch_message(rank, peer, request, theirs,
                                                  f"{steps} [message #{seq} from rank {peer}]"))
@@ -425,7 +451,7 @@ class _Transfer:
         buf = self.t.send_buffer(peer, slot)
         r = self.request
         HEADER.pack_into(buf, 0, r.op | link.flag, r.reduce, r.dtype, self.phase, self.seq_out[peer] & SEQ_MASK,
-                         frame, r.extra, r.nbytes)
+                         frame, r.extra | link.stage, r.nbytes)
         if link.verify:   # the checksum goes in the slot after the header; the message ends with it
             CHECKSUM.pack_into(buf, _HS, checksum(chunk, checksum(buf[:_HS])))
             self.t.post_send_parts(peer, slot, _HS, chunk, CHECKSUM.size)

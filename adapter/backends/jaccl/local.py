@@ -1,12 +1,19 @@
-"""JACCL's collectives over same-host shared memory: when every rank of a JACCL group is on this
-host (and JACKLRING_LOCAL_TRANSPORT is auto or shm), all_reduce, reduce_scatter, all_gather,
-broadcast and barrier run through local/algorithms.py over one segment formed with the group;
-send/recv stay on the mesh (TCP or RDMA), whose connections the segment also watches.
+"""JACCL's collectives over shared memory: when every rank of a JACCL group is on this host (and
+JACKLRING_LOCAL_TRANSPORT is auto or shm), all_reduce, reduce_scatter, all_gather, broadcast and
+barrier run through local/algorithms.py over one segment formed with the group; send/recv stay
+on the mesh (TCP or RDMA), whose connections the segment also watches.
+
+When the group spans hosts and some host has several of its ranks, those collectives run in
+stages (local/staged.py, as the ring's): each host's ranks combine in their segment, the first
+rank of each host runs the part between hosts on the leaders' mesh (a split of the group, one
+rank per host, TCP or RDMA like the group), and hands the result back in memory. The leaders'
+frames carry the group's operation in their extra field (exchange.stage_tag); a leader that
+gives up tells the others whom it blames by rank of the whole group (the TCP mesh's notice).
 
 Each collective opens with a 24-byte header in the layout of JACCL's frame header
 (exchange.HEADER: kind, reduce op, dtype code, phase 0, the group's collective count, frame 0,
 extra (a broadcast's root), byte count), so ranks that disagree raise MismatchError worded by
-protocol.mismatch_message, as on the mesh. A group spanning hosts keeps the mesh for everything.
+protocol.mismatch_message, as on the mesh.
 """
 from __future__ import annotations
 
@@ -20,8 +27,9 @@ import numpy as np
 from ...errors import DistributedError
 from ..base import GroupFailure, ReduceOp
 from ..elements import DTYPE_CODES, dtype_code
-from ..local import algorithms, use
-from ..local.shm import SharedGroup
+from ..local import algorithms, staged, use
+from ..local.shm import Placement, SharedGroup
+from ..local.staged import Staging
 from ..protocol import OP_CODES, REDUCE_CODES, Request, mismatch_message
 from ..transport.slots import Transport
 from .exchange import HEADER, SEQ_MASK
@@ -61,40 +69,38 @@ class _Described:
         return describe(self.header)
 
 
-def attach(rank: int, size: int, gather: Callable[[bytes], list[bytes]], transport: Transport) -> SharedGroup | None:
-    """The segment of a group whose ranks are all on this host, or None (the mesh carries the
-    collectives). A collective: every rank calls it, gather all-gathers over the mesh."""
+def attach(rank: int, size: int, gather: Callable[[bytes], list[bytes]], transport: Transport) -> Placement:
+    """Find which ranks share a host and give each such host a segment (placement.shared False:
+    none anywhere, the mesh carries the collectives). A group all on this host also watches the
+    mesh's connections. A collective: every rank calls it, gather all-gathers over the mesh."""
     placement = use.attach(rank, size, gather, describe, mismatch)
     group = placement.group
-    if group is None:
-        return None
-    if len(placement.hosts) > 1:
-        # The group spans hosts: staging (each host's memory, then the mesh) is not written for
-        # JACCL, so every rank keeps the mesh.
-        group.close()
-        log.debug("rank %d: JACCL group spans %d hosts: collectives over the mesh", rank, len(placement.hosts))
-        return None
+    if group is None or len(placement.hosts) > 1:
+        return placement
     links = getattr(transport, "links", None)  # the TCP mesh's sockets; verbs has none to watch
     if links is not None:
         for fd, label, peer in links():
             group.watch(fd, label, peer)
     log.debug("rank %d: JACCL collectives over shared memory (%d ranks on this host)", rank, size)
-    return group
+    return placement
 
 
 class SharedCollectives:
-    """One JACCL group's collectives over its segment: one at a time (the group's lock),
-    numbered, under the group's timeout, fatal to the group on error."""
+    """One JACCL group's collectives over its segment (group) or in stages (staging): one at a
+    time (the group's lock), numbered, under the group's timeout, fatal to the group on error."""
 
-    def __init__(self, group: SharedGroup, timeout: float, failure: GroupFailure, busy: threading.Lock,
-                 refuse: Callable[[str], DistributedError], small_bytes: int) -> None:
+    def __init__(self, group: SharedGroup | None, staging: Staging | None, timeout: float, failure: GroupFailure,
+                 busy: threading.Lock, refuse: Callable[[str], DistributedError], small_bytes: int) -> None:
         self.group = group
+        self.staging = staging
         self.timeout = timeout
         self._failure = failure
         self._busy = busy
         self._refuse = refuse
         self._small = small_bytes
         self._seq = 0
+        self._size = group.size if group is not None else len(staging.host_of)  # type: ignore[union-attr]
+        self._rank = group.rank if group is not None else staging.rank  # type: ignore[union-attr]
 
     def _run(self, what: str, kind: int, reduce: int, arr: np.ndarray | None, extra: int, body, *args) -> None:
         if not self._busy.acquire(blocking=False):
@@ -108,8 +114,12 @@ class SharedCollectives:
             else:
                 code = DTYPE_CODES.get(arr.dtype) or dtype_code(arr.dtype)
                 header = HEADER.pack(kind, reduce, code, 0, self._seq & SEQ_MASK, 0, extra, arr.nbytes)
+            deadline = time.monotonic() + self.timeout
             try:
-                use.run(self.group, time.monotonic() + self.timeout, _Described(header), body, header, *args)
+                if self.staging is not None:
+                    staged.run(self.staging, deadline, self.timeout, _Described(header), body, header, *args)
+                else:
+                    use.run(self.group, deadline, _Described(header), body, header, *args)  # type: ignore[arg-type]
             except BaseException as exc:
                 self._failure.mark(f"{type(exc).__name__}: {exc}")
                 raise
@@ -117,24 +127,41 @@ class SharedCollectives:
             self._busy.release()
 
     def all_reduce(self, src: np.ndarray, dst: np.ndarray, op: ReduceOp) -> None:
-        self._run("all_reduce", ALL_REDUCE, REDUCE_CODES[op], src, 0, algorithms.all_reduce, src, dst, op,
-                  self._small)
+        body = staged.all_reduce if self.staging is not None else algorithms.all_reduce
+        self._run("all_reduce", ALL_REDUCE, REDUCE_CODES[op], src, 0, body, src, dst, op, self._small)
 
     def reduce_scatter(self, src: np.ndarray, dst: np.ndarray, op: ReduceOp) -> None:
-        self._run("reduce_scatter", REDUCE_SCATTER, REDUCE_CODES[op], src, 0, algorithms.reduce_scatter,
-                  src, dst, op)
+        if self.staging is not None:
+            self._run("reduce_scatter", REDUCE_SCATTER, REDUCE_CODES[op], src, 0, staged.reduce_scatter,
+                      src, dst, op, self._small)
+        else:
+            self._run("reduce_scatter", REDUCE_SCATTER, REDUCE_CODES[op], src, 0, algorithms.reduce_scatter,
+                      src, dst, op)
 
     def all_gather(self, src: np.ndarray, dst: np.ndarray) -> None:
-        self._run("all_gather", ALL_GATHER, 0, src, 0, algorithms.all_gather, src, dst)
+        body = staged.all_gather if self.staging is not None else algorithms.all_gather
+        self._run("all_gather", ALL_GATHER, 0, src, 0, body, src, dst)
 
     def broadcast(self, buf: np.ndarray, root: int) -> None:
-        if not 0 <= root < self.group.size:
-            raise DistributedError(f"rank {self.group.rank}: broadcast root {root} is not a rank of this group "
-                                   f"of size {self.group.size}")
-        self._run("broadcast", BROADCAST, 0, buf, root, algorithms.broadcast, buf, root)
+        if not 0 <= root < self._size:
+            raise DistributedError(f"rank {self._rank}: broadcast root {root} is not a rank of this group "
+                                   f"of size {self._size}")
+        body = staged.broadcast if self.staging is not None else algorithms.broadcast
+        self._run("broadcast", BROADCAST, 0, buf, root, body, buf, root)
 
     def barrier(self) -> None:
-        self._run("barrier", BARRIER, 0, None, 0, algorithms.barrier)
+        self._run("barrier", BARRIER, 0, None, 0, staged.barrier if self.staging is not None else algorithms.barrier)
+
+    def break_links(self) -> None:
+        """A shared-memory wait sleeps on the segment, not the links: mark it broken (and, staged,
+        fail the leaders' mesh too)."""
+        if self.group is not None:
+            self.group.mark_broken()
+        elif self.staging is not None:
+            self.staging.fail(DistributedError("the group was given up"))
 
     def close(self) -> None:
-        self.group.close()
+        if self.group is not None:
+            self.group.close()
+        if self.staging is not None:
+            self.staging.close()

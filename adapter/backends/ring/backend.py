@@ -18,7 +18,7 @@ on both sides instead of corrupting data or hanging.
 
 This class composes the parts, which share one RingState (state.py): addresses.py (the
 hostfile), forming.py (connecting the ring), plumbing.py (what every collective runs on),
-point_to_point.py (send/recv), splitting.py (split), shared.py and hierarchy.py (shared memory).
+point_to_point.py (send/recv), splitting.py (split), shared.py (shared memory; in stages through local/staged.py).
 """
 from __future__ import annotations
 
@@ -35,10 +35,11 @@ from ...errors import ConfigError, DistributedError, PeerError, blaming
 from ..base import Backend, ReduceOp
 from ..elements import byte_view, split_evenly
 from ..local import algorithms as shm_algorithms
+from ..local import staged
 from ..protocol import REDUCE_CODES
 from ..transport import auth, layout, membership, shrinking, tcp
 from ..transport.stream_engine import Engine, Stream
-from . import grow, hierarchy, lineage, shared, shrink, splitting
+from . import grow, lineage, origin, shared, shrink, splitting
 from .addresses import links_per_neighbour, load_ring_hostfile, validate_addresses
 from .formation import FormationAbandoned, LayoutMismatch, Watch
 from .forming import (
@@ -61,6 +62,7 @@ from .header import (
     PURPOSE_ABORT,
     PURPOSE_P2P,
     PURPOSE_RING,
+    stage_tag,
 )
 from .plumbing import Plumbing
 from .point_to_point import SPILL_CHUNK, SPILL_POLL_S, PointToPoint
@@ -293,7 +295,7 @@ class RingBackend(Backend):
             return
         if self._shared(header, shm_algorithms.all_reduce, src, dst, op, self._shm_small):
             return
-        if self._staged(header, hierarchy.all_reduce, src, dst, op, self._shm_small):
+        if self._staged(header, staged.all_reduce, src, dst, op, self._shm_small):
             return
         if plumbing.one_pass(src.nbytes):
             self._collective(header, plumbing.small_all_reduce, header, src, dst, op)
@@ -308,7 +310,7 @@ class RingBackend(Backend):
         header = plumbing.header(OP_REDUCE_SCATTER, src, REDUCE_CODES[op])
         if self._shared(header, shm_algorithms.reduce_scatter, src, dst, op):
             return
-        if self._staged(header, hierarchy.reduce_scatter, src, dst, op, self._shm_small):
+        if self._staged(header, staged.reduce_scatter, src, dst, op, self._shm_small):
             return
         n = self._size
         if plumbing.one_pass(src.nbytes):
@@ -331,7 +333,7 @@ class RingBackend(Backend):
         header = plumbing.header(OP_ALL_GATHER, src, 0)
         if self._shared(header, shm_algorithms.all_gather, src, dst):
             return
-        if self._staged(header, hierarchy.all_gather, src, dst):
+        if self._staged(header, staged.all_gather, src, dst):
             return
         if src.nbytes <= plumbing.small_limit:
             def run() -> None:
@@ -351,7 +353,7 @@ class RingBackend(Backend):
         header = plumbing.header(OP_BROADCAST, buf, root)
         if self._shared(header, shm_algorithms.broadcast, buf, root):
             return
-        if self._staged(header, hierarchy.broadcast, buf, root):
+        if self._staged(header, staged.broadcast, buf, root):
             return
         self._collective(header, plumbing.broadcast, header, buf, root)
 
@@ -361,7 +363,7 @@ class RingBackend(Backend):
         header = HEADER.pack(HEADER_MAGIC, OP_BARRIER, 0, self._state.seq, 0, 0)
         if self._shared(header, shm_algorithms.barrier):
             return
-        if self._staged(header, hierarchy.barrier):
+        if self._staged(header, staged.barrier):
             return
         self._collective(header, self._plumbing.small_gather, header, memoryview(b""))
 
@@ -426,10 +428,23 @@ class RingBackend(Backend):
         return True
 
     def _staged(self, header: bytes, body, *args) -> bool:
-        """Run a collective in stages (hierarchy.py) when this group spans hosts and shares
+        """Run a collective in stages (local/staged.py) when this group spans hosts and shares
         memory on some (else return False); like _shared, never a split's closing barrier."""
         state = self._state
         if state.hier is None or state.abandon_on_failure:
             return False
-        self._collective(header, hierarchy.run, state, body, header, *args)
+        self._collective(header, shared.run_staged, state, body, header, *args)
         return True
+
+    # ---- as the leaders' ring of a group spanning hosts (local/staged.py's Leaders) ---------
+
+    def set_stage(self, op_code: int, detail: int) -> None:
+        self._state.stage = stage_tag(op_code, detail) if op_code else 0
+
+    def notify_outer(self, culprit: int) -> None:
+        origin.notify_outer(self._state, culprit)
+
+    @property
+    def staging(self) -> "staged.Staging | None":
+        """The staged collectives of a group spanning hosts (None: not staged)."""
+        return self._state.hier

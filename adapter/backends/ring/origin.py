@@ -44,7 +44,7 @@ STANDBY_POLL_S = 0.01  # after a deadline, how often the standby connections are
 # The culprit codes a notice's channel field carries, the rule for whom a deadline blames and
 # the relayed verdict's words are the transport's (transport/blame.py, shared with JACCL's mesh):
 # MISMATCH + a * MISMATCH_SPAN + b, ranks a and b called different collectives; OUTER - q, rank
-# q of the group whose hosts a leaders' ring links (hierarchy.py); -1, an error of its own.
+# q of the group whose hosts a leaders' ring links (local/staged.py); -1, an error of its own.
 
 
 def admits(sender: int, receiver: int, size: int) -> bool:
@@ -242,7 +242,7 @@ def notify(ring: RingState, exc: BaseException) -> None:
 
 
 def notify_outer(ring: RingState, culprit: int) -> None:
-    """On a leaders' ring (hierarchy.py): tell the live neighbours that this rank gives up because
+    """On a leaders' ring (local/staged.py): tell the live neighbours that this rank gives up because
     of rank `culprit` of the whole group (-1: an error of its own)."""
     _send_notices(ring, -1 if culprit < 0 else OUTER - culprit, {ring.rank})
 

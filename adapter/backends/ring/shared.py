@@ -2,7 +2,8 @@
 collectives run over a local.shm segment instead of the ring sockets (which stay open: they
 carry send/recv, split's exchange, and tell a waiting rank that a neighbour died). When the group
 spans hosts and some host has several of its ranks, each such host gets a segment of its own and
-the collectives run in stages (hierarchy.py). The settings and the error marking are
+the collectives run in stages (local/staged.py, with this backend as the leaders' ring: a
+split of the group, one rank per host). The settings and the error marking are
 backend-neutral (local/use.py); what is the ring's own is its header and its links.
 """
 from __future__ import annotations
@@ -12,8 +13,7 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 
 from ..elements import dtype_code
-from ..local import shm, use
-from . import hierarchy
+from ..local import shm, staged, use
 from .header import HEADER, HEADER_MAGIC, OP_SHM, describe_header
 from .plumbing import Plumbing
 from .state import RingState
@@ -38,12 +38,7 @@ def attach_memory(ring: "RingBackend", state: RingState, plumbing: Plumbing) -> 
     if len(placement.hosts) == 1:
         state.shm = placement.group
         return
-    try:
-        state.hier = hierarchy.form(ring, placement)
-    except BaseException:
-        if placement.group is not None:
-            placement.group.close()
-        raise
+    state.hier = staged.form(ring, placement, "ring")
 
 
 def attach(state: RingState, gather: Callable[[bytes], list[bytes]]) -> shm.Placement:
@@ -61,3 +56,8 @@ def run(state: RingState, body: Callable, *args) -> None:
     """Run one collective over the group's shared memory, body(group, *args), under the
     current collective's deadline and description; on any error the peers are told at once."""
     use.run(state.shm, state.deadline, state.what, body, *args)
+
+
+def run_staged(state: RingState, body: Callable, *args) -> None:
+    """Run one collective in stages, body(staging, *args), under the group's deadline."""
+    staged.run(state.hier, state.deadline, state.timeout, state.what, body, *args)

@@ -2,7 +2,7 @@
 keys, its ring links, the collective running now, and its shared memory.
 
 One RingState per group; the backend creates it and hands it to the parts (forming.py,
-point_to_point.py, splitting.py, plumbing.py, shared.py, hierarchy.py, origin.py), which read and
+point_to_point.py, splitting.py, plumbing.py, shared.py, origin.py), which read and
 write its fields instead of each other's attributes.
 """
 from __future__ import annotations
@@ -16,7 +16,7 @@ from ..transport.stream_engine import Engine, Stream
 
 if TYPE_CHECKING:
     from ..local.shm import SharedGroup
-    from .hierarchy import Hierarchy
+    from ..local.staged import Staging
     from .standby import Standby
 
 
@@ -38,9 +38,9 @@ class RingState:
     seq: int = 0                     # collectives run so far (in every header)
     deadline: float = 0.0            # the running collective's (time.monotonic)
     what: object = None              # the running collective, described on demand (plumbing.Described)
-    stage: int = 0                   # on a leaders' ring: the tag of the group's collective (hierarchy.py)
+    stage: int = 0                   # on a leaders' ring: the tag of the group's collective (local/staged.py)
     shm: "SharedGroup | None" = None  # when the whole group is on this host
-    hier: "Hierarchy | None" = None   # when it spans hosts, some with several ranks
+    hier: "Staging | None" = None   # when it spans hosts, some with several ranks
     # While a split's (or init's) closing barrier runs: a failure passes the verdict on over the
     # ring links (forming.abandon), and collectives stay on the ring.
     abandon_on_failure: bool = False

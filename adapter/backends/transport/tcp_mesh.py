@@ -36,6 +36,9 @@ PURPOSE_SHRINK = 0x4A53  # "JS": shrink's agreement (membership.py) at a formed 
 # rank it blames (see notify_failure; the words and the rule are blame.py's, as the ring's).
 _NOTICE = 1 << 63
 _STUCK = 1 << 62  # a notice of _NOTICE | _STUCK: "this rank timed out too, waiting for another"
+# A notice of _NOTICE | _OUTER | q, on a leaders' mesh (local/staged.py): rank q of the whole
+# group whose hosts the mesh links failed (see notify_outer).
+_OUTER = 1 << 61
 FRAME_BYTES = 1 << 20
 SLOTS = 2
 _LEN = struct.Struct("<Q")
@@ -419,6 +422,13 @@ class TcpMeshTransport(Transport):
             state.stuck = True  # not an end: whom it blames may follow (notify_failure)
             state.in_start += _LS
             return True
+        if length & _NOTICE and length & _OUTER:
+            outer = length & ~(_NOTICE | _OUTER)
+            exc = relay_error("", outer, state.rank, f"{state.label}, naming it by its rank in the group spanning the hosts")
+            exc.outer_culprit = outer  # type: ignore[attr-defined]
+            del exc.culprit  # no rank of this mesh: nothing to pass on to its other peers
+            state.gone = str(exc)
+            raise exc
         if length & _NOTICE:
             exc = relay_error("", length & ~_NOTICE, state.rank, state.label)
             state.gone = str(exc)
@@ -543,7 +553,7 @@ class TcpMeshTransport(Transport):
                     continue
             if len(head) == _LS:
                 (length,) = _LEN.unpack(head)
-                if length & _NOTICE and not length & _STUCK:
+                if length & _NOTICE and not length & (_STUCK | _OUTER):
                     found[state.rank] = length & ~_NOTICE
         return found
 
@@ -564,6 +574,19 @@ class TcpMeshTransport(Transport):
                 state.sock.send(notice, socket.MSG_DONTWAIT)
             except OSError:
                 pass  # its buffer is full or it is gone: it sees the connection close instead
+
+    def notify_outer(self, culprit: int) -> None:
+        """On a leaders' mesh (local/staged.py): tell every live peer, in band as notify_failure,
+        that this rank gives up because of rank `culprit` of the whole group (none when < 0)."""
+        if culprit < 0:
+            return
+        notice = _LEN.pack(_NOTICE | _OUTER | culprit)
+        for state in self._by_fd.values():
+            if state.gone is None and not state.sends:
+                try:
+                    state.sock.send(notice, socket.MSG_DONTWAIT)
+                except OSError:
+                    pass
 
     def notify_stuck(self) -> None:
         """This rank's deadline passed: tell every live peer it is stuck too (in band, as
