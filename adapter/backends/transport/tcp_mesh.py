@@ -566,38 +566,28 @@ class TcpMeshTransport(Transport):
         culprit = getattr(exc, "culprit", None)
         if culprit is None or not 0 <= culprit < self.size:
             return
-        notice = _LEN.pack(_NOTICE | culprit)
-        for state in self._by_fd.values():
-            if state.rank in (culprit, getattr(exc, "peer", None)) or state.gone is not None or state.sends:
-                continue
-            try:
-                state.sock.send(notice, socket.MSG_DONTWAIT)
-            except OSError:
-                pass  # its buffer is full or it is gone: it sees the connection close instead
+        self._notify_live_peers(_LEN.pack(_NOTICE | culprit), skip=(culprit, getattr(exc, "peer", None)))
 
     def notify_outer(self, culprit: int) -> None:
         """On a leaders' mesh (local/staged.py): tell every live peer, in band as notify_failure,
         that this rank gives up because of rank `culprit` of the whole group (none when < 0)."""
-        if culprit < 0:
-            return
-        notice = _LEN.pack(_NOTICE | _OUTER | culprit)
-        for state in self._by_fd.values():
-            if state.gone is None and not state.sends:
-                try:
-                    state.sock.send(notice, socket.MSG_DONTWAIT)
-                except OSError:
-                    pass
+        if culprit >= 0:
+            self._notify_live_peers(_LEN.pack(_NOTICE | _OUTER | culprit))
 
     def notify_stuck(self) -> None:
         """This rank's deadline passed: tell every live peer it is stuck too (in band, as
         notify_failure), so a peer waiting for it does not take it for the silent rank."""
-        notice = _LEN.pack(_NOTICE | _STUCK)
+        self._notify_live_peers(_LEN.pack(_NOTICE | _STUCK))
+
+    def _notify_live_peers(self, notice: bytes, skip: tuple = ()) -> None:
+        """Send a notice to every peer still connected with nothing queued for it (a notice must
+        not land inside a half-sent frame); best effort, never blocking."""
         for state in self._by_fd.values():
-            if state.gone is None and not state.sends:
+            if state.gone is None and not state.sends and state.rank not in skip:
                 try:
                     state.sock.send(notice, socket.MSG_DONTWAIT)
                 except OSError:
-                    pass
+                    pass  # its buffer is full or it is gone: it sees the connection close instead
 
     def stuck_peers(self) -> set[int]:
         """The peers that said they are stuck too (read while a receive from them is posted)."""
