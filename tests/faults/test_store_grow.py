@@ -16,7 +16,8 @@ import time
 from pathlib import Path
 
 import pytest
-from cluster import FAULTS, ROOT, base_env, finish_all, rank_envs, reports, start, stop_all
+from cluster import FAULTS, base_env, finish_all, rank_envs, reports, start, stop_all
+from test_grow import ATTACK
 
 # Members: form, loop all_sum until slot 2 dies, shrink, then one grow per stage the harness
 # opens (a file in FAULT_DIR): "squat" and "forged" must be refused, "newcomer" grows. After
@@ -50,12 +51,13 @@ def attempt(group, stage, timeout):
     check(group, "KEPT")
 
 def until_a_death(group):
-    x = np.ones(1024, np.float32)
-    try:
-        while True:
+    x, failed = np.ones(1024, np.float32), None
+    while failed is None:
+        try:
             all_sum(x)
-    except ERRORS as e:
-        say("ERR", type(e).__name__)
+        except ERRORS as e:
+            failed = e
+    say("ERR", type(failed).__name__)
     group = group.shrink(timeout=3)
     say("SHRUNK", group.rank(), group.size())
     return group
@@ -82,18 +84,18 @@ else:
 OUTSIDER = FAULTS / "scripts" / "store_outsider.py"
 
 
-def outsider_command(port: int) -> list[str]:
-    """The outsider's script as uid 65534 (nobody) when setpriv can, else as this uid."""
-    cmd = [sys.executable, str(OUTSIDER), "127.0.0.1", str(port), "jacklring/addr/f0/"]
+def outsider_prefix() -> list[str]:
+    """Run as uid 65534 (nobody) when setpriv can, else as this uid."""
     if os.geteuid() == 0 and shutil.which("setpriv"):
-        return ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"] + cmd
-    return cmd
+        return ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+    return []
 
 
 class Outsider:
     def __init__(self, port: int, tmp: Path) -> None:
         env = base_env(PYTHONPATH="")
-        self.popen = subprocess.Popen(outsider_command(port), env=env, cwd="/", stdin=subprocess.PIPE,
+        cmd = [sys.executable, str(OUTSIDER), "127.0.0.1", str(port), "jacklring/addr/f0/"]
+        self.popen = subprocess.Popen(outsider_prefix() + cmd, env=env, cwd="/", stdin=subprocess.PIPE,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
     def ask(self, command: str, answer: str, timeout: float = 25) -> str:
@@ -135,11 +137,12 @@ def test_a_store_group_grows_through_the_store_and_refuses_outsiders(tmp_path):
     # A newcomer for slot 0: the store lived in rank 0's process, so it refuses at once.
     slot0 = start("any", 3, BODY, tmp_path, env=joining, envs=[{**envs[0], "MASTER_PORT": "9"}], ranks=[0])[0]
     outsider = Outsider(port, tmp_path)
-    newcomer = None
+    newcomer = squatter = None
     try:
         for p in procs:
             p.wait_line("READY", 40)
-        outsider.ask("read 2", "RECORD")
+        record = outsider.ask("read 2", "RECORD").split(" ", 1)[1]
+        host, _, knocked = json.loads(json.loads(record.split(" ", 2)[2])["knock"])["address"].rpartition(":")
         dead.kill(signal.SIGKILL)
         dead.finish(5)
         procs[2].kill(signal.SIGKILL)
@@ -147,16 +150,16 @@ def test_a_store_group_grows_through_the_store_and_refuses_outsiders(tmp_path):
             p.wait_line("SHRUNK", 15)
 
         # 1. An outsider listens at the dead newcomer's knock address: it fails the handshake.
-        squat = outsider.popen.stdin.write("squat 4\n")
-        outsider.popen.stdin.flush()
-        assert outsider.popen.stdout.readline().split()[:1] == ["LISTENING"], squat
+        squatter = subprocess.Popen(outsider_prefix() + ["/usr/bin/python3", "-c", ATTACK, host, knocked, "4"],
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd="/")
+        assert squatter.stdout.readline().split() == ["LISTENING"], squatter.stderr.read()
         (tmp_path / "squat").touch()
         for p in procs[:2]:
             fields = refused(p, "squat")
             assert float(fields[3]) < 6 and fields[4] == "CollectiveTimeout", fields
         assert "did not prove the job secret" in " ".join(refused_text(procs[0], "squat")), procs[0].stdout
-        seen = outsider.ask("", "SEEN")
-        assert int(seen.split()[1]) >= 1, seen
+        seen = squatter.communicate(timeout=10)[0].split()
+        assert seen[:1] == ["SEEN"] and int(seen[1]) >= 1, seen
 
         # 2. It overwrites slot 2's knock record with one whose MAC it guessed: tampering.
         outsider.ask("forge 2", "FORGED")
@@ -194,6 +197,9 @@ def test_a_store_group_grows_through_the_store_and_refuses_outsiders(tmp_path):
         codes = finish_all(procs[:2] + [slot0], 15)
     finally:
         outsider.stop()
+        if squatter is not None and squatter.poll() is None:
+            squatter.kill()
+            squatter.wait()
         stop_all(procs + [dead, slot0] + ([newcomer] if newcomer else []))
     assert codes == [0, 0, 4], reports(procs + [slot0])
 

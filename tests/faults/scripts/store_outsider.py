@@ -1,9 +1,7 @@
 """An outsider to a store ring's job (run as another uid): it reaches the torch store (whose port
-is open to anyone on the host) but holds no job key. Commands, one per stdin line:
+is open to anyone on the host) but holds no job key (test_grow.ATTACK squats an address it read). Commands, one per stdin line:
 
     read SLOT        print "RECORD <raw>" once the knock record of SLOT is there (and differs from the last)
-    squat SECONDS    listen at the address of the last record read, answering handshakes with
-                     what it can (no key) for SECONDS; prints LISTENING, then SEEN <connections>
     forge SLOT       overwrite SLOT's knock record with one whose MAC it can only guess; prints FORGED
     replay SLOT      write the last record read back at SLOT's key; prints REPLAYED
 
@@ -11,8 +9,6 @@ is open to anyone on the host) but holds no job key. Commands, one per stdin lin
 """
 import datetime
 import json
-import os
-import socket
 import sys
 import time
 
@@ -30,37 +26,6 @@ def key(slot: str) -> str:
     return f"{prefix}knock/{slot}"
 
 
-def squat(seconds: float) -> None:
-    body = json.loads(last.split(b" ", 2)[2])
-    address = json.loads(body["knock"])["address"]
-    h, p = address.rsplit(":", 1)
-    s = socket.socket()
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    s.bind((h, int(p)))
-    s.listen(16)
-    s.settimeout(0.1)
-    print("LISTENING", address, flush=True)
-    end, seen = time.monotonic() + seconds, 0
-    while time.monotonic() < end:
-        try:
-            c, _ = s.accept()
-        except socket.timeout:
-            continue
-        seen += 1
-        c.settimeout(0.5)
-        try:  # the handshake's frames as far as it can answer them: a challenge, then a guessed MAC
-            c.recv(200)
-            c.sendall(b"JKLC" + bytes([0]) + os.urandom(32))
-            c.recv(200)
-            c.sendall(b"JKLA" + bytes([0]) + os.urandom(32))
-            c.recv(200)
-        except OSError:
-            pass
-        c.close()
-    s.close()
-    print("SEEN", seen, flush=True)
-
-
 for line in sys.stdin:
     command, _, arg = line.strip().partition(" ")
     if command == "read":
@@ -74,8 +39,6 @@ for line in sys.stdin:
             time.sleep(0.02)
         else:
             print("NORECORD", flush=True)
-    elif command == "squat":
-        squat(float(arg))
     elif command == "forge":
         fields = {"knock": json.dumps({"address": "127.0.0.1:9", "id": "00" * 16}), "rank": int(arg), "size": 3}
         forged = b"jr1 " + b"0" * 64 + b" " + json.dumps(fields, sort_keys=True).encode()
