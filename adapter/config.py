@@ -156,7 +156,8 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
     # elastic groups (docs/faults.md)
     Setting("JACKLRING_JOIN", flag, False,
             "1: this process replaces a rank of a running ring group instead of forming one: init() listens at "
-            "its MLX_HOSTFILE slot (MLX_RANK, a vacant one such as a dead rank's) and waits up to "
+            "its MLX_HOSTFILE slot (MLX_RANK, a vacant one such as a dead rank's), or under torchrun-style "
+            "variables or Slurm knocks in the group's store at its RANK / SLURM_PROCID slot, and waits up to "
             "JACKLRING_CONNECT_TIMEOUT for the members to take it in with Group.grow(); the launcher's "
             "--restart-failed sets it"),
     # ring

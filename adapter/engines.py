@@ -103,7 +103,9 @@ def _create_torch_group(env: Mapping[str, str], timeout: float | None) -> Backen
     except Exception as exc:  # a group created without a store (e.g. a fake or custom one)
         raise DistributedError(f"rank {rank}: the torch process group of {size} ranks has no store to form "
                                f"the numpy API's group through ({exc})") from None
-    return _store_ring(store, rank, size, timeout, "the torch process group's store")
+    return _store_ring(store, rank, size, timeout, "the torch process group's store",
+                       growth="it was formed through the store of an existing torch process group, which cannot "
+                              "take in a process that is not one of its ranks (a newcomer would have no torch group)")
 
 
 # ---- torchrun-style variables ----------------------------------------------------------------
@@ -133,6 +135,9 @@ def _create_torchrun(env: Mapping[str, str], timeout: float | None) -> Backend:
     dist = _torch_distributed("torchrun-style variables (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)")
     wait = datetime.timedelta(seconds=config.connect_timeout())
     where = f"MASTER_ADDR={env['MASTER_ADDR']} MASTER_PORT={env['MASTER_PORT']}"
+    # torchrun's agent serves the store when it says so; otherwise (env:// alone) rank 0 does.
+    source = _store_source(f"the torch store at {where}", env.get("TORCHELASTIC_USE_AGENT_STORE") != "True")
+    _refuse_joining_at_slot_0(rank, source)
     try:
         # torch's own env:// rendezvous: the agent's store under torchrun, else rank 0 serves one
         # (multi-tenant, so a later init_process_group in this process shares it).
@@ -140,7 +145,7 @@ def _create_torchrun(env: Mapping[str, str], timeout: float | None) -> Backend:
     except Exception as exc:
         raise DistributedError(f"rank {rank}: cannot reach the torch store at {where}: {exc}") from None
     _stores.append(store)
-    return _store_ring(store, rank, size, timeout, f"the torch store at {where}")
+    return _store_ring(store, rank, size, timeout, f"the torch store at {where}", growth=source)
 
 
 # ---- Slurm -----------------------------------------------------------------------------------
@@ -189,6 +194,8 @@ def _create_slurm(env: Mapping[str, str], timeout: float | None) -> Backend:
     wait = datetime.timedelta(seconds=config.connect_timeout())
     where = f"{host}:{port} (first node of SLURM_STEP_NODELIST; port from JACKLRING_SLURM_PORT, " \
             f"SLURM_STEP_RESV_PORTS or the job and step ids)"
+    source = _store_source(f"the Slurm store at {host}:{port}", True)  # task 0 serves it
+    _refuse_joining_at_slot_0(rank, source)
     try:
         address = socket.gethostbyname(host)
         store = dist.TCPStore(address, port, size, rank == 0, wait, wait_for_workers=False, multi_tenant=True)
@@ -198,7 +205,8 @@ def _create_slurm(env: Mapping[str, str], timeout: float | None) -> Backend:
     # Keys of this step only: a step whose port collides with another step's store (on one node,
     # or JACKLRING_SLURM_PORT set alike) must never count that step's ranks as its own.
     step = f"slurm/{env.get('SLURM_JOB_ID', '-')}.{env['SLURM_STEP_ID']}/"
-    return _store_ring(store, rank, size, timeout, f"the Slurm store at {host}:{port}", STORE_PREFIX + step)
+    return _store_ring(store, rank, size, timeout, f"the Slurm store at {host}:{port}", STORE_PREFIX + step,
+                       growth=source)
 
 
 def expand_hostlist(text: str) -> list[str]:
@@ -228,15 +236,40 @@ def _expand_one(item: str) -> list[str]:
 
 # ---- shared ----------------------------------------------------------------------------------
 
+def _store_source(where: str, in_rank0: bool):
+    from .rendezvous.store_grow import StoreSource
+
+    return StoreSource(where, in_rank0)
+
+
+def _refuse_joining_at_slot_0(rank: int, source) -> None:
+    """A newcomer (JACKLRING_JOIN=1) for slot 0 of a store that rank 0 served: before it would
+    start a store server of its own at the dead rank's port and wait there for nobody."""
+    from .rendezvous.store_grow import died_with_rank0
+
+    if rank == 0 and source.in_rank0 and config.get("JACKLRING_JOIN"):
+        raise ConfigError(f"slot 0: JACKLRING_JOIN=1 with rank 0: {died_with_rank0(source)}")
+
+
 def _store_ring(store, rank: int, size: int, timeout: float | None, where: str,
-                prefix: str = STORE_PREFIX) -> Backend:
+                prefix: str = STORE_PREFIX, growth=None) -> Backend:
+    """The ring formed through `store` (its keys under `prefix`); growth: store_ring's. A
+    process started with JACKLRING_JOIN=1 (a newcomer at a vacant slot) instead waits to be
+    taken in by the members' grow() (rendezvous/store_grow.py)."""
     import torch.distributed as dist
 
+    from .rendezvous.store_grow import StoreSource, join_store_ring
     from .rendezvous.store_ring import store_ring
 
     try:
         # Keys of our own: torch's groups on the same store never see ours, nor we theirs.
-        return store_ring(dist.PrefixStore(prefix, store), rank, size, config.op_timeout(timeout), scope=prefix)
+        scoped = dist.PrefixStore(prefix, store)
+        if config.get("JACKLRING_JOIN"):
+            if not isinstance(growth, StoreSource):
+                raise ConfigError(f"rank {rank}: JACKLRING_JOIN=1 asks to join a running group, which one formed "
+                                  f"through {where} cannot: {growth}")
+            return join_store_ring(scoped, rank, size, config.op_timeout(timeout), prefix, growth)
+        return store_ring(scoped, rank, size, config.op_timeout(timeout), scope=prefix, growth=growth)
     except DistributedError as exc:
         raise type(exc)(f"{exc} (through {where})") from None
 

@@ -3,6 +3,7 @@ collective on the group Group.grow() returned.
 
     python benchmarks/grow_recovery.py                     # 4 ranks, 10 trials, TCP and shared memory
     python benchmarks/grow_recovery.py --ranks 3 --trials 5 --transport tcp
+    python benchmarks/grow_recovery.py --engine hostfile,env --transport tcp
 
 Each trial starts N ring ranks on 127.0.0.1 looping all_sum of 4096 float32, kills a random
 rank with SIGKILL, and waits until the survivors have shrunk and called grow(). Then it starts
@@ -11,14 +12,20 @@ the replacement (JACKLRING_JOIN=1, the dead rank's MLX_RANK), as the launcher's
 first all_sum on the grown group returned the right sum (every rank adds its slot + 1). Two
 times per trial: from the process start (Popen: the interpreter, numpy and adapter's imports
 included), and from its init() call (the join itself). min / median / max over the trials.
+
+--engine env forms the group through torch's env:// store instead (RANK, WORLD_SIZE,
+MASTER_ADDR, MASTER_PORT; torch is imported by every rank) and the replacement knocks there
+(adapter/rendezvous/store_grow.py); the victim is then never rank 0, whose process serves the
+store.
 """
 from __future__ import annotations
 
 import random
+import signal
 import tempfile
 import time
 
-from recovery_trials import arguments, job_env, kill_one, label, ranks, spread, start_rank
+from recovery_trials import arguments, free_ports, job_env, kill_one, label, ranks, spread, start_rank
 
 RANK = r"""
 import os, sys, time
@@ -26,7 +33,7 @@ import numpy as np
 import adapter
 slot = int(os.environ["MLX_RANK"])
 called = time.monotonic()
-group = adapter.init(strict=True, backend="ring")
+group = adapter.init(strict=True, backend="ring" if os.environ.get("MLX_HOSTFILE") else "any")
 if os.environ.get("JACKLRING_JOIN") != "1":
     x = np.full(4096, 1.0, np.float32)
     adapter.all_sum(x)
@@ -44,10 +51,23 @@ print("SUM", f"{time.monotonic():.6f}", f"{called:.6f}", float(y[0]), group.size
 """
 
 
-def trial(n: int, transport: str, rng: random.Random, tmp: str) -> tuple[float, float]:
+def engine_env(engine: str, n: int, transport: str, tmp: str) -> dict[str, str]:
     env = job_env(n, transport, tmp)
+    if engine == "env":
+        del env["MLX_HOSTFILE"]
+        env.update(WORLD_SIZE=str(n), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_ports(1)[0]))
+    return env
+
+
+def trial(engine: str, n: int, transport: str, rng: random.Random, tmp: str) -> tuple[float, float]:
+    env = engine_env(engine, n, transport, tmp)
     with ranks(RANK, env, n) as procs:
-        victim, _ = kill_one(procs, rng)
+        if engine == "env":  # rank 0 serves the store: it must live
+            time.sleep(rng.uniform(0.0, 0.3))
+            victim = rng.randrange(1, n)
+            procs[victim].send_signal(signal.SIGKILL)
+        else:
+            victim, _ = kill_one(procs, rng)
         procs[victim].wait()
         survivors = [p for q, p in enumerate(procs) if q != victim]
         for p in survivors:
@@ -65,14 +85,16 @@ def trial(n: int, transport: str, rng: random.Random, tmp: str) -> tuple[float, 
 
 
 def main() -> None:
-    args = arguments(__doc__.split("\n\n")[0], trials=10)
+    args = arguments(__doc__.split("\n\n")[0], trials=10, engines=True)
     rng = random.Random(args.seed)
     with tempfile.TemporaryDirectory() as tmp:
-        for transport in args.transport.split(","):
-            results = [trial(args.ranks, transport, rng, tmp) for _ in range(args.trials)]
-            for i, what in enumerate(("process start", "init() call")):
-                print(f"{args.ranks} ranks, {label(transport)}, {args.trials} trials: replacement's {what} to its "
-                      f"first correct all_sum on the grown group: {spread([r[i] for r in results])}", flush=True)
+        for engine in args.engine.split(","):
+            for transport in args.transport.split(","):
+                results = [trial(engine, args.ranks, transport, rng, tmp) for _ in range(args.trials)]
+                for i, what in enumerate(("process start", "init() call")):
+                    print(f"{args.ranks} ranks, {engine}, {label(transport)}, {args.trials} trials: replacement's "
+                          f"{what} to its first correct all_sum on the grown group: "
+                          f"{spread([r[i] for r in results])}", flush=True)
 
 
 if __name__ == "__main__":

@@ -44,7 +44,8 @@ def job_env(n: int, transport: str, tmp: str, backend: str = "ring") -> dict[str
 
 
 def start_rank(script: str, env: dict[str, str], rank: int, **extra: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", script], env={**env, "MLX_RANK": str(rank), **extra},
+    ranks = {"MLX_RANK": str(rank), **({"RANK": str(rank)} if "WORLD_SIZE" in env else {})}  # env://: RANK too
+    return subprocess.Popen([sys.executable, "-c", script], env={**env, **ranks, **extra},
                             stdout=subprocess.PIPE, text=True)
 
 
@@ -76,7 +77,7 @@ def kill_one(procs: list[subprocess.Popen], rng: random.Random) -> tuple[int, fl
     return victim, killed_at
 
 
-def arguments(description: str, trials: int, backends: bool = False) -> argparse.Namespace:
+def arguments(description: str, trials: int, backends: bool = False, engines: bool = False) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--ranks", type=int, default=4)
     parser.add_argument("--trials", type=int, default=trials)
@@ -84,6 +85,9 @@ def arguments(description: str, trials: int, backends: bool = False) -> argparse
     parser.add_argument("--seed", type=int, default=24)
     if backends:
         parser.add_argument("--backend", default="ring", help="comma-separated: ring, jaccl (its TCP mesh)")
+    if engines:
+        parser.add_argument("--engine", default="hostfile",
+                            help="comma-separated: hostfile (MLX_HOSTFILE), env (torch's env:// store)")
     return parser.parse_args()
 
 

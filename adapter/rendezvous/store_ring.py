@@ -13,7 +13,7 @@ from .. import config
 from ..backends.base import Backend
 from ..backends.transport import auth, tcp
 from ..errors import ConfigError, DistributedError, IntegrityError
-from . import store_records, store_secret
+from . import store_grow, store_records, store_secret
 
 log = logging.getLogger("jacklring.torch")
 
@@ -21,7 +21,8 @@ KEY_PREFIX = "jacklring/addr/"
 ENV_HOST = "JACKLRING_TORCH_HOST"
 
 
-def store_ring(store, rank: int, size: int, timeout_s: float, scope: str = "") -> Backend:
+def store_ring(store, rank: int, size: int, timeout_s: float, scope: str = "",
+               growth: "store_grow.StoreSource | str | None" = None) -> Backend:
     """Every rank listens on a free port, publishes ip:port in the store, reads everyone's.
 
     Each rank's record is MACed under the job key and bound to its key name, so a value an
@@ -29,7 +30,11 @@ def store_ring(store, rank: int, size: int, timeout_s: float, scope: str = "") -
     job secret (JACKLRING_SECRET / _FILE) when one is set; otherwise rank 0 of the group draws
     a random key and hands it over through the store, so the store is the trust root: whoever
     can read it can join (docs/security.md). scope names the group on this store (the same on
-    every member); the formation's keys are tagged without any counter in the store."""
+    every member); the formation's keys are tagged without any counter in the store.
+
+    growth: where newcomers reach the store, so the ring can grow (store_grow: they knock
+    there), or why it cannot (a torch process group's store), named by grow()."""
+    from ..backends.ring import lineage
     from ..backends.ring.backend import RingBackend
     from ..config import connect_timeout
 
@@ -37,11 +42,7 @@ def store_ring(store, rank: int, size: int, timeout_s: float, scope: str = "") -
     listener = tcp.Listener(host, 0)  # TCP, plus a Unix socket that same-host peers use
     try:
         mine = tcp.format_address(listener.getsockname()[:2])
-        # A store can outlive a group (torch keeps one TCPStore server per port in a process and
-        # names the groups of a new init like the old ones; torchrun's agent keeps its store over
-        # restarts), so every formation's keys carry a tag every rank derives on its own.
-        tag = store_records.formation_tag(f"{scope}/{size}")
-        prefix = f"{KEY_PREFIX}{tag}/"
+        prefix = formation_prefix(scope, size)
         wait_s = min(timeout_s, connect_timeout())
         try:
             job = store_auth(store, prefix, rank, wait_s, host)
@@ -54,15 +55,31 @@ def store_ring(store, rank: int, size: int, timeout_s: float, scope: str = "") -
             raise DistributedError(f"rank {rank}: jacklring rendezvous: the store closed while this rank "
                                    f"waited for every rank's address ({exc})") from None
         addresses = [[r.value] for r in records]
-        log.debug("rank %d: jacklring ring addresses %s (formation %s)", rank, addresses, tag)
+        log.debug("rank %d: jacklring ring addresses %s (formation %s)", rank, addresses, prefix)
         with book.defended(record):  # peers still reading it find it while the ring connects
             # Each record was published with its rank's listener already open: a peer that then
             # refuses connections has left (an IntegrityError, a crash), and this rank says so
             # at once instead of retrying until the connect deadline.
-            return RingBackend(rank, addresses, [listener], timeout_s, wait_s, job=job, peers_listening=True)
+            ring = RingBackend(rank, addresses, [listener], timeout_s, wait_s, job=job, peers_listening=True)
     except BaseException:
         listener.close()
         raise
+    if isinstance(growth, store_grow.StoreSource):
+        origin = store_grow.StoreOrigin(store, prefix, job, size, host, growth)
+        lineage.record(ring, lineage.Lineage(origin, list(range(size))))
+    else:
+        lineage.refuse(ring, growth or "it was formed through a store that no newcomer is told how to reach")
+    return ring
+
+
+def formation_prefix(scope: str, size: int) -> str:
+    """The store keys of this process's next formation of `scope` (see formation_tag): a
+    newcomer computes its first formation's, which is the members' unless they formed the
+    group more than once in their processes."""
+    # A store can outlive a group (torch keeps one TCPStore server per port in a process and
+    # names the groups of a new init like the old ones; torchrun's agent keeps its store over
+    # restarts), so every formation's keys carry a tag every rank derives on its own.
+    return f"{KEY_PREFIX}{store_records.formation_tag(f'{scope}/{size}')}/"
 
 
 def store_auth(store, prefix: str, rank: int, wait_s: float = 120.0, listen_host: str = "127.0.0.1") -> auth.Auth:

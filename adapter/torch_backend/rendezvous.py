@@ -71,7 +71,9 @@ def create_backend(store, rank: int, size: int, timeout_s: float, choice: str,
             return from_env, "environment"
     elif choice not in ("auto", "ring", "any"):
         log.debug("jacklring: subgroup of %d ranks uses a store ring (%s serves the default group only)", size, choice)
-    return store_ring(store, rank, size, timeout_s, scope=f"pg/{group_id}"), "store"
+    why = ("it is the ring of a torch process group (init_process_group), which cannot take in a process that is "
+           "not one of its ranks")
+    return store_ring(store, rank, size, timeout_s, scope=f"pg/{group_id}", growth=why), "store"
 
 
 def _environment_backend(choice: str) -> str | None:

@@ -68,8 +68,8 @@ def test_grow_checks_its_arguments_and_other_backends_say_they_cannot_grow():
 
 
 def test_a_lineage_knows_the_vacant_slots_through_shrink_and_grow():
-    from adapter.backends.ring.lineage import Lineage
-    first = Lineage([["a:1"], ["b:1"], ["c:1"], ["d:1"]], [0, 1, 2, 3])
+    from adapter.backends.ring.lineage import HostfileOrigin, Lineage
+    first = Lineage(HostfileOrigin([["a:1"], ["b:1"], ["c:1"], ["d:1"]]), [0, 1, 2, 3])
     shrunk = first.keep([0, 1, 3])        # slot 2 died
     assert shrunk.slots == [0, 1, 3] and shrunk.vacant() == [2]
     grown = Lineage(shrunk.origin, shrunk.slots + [2])  # the newcomer follows the members

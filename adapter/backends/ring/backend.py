@@ -95,11 +95,11 @@ def create(timeout: float | None = None) -> "RingBackend":
         _witness_layout(addresses, _incarnations + 1)
         raise
     if config.get("JACKLRING_JOIN"):  # a replacement: the members take it in with grow()
-        return grow.join_ring(rank, addresses, timeout, default_connect_timeout())
+        return grow.join_ring(rank, lineage.HostfileOrigin(addresses), timeout, default_connect_timeout())
     _incarnations += 1
     backend = RingBackend.from_addresses(rank, addresses, timeout=timeout, incarnation=_incarnations,
                                          layout_check=True)
-    lineage.record(backend, lineage.Lineage(addresses, list(range(len(addresses)))))
+    lineage.record(backend, lineage.Lineage(lineage.HostfileOrigin(addresses), list(range(len(addresses)))))
     return backend
 
 
@@ -387,7 +387,7 @@ class RingBackend(Backend):
         return shrink.shrink_ring(self, seat, state.addresses, exclude, min_size, timeout)
 
     def grow(self, count: int | None, timeout: float) -> "RingBackend":
-        """A ring of the members and newcomers that wait at vacant hostfile slots (ring/grow.py)."""
+        """A ring of the members and newcomers that wait at vacant slots of its origin (ring/grow.py)."""
         return grow.grow_ring(self, count, timeout)
 
     def close(self) -> None:

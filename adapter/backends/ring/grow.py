@@ -1,12 +1,15 @@
 """grow() for the ring: the members take in newcomers (replacements for dead ranks) and form a
 new ring with them; the newcomer's side is join_ring().
 
-A newcomer is a process started from the job's hostfile with JACKLRING_JOIN=1 and MLX_RANK set
-to a vacant slot (a rank of the first ring that no member holds now, e.g. a dead rank's): it
-listens at that slot's first address and waits. The members call grow() together. They trade the
-addresses of fresh listeners over their own ring (an all_gather), and rank 0 recruits: it
-connects to each vacant slot's address through the authenticated handshake under the job key
-(transport/enrolment.py) until it has `count` newcomers or `timeout` passes, then broadcasts the
+A newcomer is a process started with JACKLRING_JOIN=1 at a vacant slot (a rank of the first ring
+that no member holds now, e.g. a dead rank's): MLX_RANK of the job's hostfile, or RANK of a
+group formed through a torch store. It waits where the group's origin (lineage.py) lets the
+members find it: at that slot's first hostfile address, or at a fresh listener whose address it
+publishes in the store as a MACed knock record (adapter/rendezvous/store_grow.py). The members
+call grow() together. They trade the addresses of fresh listeners over their own ring (an
+all_gather), and rank 0 recruits: it connects to each vacant slot's address (as the origin gives
+it) through the authenticated handshake under the job key (transport/enrolment.py) until it
+has `count` newcomers or `timeout` passes, then broadcasts the
 decision over the members' ring and sends it to each newcomer. The decision names the new
 ranks: the members keep theirs (0..k-1) and the newcomers follow in ascending slot order (k,
 k+1, ...). Everybody then forms a ring on the fresh listeners under a key derived from the job
@@ -27,11 +30,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ...errors import CollectiveTimeout, ConfigError, DistributedError, PeerError, QuorumError, blaming, culprit_of
+from ...errors import (CollectiveTimeout, ConfigError, DistributedError, IntegrityError, PeerError, QuorumError,
+                       blaming, culprit_of)
 from ..transport import enrolment, shrinking, tcp
 from ..transport.auth import Auth
 from . import lineage, shrink
-from .lineage import Lineage
+from .lineage import Lineage, Origin
 
 if TYPE_CHECKING:
     from .backend import RingBackend
@@ -63,14 +67,16 @@ def grow_ring(old: "RingBackend", count: int | None, timeout: float) -> "RingBac
     lin = lineage.of(old)
     if lin is None:
         raise DistributedError(
-            f"rank {me}: grow: only a ring group formed from MLX_HOSTFILE (the launcher's ranks), or shrunk or "
-            f"grown from one, can take in newcomers: a newcomer is found at that file's addresses. This group "
-            f"was formed through a store (torchrun, Slurm) or by split()")
+            f"rank {me}: grow: this group cannot take in newcomers: {lineage.refusal(old)}. Only a ring group "
+            f"formed from MLX_HOSTFILE or through torchrun's / Slurm's store, or shrunk or grown from one, can")
+    refused = lin.origin.refusal(lin.slots)
+    if refused is not None:
+        raise DistributedError(f"rank {me}: grow: {refused}")
     vacant = lin.vacant()
     want = len(vacant) if count is None else int(count)
     if not 1 <= want <= len(vacant):
-        raise ValueError(f"rank {me}: grow: count={count} but the hostfile has {len(vacant)} vacant slot(s) "
-                         f"{vacant} (slots held: {lin.slots})")
+        raise ValueError(f"rank {me}: grow: count={count} but the job's first group has {len(vacant)} vacant "
+                         f"slot(s) {vacant} (slots held: {lin.slots})")
     if size > 1 and not state.listeners:
         raise DistributedError(f"rank {me}: this ring group was closed; it cannot grow")
     hosts = [tcp.parse_address(a)[0] for a in state.addresses[me]]
@@ -95,10 +101,11 @@ def grow_ring(old: "RingBackend", count: int | None, timeout: float) -> "RingBac
     if not decision.get("ok"):
         for s in listeners:
             s.close()
-        raise CollectiveTimeout(f"rank {me}: grow: {decision.get('why')} (decided by rank 0); this group "
-                                f"stays as it was")
+        kind = IntegrityError if decision.get("tampered") else CollectiveTimeout
+        raise kind(f"rank {me}: grow: {decision.get('why')} (decided by rank 0); this group stays as it was")
     slots, addresses = [int(s) for s in decision["slots"]], decision["addresses"]
-    key = group_key(lineage.origin_auth(lin.origin), bytes.fromhex(decision["nonce"]), epoch)
+    grown = Lineage(lin.origin, slots, lin.used | frozenset(decision.get("records", [])))
+    key = group_key(lin.origin.auth(), bytes.fromhex(decision["nonce"]), epoch)
     started = time.monotonic()
     listeners[0].hold()  # if the formation fails here, this rank's seat in the agreement after it
     try:
@@ -107,14 +114,14 @@ def grow_ring(old: "RingBackend", count: int | None, timeout: float) -> "RingBac
     except DistributedError as exc:
         why = f"the group of {len(slots)} did not form after {time.monotonic() - started:.2f} s ({exc})"
         return after_failure(f"rank {me}: grow epoch {epoch}", me, addresses, listeners[0], key, epoch, saved,
-                             timeout, Lineage(lin.origin, slots), old, why, culprit_of(exc))
+                             timeout, grown, old, why, culprit_of(exc))
     except BaseException:
         listeners[0].release()
         listeners[0].close()
         raise
     listeners[0].release()
     old.break_links(f"rank {me}: this group grew into a group of {len(slots)} (epoch {epoch})")
-    lineage.record(new, Lineage(lin.origin, slots))
+    lineage.record(new, grown)
     shrink.record_epoch(new, epoch)
     log.info("rank %d: grow epoch %d: %d newcomer(s) from slots %s, %d ranks", me, epoch, len(slots) - size,
              slots[size:], len(slots))
@@ -211,37 +218,56 @@ def _broadcast(old: "RingBackend", decision: dict) -> dict:
 def _recruit(old: "RingBackend", lin: Lineage, vacant: list[int], want: int, members: list[list[str]],
              epoch: int, timeout: float) -> dict:
     """As rank 0: find `want` newcomers at the vacant slots within timeout; the decision (sent to
-    each newcomer too), or {"ok": False, "why": ...}."""
-    auth, token = lineage.origin_auth(lin.origin), lineage.origin_token(lin.origin)
+    each newcomer too), or {"ok": False, "why": ..., "tampered": ...}. The origin gives each
+    slot's address (its hostfile address, or the store's knock record of a newcomer there);
+    a slot whose knock record failed its check counts as tampered with until a valid one
+    replaces it."""
+    origin = lin.origin
+    auth, token = origin.auth(), origin.token()
     answer_timeout = min(1.0, max(0.05, timeout / 4))
     deadline = time.monotonic() + timeout
     found: dict[int, tuple] = {}
+    records: dict[int, str] = {}
     why_not: dict[int, str] = {}
+    tampered: set[int] = set()
     while True:
         for s in vacant:
             if s in found or len(found) >= want:
                 continue
-            got = enrolment.recruit(lin.origin[s][0], s, auth, token, PURPOSE_GROW, 0, epoch, answer_timeout)
+            try:
+                where = origin.find(s, lin.used)
+            except IntegrityError as exc:
+                why_not[s] = str(exc)
+                tampered.add(s)
+                continue
+            tampered.discard(s)
+            if isinstance(where, str):
+                why_not[s] = where
+                continue
+            got = enrolment.recruit(where.address, s, auth, token, PURPOSE_GROW, 0, epoch, answer_timeout,
+                                    timeout)
             if isinstance(got, str):
                 why_not[s] = got
             else:
                 found[s] = got
+                if where.record is not None:
+                    records[s] = where.record
                 why_not.pop(s, None)
         if len(found) >= want or time.monotonic() >= deadline:
             break
         time.sleep(RECRUIT_EVERY_S)
     tell_by = time.monotonic() + answer_timeout
     if len(found) < want:
-        reasons = "; ".join(f"slot {s} ({lin.origin[s][0]}): {why_not.get(s, 'not tried')}" for s in vacant
+        reasons = "; ".join(f"slot {s} ({origin.where(s)}): {why_not.get(s, 'not tried')}" for s in vacant
                             if s not in found)
         why = (f"only {len(found)} of {want} newcomer(s) joined within {timeout:g} s (vacant slots {vacant}: "
                f"{reasons})")
         for channel, _ in found.values():
             enrolment.tell(channel, {"kind": "cancel", "why": why}, tell_by)
-        return {"ok": False, "why": why}
+        return {"ok": False, "why": why, "tampered": bool(tampered - set(found))}
     newcomers = sorted(found)
     decision = {"ok": True, "kind": "decision", "epoch": epoch, "nonce": os.urandom(16).hex(), "timeout": timeout,
-                "slots": lin.slots + newcomers,
+                "slots": lin.slots + newcomers, "records": sorted(records.values()),
                 "addresses": members + [found[s][1]["addrs"] for s in newcomers]}
     for s in newcomers:
         failed = enrolment.tell(found[s][0], decision, tell_by)
@@ -250,37 +276,31 @@ def _recruit(old: "RingBackend", lin: Lineage, vacant: list[int], want: int, mem
     return decision
 
 
-def join_ring(slot: int, origin: list[list[str]], timeout: float | None,
-              connect_timeout: float) -> "RingBackend":
-    """As a newcomer at `slot` of the hostfile `origin`: wait up to connect_timeout to be taken in
-    by a grow(), then form the grown ring; returns this process's backend in it."""
+def join_ring(slot: int, origin: Origin, timeout: float | None, connect_timeout: float) -> "RingBackend":
+    """As a newcomer at `slot` of `origin` (lineage.py: the hostfile, or the store): wait up to
+    connect_timeout to be taken in by a grow(), then form the grown ring; returns this
+    process's backend in it."""
     from .backend import RingBackend
 
-    auth, token = lineage.origin_auth(origin), lineage.origin_token(origin)
-    host, port = tcp.parse_address(origin[slot][0])
-    try:
-        waiting = tcp.Listener(host, port)
-    except PeerError as exc:
-        raise PeerError(f"slot {slot}: this replacement cannot listen at its slot's address {origin[slot][0]} "
-                        f"({exc}); is the rank it replaces still running?") from None
+    auth, token = origin.auth(), origin.token()
     listeners: list[tcp.Listener] = []
     try:
-        waiting.serve(auth, token, slot, admit_invitation, f"slot {slot} (waiting to join)")
-        listeners = [tcp.Listener(tcp.parse_address(a)[0], 0) for a in origin[slot]]
-        deadline = time.monotonic() + connect_timeout
-        decision = enrolment.await_invitation(waiting, auth, slot, PURPOSE_GROW,
-                                              {"addrs": [s.where() for s in listeners]}, deadline)
+        with origin.waiting(slot) as waiting:
+            waiting.serve(auth, token, slot, admit_invitation, f"slot {slot} (waiting to join)")
+            listeners = [tcp.Listener(host, 0) for host in origin.hosts(slot)]
+            deadline = time.monotonic() + connect_timeout
+            decision = enrolment.await_invitation(waiting, auth, slot, PURPOSE_GROW,
+                                                  {"addrs": [s.where() for s in listeners]}, deadline)
     except BaseException:
         for s in listeners:
             s.close()
         raise
-    finally:
-        waiting.close()
     slots, epoch = [int(s) for s in decision["slots"]], int(decision["epoch"])
     rank = slots.index(slot)
     key = group_key(auth, bytes.fromhex(decision["nonce"]), epoch)
     grow_timeout = float(decision.get("timeout", max(1.0, connect_timeout - 5.0)))
     addresses = decision["addresses"]
+    grown = Lineage(origin, slots, frozenset(decision.get("records", [])))
     started = time.monotonic()
     listeners[0].hold()  # if the formation fails here, this rank's seat in the agreement after it
     try:
@@ -289,7 +309,7 @@ def join_ring(slot: int, origin: list[list[str]], timeout: float | None,
     except DistributedError as exc:
         why = f"the group of {len(slots)} did not form after {time.monotonic() - started:.2f} s ({exc})"
         new = after_failure(f"slot {slot}: grow epoch {epoch}", rank, addresses, listeners[0], key, epoch, timeout,
-                            grow_timeout, Lineage(origin, slots), None, why, culprit_of(exc))
+                            grow_timeout, grown, None, why, culprit_of(exc))
         log.info("slot %d: joined as rank %d of %d (after grow epoch %d lost a rank)", slot, new.rank(), new.size(),
                  epoch)
         return new
@@ -298,7 +318,7 @@ def join_ring(slot: int, origin: list[list[str]], timeout: float | None,
         listeners[0].close()
         raise
     listeners[0].release()
-    lineage.record(new, Lineage(origin, slots))
+    lineage.record(new, grown)
     shrink.record_epoch(new, epoch)
     log.info("slot %d: joined as rank %d of %d (grow epoch %d)", slot, rank, len(slots), epoch)
     return new

@@ -32,6 +32,8 @@ def shrink_ring(old: "RingBackend", seat: membership.Seat, addresses: list[list[
     origin = lineage.of(old)
     if origin is not None:
         lineage.record(new, origin.keep(members))  # so the survivors can grow again
+    else:
+        lineage.refuse(new, lineage.refusal(old))  # grow() names the first group's reason
     return new
 
 
