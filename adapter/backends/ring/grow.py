@@ -30,8 +30,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ...errors import (CollectiveTimeout, ConfigError, DistributedError, IntegrityError, PeerError, QuorumError,
-                       blaming, culprit_of)
+from ...errors import CollectiveTimeout, ConfigError, DistributedError, IntegrityError, PeerError, QuorumError, blaming, culprit_of
 from ..transport import enrolment, shrinking, tcp
 from ..transport.auth import Auth
 from . import lineage, shrink
