@@ -32,24 +32,49 @@ REDUCE_CASES = [
 ]
 
 
+POOL_CHUNK = 1 << 20    # elements a pool grows by, each chunk drawn from a seed of its own
+POOL_SPREAD = 1 << 16   # inputs start at different offsets below this into their kind's pool
+_pools: dict[str, np.ndarray] = {}
+
+
+def _pool(kind: str, length: int) -> np.ndarray:
+    """The first `length` elements of one deterministic random sequence per kind ("int": 0..4,
+    "f32": standard normal in float32, "f64": in float64), the same in every process whatever
+    lengths it asked for before: chunk i is drawn from seed i alone."""
+    pool = _pools.get(kind)
+    if pool is None:
+        pool = np.empty(0, np.uint8 if kind == "int" else np.float32 if kind == "f32" else np.float64)
+    if len(pool) < length:
+        chunks = [pool]
+        for i in range(len(pool) // POOL_CHUNK, -(-length // POOL_CHUNK)):
+            rng = np.random.default_rng([i, len(kind)])
+            if kind == "int":
+                chunks.append(rng.integers(0, 5, POOL_CHUNK, dtype=np.uint8))
+            else:
+                chunks.append(rng.standard_normal(POOL_CHUNK, dtype=np.float32 if kind == "f32" else np.float64))
+        pool = _pools[kind] = np.concatenate(chunks)
+    return pool[:length]
+
+
 def make(rank: int, tag: int, count: int, dtype) -> np.ndarray:
     """Deterministic per-rank data, so every rank can compute every other rank's input.
 
-    Each rank makes every rank's input, up to tens of millions of elements per check: most of a
-    large-message rank's CPU. Hence drawn straight in the wanted width (integers; floats of 4
-    bytes or less in float32, then rounded to the dtype as from float64 before), not in 64 bits
-    and converted."""
-    rng = np.random.default_rng(rank * 7919 + tag)
+    Each rank makes every rank's input, up to tens of millions of elements per check. Drawing
+    them was most of a large-message rank's CPU, so every input is a fresh copy of a window of
+    one pool of random values per kind, at an offset set by (rank, tag): inputs of different
+    ranks differ at every position, and no two windows line up with a block boundary."""
     dt = np.dtype(dtype)
+    at = (rank * 7919 + tag * 104729) % POOL_SPREAD
     if dt == np.bool_:
-        return rng.integers(0, 2, count, dtype=np.uint8).view(np.bool_)
+        return (_pool("int", at + count)[at:] & 1).astype(np.bool_)
     if dt.kind in "iu":
-        return rng.integers(0, 5, count, dtype=dt)
+        return _pool("int", at + count)[at:].astype(dt)
     if dt.kind == "c":
-        return (rng.normal(size=count) + 1j * rng.normal(size=count)).astype(dt)
+        values = _pool("f64", 2 * (at + count))[2 * at:]
+        return (values[0::2] + 1j * values[1::2]).astype(dt)
     if dt.itemsize <= 4:  # float32, float16, bfloat16
-        return rng.standard_normal(count, dtype=np.float32).astype(dt)
-    return rng.normal(size=count).astype(dt)
+        return _pool("f32", at + count)[at:].astype(dt)
+    return _pool("f64", at + count)[at:].astype(dt)
 
 
 def digest(arr: np.ndarray) -> str:
