@@ -3,6 +3,7 @@ job script of docs/launching.md exactly as written there."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import re
 import subprocess
@@ -127,3 +128,51 @@ def test_documented_job_script_under_sbatch(slurm, tmp_path):
     text = "".join(outputs.values())
     lines = sorted(line for line in text.splitlines() if line.startswith("RESULT"))
     assert lines == [f"RESULT {{'rank': {r}, 'size': 3, 'torch_size': 3, 'grad': 1.0}}" for r in range(3)], text
+
+
+GROW_RANK = os.path.join(ROOT, "tests", "engines", "slurm_grow_rank.py")
+STEP_VARIABLES = ("SLURM_JOB_ID", "SLURM_STEP_ID", "SLURM_STEP_NODELIST", "SLURM_STEP_NUM_TASKS")
+
+
+def json_lines(text: str) -> list[dict]:
+    return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+
+
+@pytest.mark.timeout(90)
+def test_a_newcomer_in_a_second_step_joins_through_the_first_steps_store(slurm):
+    """docs/faults.md's Slurm recipe: slot 2 of a 3-task step leaves, the other two shrink and
+    grow; a newcomer started by a second srun in the same job, with the first step's variables
+    and SLURM_PROCID=2, is taken in as rank 2 through the first step's store."""
+    env = slurm_env(slurm, JACKLRING_CONNECT_TIMEOUT="30")
+    members = subprocess.Popen(["srun", "-n", "3", "--overcommit", sys.executable, GROW_RANK], env=env, cwd=ROOT,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    newcomer = None
+    try:
+        shrunk, seen = [], []
+        deadline = time.monotonic() + 40
+        while len(shrunk) < 2 and time.monotonic() < deadline:
+            line = members.stdout.readline()
+            if not line:
+                break
+            seen.append(line)
+            shrunk += [r for r in json_lines(line) if r["stage"] == "shrunk"]
+        assert len(shrunk) == 2, "".join(seen) + slurm.logs()
+        step = shrunk[0]["step"]
+        overrides = [f"{k}={step[k]}" for k in STEP_VARIABLES] + ["SLURM_PROCID=2", "JACKLRING_JOIN=1"]
+        newcomer = subprocess.run(
+            ["srun", f"--jobid={step['SLURM_JOB_ID']}", "--overlap", "-n", "1", "--overcommit",
+             "env", *overrides, sys.executable, GROW_RANK], env=env, cwd=ROOT, capture_output=True, text=True,
+            timeout=45)
+        rest, errors = members.communicate(timeout=30)
+    finally:
+        if members.poll() is None:
+            members.kill()
+            members.communicate()
+    joined = json_lines(newcomer.stdout)
+    grown = sorted((r for r in json_lines("".join(seen) + rest) + joined if r["stage"] == "grown"),
+                   key=lambda r: r["rank"])
+    report = f"members:\n{''.join(seen)}{rest}{errors}\nnewcomer:\n{describe([newcomer])}"
+    assert newcomer.returncode == 0, report + slurm.logs()
+    assert all(r["failed"] == "PeerError" and r["size"] == 2 for r in shrunk), report
+    assert [(r["rank"], r["slot"], r["size"], r["slots"], r["right"]) for r in grown] == \
+        [(0, 0, 3, [0, 1, 2], True), (1, 1, 3, [0, 1, 2], True), (2, 2, 3, [0, 1, 2], True)], report
