@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
-from sklearn.datasets import load_digits
+from digits import load_digits  # reads the file scikit-learn ships, without importing sklearn
 from torch import nn
 from tqdm import tqdm
 
@@ -49,9 +49,9 @@ def parse_args() -> argparse.Namespace:
 
 def load_data(seed: int) -> tuple[torch.Tensor, ...]:
     """The digits, pixels scaled to [0, 1], split once by a seeded shuffle (same on every rank)."""
-    digits = load_digits()
-    x = torch.from_numpy((digits.data / 16.0).astype(np.float32))
-    y = torch.from_numpy(digits.target.astype(np.int64))
+    pixels, labels = load_digits()
+    x = torch.from_numpy((pixels / 16.0).astype(np.float32))
+    y = torch.from_numpy(labels.astype(np.int64))
     order = torch.from_numpy(np.random.default_rng(seed).permutation(len(y)))
     test, train = order[:TEST_SIZE], order[TEST_SIZE:]
     return x[train], y[train], x[test], y[test]

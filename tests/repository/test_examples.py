@@ -5,6 +5,7 @@ each run saves its final parameters (--save) and the tests compare the files.
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import subprocess
@@ -109,3 +110,18 @@ def test_elastic_training_survives_a_kill_and_finishes_with_identical_parameters
     assert "shrunk to 2 rank(s)" in output, output
     assert output.count("parameters identical on every rank: True") == 2, output
     assert "exit codes [0, -9, 0]" in output, output
+
+
+def test_the_examples_read_the_digits_load_digits_returns():
+    """The examples read scikit-learn's digits file themselves (importing sklearn.datasets costs
+    every rank a lot of imports); the arrays must be load_digits()'s."""
+    from sklearn.datasets import load_digits
+
+    spec = importlib.util.spec_from_file_location("digits", EXAMPLES / "digits.py")
+    digits = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(digits)
+    pixels, labels = digits.load_digits()
+    reference = load_digits()
+    np.testing.assert_array_equal(pixels, reference.data)
+    np.testing.assert_array_equal(labels, reference.target)
+    assert pixels.dtype == reference.data.dtype and labels.dtype == reference.target.dtype
