@@ -434,7 +434,8 @@ def popen(args: Sequence[str], env: dict[str, str] | None = None, cwd: str | Non
           stdout: Any = None, stderr: Any = None, text: bool = False) -> Process | subprocess.Popen:
     """A rank process: forked by the zygote when args is `[sys.executable, SCRIPT, *ARGS]`,
     otherwise (or when no zygote could start) subprocess.Popen(args, ...)."""
-    args = list(args)
+    args = [os.fspath(a) for a in args]
+    cwd = None if cwd is None else os.fspath(cwd)
     plain = len(args) >= 2 and args[0] == sys.executable and not args[1].startswith("-")
     zygote = _get() if plain else None
     if zygote is not None:
