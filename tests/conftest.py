@@ -107,6 +107,12 @@ def _set_nodeid(item: pytest.Item, nodeid: str) -> None:
         item._nodeid = nodeid
 
 
+def pytest_sessionfinish(session):
+    """Stop this worker's zygote (tests/zygote.py), if a test started one."""
+    if "zygote" in sys.modules:
+        sys.modules["zygote"].stop()
+
+
 def pytest_configure(config):
     """Each xdist worker draws free ports from its own slice of the range below the ephemeral
     one (JACKLRING_LOCAL_PORTS, inherited by the launchers and ranks its tests start): a test

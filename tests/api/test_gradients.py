@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import zygote
 from ranks import free_ports, run_checks
 
 from adapter.gradients import average_gradients
@@ -35,7 +36,7 @@ def launch(ranks: int, tmp: Path, *args: str) -> list[subprocess.CompletedProces
     env.update(MLX_HOSTFILE=str(hostfile), JACKLRING_TIMEOUT="20", JACKLRING_CONNECT_TIMEOUT="20",
                PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "tests")]), OMP_NUM_THREADS="1")
     procs = [
-        subprocess.Popen([sys.executable, __file__, *args], env={**env, "MLX_RANK": str(r)}, cwd=REPO,
+        zygote.popen([sys.executable, __file__, *args], env={**env, "MLX_RANK": str(r)}, cwd=REPO,
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         for r in range(ranks)
     ]

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import zygote
 from ranks import free_ports, run_checks
 
 torch = pytest.importorskip("torch")
@@ -30,7 +31,7 @@ def launch(ranks: int, tmp: Path) -> list[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MLX_", "OMPI_", "PMIX_"))}
     env.update(MLX_HOSTFILE=str(hostfile), JACKLRING_TIMEOUT="20", JACKLRING_CONNECT_TIMEOUT="20",
                PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "tests")]), OMP_NUM_THREADS="1")
-    procs = [subprocess.Popen([sys.executable, __file__, str(tmp)], env={**env, "MLX_RANK": str(r)}, cwd=REPO,
+    procs = [zygote.popen([sys.executable, __file__, str(tmp)], env={**env, "MLX_RANK": str(r)}, cwd=REPO,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(ranks)]
     outputs = []
     try:

@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import zygote
 from ranks import free_ports  # noqa: E402  (tests/ is on sys.path, see conftest.py)
 
 FAULTS = Path(__file__).resolve().parent
@@ -68,7 +69,7 @@ def rank_envs(backend: str, n: int, tmp: Path, hosts: list[str] | None = None) -
 class RankProc:
     """One rank process whose stdout/stderr are read by threads (so waits can time out)."""
     rank: int
-    popen: subprocess.Popen
+    popen: subprocess.Popen | zygote.Process
     out: list[str] = field(default_factory=list)
     err: list[str] = field(default_factory=list)
     returned: set[int] = field(default_factory=set)
@@ -149,8 +150,10 @@ def start(backend: str, n: int, body: str, tmp: Path, env: dict[str, str] | None
         full_env = base_env(FAULT_BACKEND=backend, FAULT_BODY=body, **envs[r])
         full_env.update(env or {})
         prefix = (wraps or {}).get(r, wrap or [])
-        popen = subprocess.Popen(prefix + [sys.executable, str(RANK_SCRIPT)], env=full_env, cwd=str(ROOT),
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        # torch ranks (no prefix) fork from the zygote (tests/zygote.py): importing torch is most of their start
+        start_rank = zygote.popen if backend == "torch" and not prefix else subprocess.Popen
+        popen = start_rank(prefix + [sys.executable, str(RANK_SCRIPT)], env=full_env, cwd=str(ROOT),
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         proc = RankProc(r, popen)
         proc.start_readers()
         procs.append(proc)

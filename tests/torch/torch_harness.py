@@ -9,6 +9,7 @@ import sys
 from dataclasses import dataclass
 
 import ranks
+import zygote
 
 from adapter.bench import free_ports
 
@@ -44,17 +45,17 @@ class Result:
 
 
 def spawn(n: int, worker: str, *args: str, env: dict[str, str] | None = None,
-          port: int | None = None) -> list[subprocess.Popen]:
-    """n ranks of worker; launches that run side by side take their ports from one
-    free_ports() call (port=), so that they cannot draw the same one."""
+          port: int | None = None) -> list[subprocess.Popen | zygote.Process]:
+    """n ranks of worker, forked by the zygote (tests/zygote.py); launches that run side by
+    side take their ports from one free_ports() call (port=), so that they cannot draw the same one."""
     port = port or free_port()
     path = os.path.join(WORKERS, worker)
-    return [subprocess.Popen([sys.executable, path, str(rank), str(n), str(port), *args], cwd=ROOT,
+    return [zygote.popen([sys.executable, path, str(rank), str(n), str(port), *args], cwd=ROOT,
                              env=env or clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             for rank in range(n)]
 
 
-def collect(procs: list[subprocess.Popen], timeout: float) -> list[Result]:
+def collect(procs: list[subprocess.Popen | zygote.Process], timeout: float) -> list[Result]:
     return ranks.collect(procs, timeout, make=Result)
 
 
