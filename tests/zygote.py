@@ -1,5 +1,5 @@
 """A fork server for the rank processes of the torch tests: one process per pytest worker that
-has imported torch, torch.distributed, numpy and pytest once, and forks a child for each rank instead
+has imported torch, torch.distributed, torch._dynamo, numpy and pytest once, and forks a child for each rank instead
 of the test starting a fresh interpreter that imports them again (most of a small rank's CPU).
 
 Test side: popen(args, ...) returns an object with the subprocess.Popen subset the harnesses use
@@ -50,6 +50,8 @@ def _serve(path: str) -> None:
     import pytest  # noqa: F401  (the test files that are their own rank script import it)
     import torch  # noqa: F401
     import torch.distributed  # noqa: F401
+    # Not imported by torch itself, but by the first optimizer step or DDP wrap, ~2 CPU-s each time
+    import torch._dynamo  # noqa: F401
     assert threading.active_count() == 1, "importing torch started threads: forking would lose them"
 
     site_path = [p for p in sys.path[1:]]  # without this file's folder
