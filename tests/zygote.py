@@ -49,9 +49,10 @@ def _serve(path: str) -> None:
     import numpy  # noqa: F401
     import pytest  # noqa: F401  (the test files that are their own rank script import it)
     import torch  # noqa: F401
-    import torch.distributed  # noqa: F401
+
     # Not imported by torch itself, but by the first optimizer step or DDP wrap, ~2 CPU-s each time
     import torch._dynamo  # noqa: F401
+    import torch.distributed  # noqa: F401
     assert threading.active_count() == 1, "importing torch started threads: forking would lose them"
 
     site_path = [p for p in sys.path[1:]]  # without this file's folder
