@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import ranks
+import zygote
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -39,8 +40,9 @@ def run(cmd: list[str], env: dict[str, str], timeout: float = 60) -> subprocess.
 
 def spawn_ranks(n: int, mode: str, env_for_rank, timeout: float = 60) -> list[subprocess.CompletedProcess]:
     """n processes of engine_rank.py MODE, each with env_for_rank(r); waits for all."""
-    procs = [subprocess.Popen([sys.executable, RANK_SCRIPT, mode], env=env_for_rank(r), cwd=ROOT,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(n)]
+    # Forked by the zygote (tests/zygote.py): the ranks import torch for its store, most of their start
+    procs = [zygote.popen([sys.executable, RANK_SCRIPT, mode], env=env_for_rank(r), cwd=ROOT,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(n)]
     return ranks.collect(procs, timeout,
                          make=lambda i, code, out, err: subprocess.CompletedProcess(procs[i].args, code, out, err))
 

@@ -9,6 +9,7 @@ import time
 
 import pytest
 import ranks
+import zygote
 from engine_harness import RANK_SCRIPT, VENV_BIN, clean_env, describe, results, run, spawn_ranks
 
 from adapter import engines
@@ -198,8 +199,8 @@ def test_slurm_steps_sharing_a_store_port_never_mix_their_ranks():
                         SLURM_JOB_ID=job, SLURM_STEP_ID="0", SLURM_STEP_NODELIST="localhost",
                         SLURM_LOCALID=str(procid), JACKLRING_SLURM_PORT=port,
                         JACKLRING_CONNECT_TIMEOUT="20", OMP_NUM_THREADS="1")
-        return subprocess.Popen([sys.executable, RANK_SCRIPT, "numpy"], env=env, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)
+        return zygote.popen([sys.executable, RANK_SCRIPT, "numpy"], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
 
     a0 = task("101", 0)
     b1 = b0 = None

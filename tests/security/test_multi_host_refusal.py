@@ -15,6 +15,8 @@ import pytest
 
 pytest.importorskip("torch.distributed")
 
+import zygote  # noqa: E402
+
 from adapter.bench import free_ports  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -34,9 +36,9 @@ def two_node_env(rank: int, port: int, tmp_path: Path, **extra: str) -> dict[str
 
 def run_pair(tmp_path: Path, **extra: str) -> list[tuple[int, str, str]]:
     port = free_ports(1)[0]
-    procs = [subprocess.Popen([sys.executable, str(RANK_SCRIPT), "numpy"], cwd=ROOT,
-                              env=two_node_env(q, port, tmp_path, **extra),
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for q in range(2)]
+    procs = [zygote.popen([sys.executable, str(RANK_SCRIPT), "numpy"], cwd=ROOT,
+                          env=two_node_env(q, port, tmp_path, **extra),
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for q in range(2)]
     outcomes = []
     for p in procs:
         try:

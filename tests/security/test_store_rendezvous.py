@@ -17,6 +17,7 @@ import pytest
 
 dist = pytest.importorskip("torch.distributed")
 
+import zygote  # noqa: E402
 from security_helpers import outsider_fixture, wait_ready  # noqa: E402,F401
 
 from adapter.bench import free_ports  # noqa: E402
@@ -57,9 +58,9 @@ def rank_env(rank: int, port: int, **extra: str) -> dict[str, str]:
     return env
 
 
-def start(rank: int, port: int) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, str(RANK_SCRIPT), "numpy"], env=rank_env(rank, port), cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def start(rank: int, port: int) -> subprocess.Popen | zygote.Process:
+    return zygote.popen([sys.executable, str(RANK_SCRIPT), "numpy"], env=rank_env(rank, port), cwd=ROOT,
+                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def finish(proc: subprocess.Popen, timeout: float = CONNECT_S + 40) -> tuple[int, str, str]:
@@ -166,8 +167,8 @@ def test_an_outsider_of_another_uid_overwriting_and_deleting_records_never_stall
     wait_ready(attacker)
     secret = {"JACKLRING_SECRET": "cd" * 32}
     begin = time.monotonic()
-    procs = [subprocess.Popen([sys.executable, str(RANK_SCRIPT), "numpy"], env=rank_env(q, port, **secret),
-                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    procs = [zygote.popen([sys.executable, str(RANK_SCRIPT), "numpy"], env=rank_env(q, port, **secret),
+                          cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for q in range(2)]
     outcomes = [finish(p) for p in procs]
     elapsed = time.monotonic() - begin
