@@ -125,11 +125,18 @@ def refused(proc, stage: str) -> list[str]:
     return fields
 
 
+# How most users start (no secret: the key comes from the host's 0600 file), and a passphrase
+# (stretched): the outsider knows neither.
+SECRETS = {"no-secret": {}, "passphrase": {"JACKLRING_SECRET": "velvet-quarry-lantern-mosaic-thimble-orchard-gazebo"}}
+
+
 @pytest.mark.timeout(90)
-def test_a_store_group_grows_through_the_store_and_refuses_outsiders(tmp_path):
+@pytest.mark.parametrize("secret", list(SECRETS))
+def test_a_store_group_grows_through_the_store_and_refuses_outsiders(tmp_path, secret):
     envs = rank_envs("torch", 3, tmp_path)
     port = int(envs[0]["MASTER_PORT"])
-    env = {"FAULT_DIR": str(tmp_path), "JACKLRING_LOCAL_TRANSPORT": "tcp", "JACKLRING_CONNECT_TIMEOUT": "40"}
+    env = {"FAULT_DIR": str(tmp_path), "JACKLRING_LOCAL_TRANSPORT": "tcp", "JACKLRING_CONNECT_TIMEOUT": "40",
+           **SECRETS[secret]}
     procs = start("any", 3, BODY, tmp_path, env=env, envs=envs)
     joining = {**env, "JACKLRING_JOIN": "1"}
     # A newcomer that knocks and dies before anyone took it in: its record stays, with its address.
