@@ -199,3 +199,49 @@ for address in seats:
         pass
 say("SEATS", len(seats), ",".join(still) or "-")
 """
+
+
+# Group.grow()'s scenario (test_grow.py, test_jaccl_grow.py): a member shrinks after the death of
+# a rank, then grows back; a newcomer (JACKLRING_JOIN=1) gets the grown group from init(). Then
+# every rank checks an all_gather of the slots (MLX_RANK: the ranks of the job's first group) and
+# an all_sum of (slot + 1) over the whole group.
+GROW_BACK = """
+import adapter
+slot = int(os.environ["MLX_RANK"])
+if os.environ.get("JACKLRING_JOIN") != "1":
+    x = np.full(4096, float(slot + 1), np.float32)
+    all_sum(x)
+    say("READY")
+    try:
+        while True:
+            all_sum(x)
+    except ERRORS as e:
+        say("ERR", type(e).__name__)
+    group = group.shrink(timeout=3)
+    say("SHRUNK", group.rank(), group.size())
+    shrunk = group
+    while os.environ.get("FAULT_GO") and not os.path.exists(os.environ["FAULT_GO"]):
+        time.sleep(0.02)  # until the harness says the process at the vacant slot listens
+    try:
+        group = group.grow(timeout={grow_timeout})
+        try:
+            all_sum(x, group=shrunk)
+        except ERRORS as e:
+            say("OLD", type(e).__name__, str(e).replace("\\n", " "))
+    except ERRORS as e:
+        say("GROWERR", type(e).__name__, str(e).replace("\\n", " "))
+        y = all_sum(np.full(16, float(slot + 1), np.float32))  # the shrunk group still works
+        say("AFTER", group.rank(), group.size(), float(y[0]))
+        sys.exit(0)
+say("GROWN", group.rank(), group.size())
+slots = all_gather(np.array([slot], np.int64))
+y = all_sum(np.full(4096, float(slot + 1), np.float32))
+expected = float(sum(int(s) + 1 for s in slots))
+say("SUM", group.rank(), group.size(), ",".join(str(int(s)) for s in slots), float(y[0]), expected,
+    bool(np.all(y == expected)))
+barrier()
+"""
+
+
+def grow_back(grow_timeout: float = 10.0) -> str:
+    return GROW_BACK.format(grow_timeout=grow_timeout)

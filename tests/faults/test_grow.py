@@ -11,50 +11,7 @@ import time
 
 import pytest
 from cluster import ROOT, finish_all, rank_envs, reports, seats_close_with, start, stop_all
-
-# A member shrinks after the death of a rank, then grows back; a newcomer (JACKLRING_JOIN=1)
-# gets the grown group from init(). Then every rank checks an all_gather of the slots (the
-# hostfile ranks) and an all_sum of (slot + 1) over the whole group.
-GROW_BACK = """
-import adapter
-slot = int(os.environ["MLX_RANK"])
-if os.environ.get("JACKLRING_JOIN") != "1":
-    x = np.full(4096, float(slot + 1), np.float32)
-    all_sum(x)
-    say("READY")
-    try:
-        while True:
-            all_sum(x)
-    except ERRORS as e:
-        say("ERR", type(e).__name__)
-    group = group.shrink(timeout=3)
-    say("SHRUNK", group.rank(), group.size())
-    shrunk = group
-    while os.environ.get("FAULT_GO") and not os.path.exists(os.environ["FAULT_GO"]):
-        time.sleep(0.02)  # until the harness says the process at the vacant slot listens
-    try:
-        group = group.grow(timeout={grow_timeout})
-        try:
-            all_sum(x, group=shrunk)
-        except ERRORS as e:
-            say("OLD", type(e).__name__, str(e).replace("\\n", " "))
-    except ERRORS as e:
-        say("GROWERR", type(e).__name__, str(e).replace("\\n", " "))
-        y = all_sum(np.full(16, float(slot + 1), np.float32))  # the shrunk group still works
-        say("AFTER", group.rank(), group.size(), float(y[0]))
-        sys.exit(0)
-say("GROWN", group.rank(), group.size())
-slots = all_gather(np.array([slot], np.int64))
-y = all_sum(np.full(4096, float(slot + 1), np.float32))
-expected = float(sum(int(s) + 1 for s in slots))
-say("SUM", group.rank(), group.size(), ",".join(str(int(s)) for s in slots), float(y[0]), expected,
-    bool(np.all(y == expected)))
-barrier()
-"""
-
-
-def body(grow_timeout: float = 10.0) -> str:
-    return GROW_BACK.format(grow_timeout=grow_timeout)
+from cluster import grow_back as body
 
 
 @pytest.mark.timeout(60)
@@ -397,18 +354,18 @@ DIE_IN_THE_GROWN_RINGS_CLOSING_BARRIER = """
 if r == VICTIM:
     import signal
     import threading
-    from adapter.backends.ring import grow, shared
-    from adapter.backends.transport import stream_engine
+    from adapter.backends.ring import shared
+    from adapter.backends.transport import enrolment, stream_engine
     decided, armed, dying = [], [], []
     if os.environ.get("JACKLRING_JOIN") == "1":
         decided.append([0, 1, 3, 2])  # a newcomer forms one ring: the grown one
-    real_broadcast = grow._broadcast
+    real_broadcast = enrolment.broadcast_decision
     def broadcast(old, decision):
         decision = real_broadcast(old, decision)
         if decision.get("ok"):
             decided.append(decision["slots"])
         return decision
-    grow._broadcast = broadcast
+    enrolment.broadcast_decision = broadcast
     real_attach = shared.attach
     def attach(state, gather):
         def last_gather(record):
@@ -516,7 +473,6 @@ say("SUM", group.rank(), group.size(), ",".join(map(str, slots)), float(y[0]), e
 RECRUITER_DIES = """
 if r == 0 and os.environ.get("JACKLRING_JOIN") != "1":
     import json, signal
-    from adapter.backends.ring import grow
     from adapter.backends.transport import enrolment
     WHERE = "POINT"
     def die(where):
@@ -538,8 +494,8 @@ if r == 0 and os.environ.get("JACKLRING_JOIN") != "1":
             old.broadcast(np.array([len(json.dumps(decision).encode())], np.int64), 0)
             die(WHERE)
         return real_broadcast(old, decision)
-    real_broadcast = grow._broadcast
-    enrolment.recruit, enrolment.tell, grow._broadcast = recruit, tell, broadcast
+    real_broadcast = enrolment.broadcast_decision
+    enrolment.recruit, enrolment.tell, enrolment.broadcast_decision = recruit, tell, broadcast
 """
 
 

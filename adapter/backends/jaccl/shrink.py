@@ -51,7 +51,11 @@ def shrink_mesh(old: "JacclBackend", seat: membership.Seat, host: str, exclude: 
 
         transport = tcp_mesh.connect_mesh(rank, size, [p for p in range(size) if p != rank], host, exchange, token,
                                           time.monotonic() + connect_timeout, job,
-                                          watch=_watch(members[rank], members, addresses), listener=listeners[0])
+                                          watch=watch(f"rank {members[rank]}: shrink", "the survivors' mesh",
+                                                      {f"old rank {q} (new rank {i}, {a})": a
+                                                       for i, (q, a) in enumerate(zip(members, addresses))
+                                                       if q != members[rank]}),
+                                          listener=listeners[0])
         return old.reformed(members, transport, token, job)
 
     def token(seat: membership.Seat, decision: membership.Decision) -> int:
@@ -61,21 +65,21 @@ def shrink_mesh(old: "JacclBackend", seat: membership.Seat, host: str, exclude: 
                             timeout)[0]
 
 
-def _watch(me: int, members: list[int], addresses: list[str]) -> Callable[[], None]:
-    """A forming mesh's watch: raise PeerError when a member's new listener refuses connections
-    (its process is gone; a formed member keeps listening there). Looks every WATCH_EVERY_S,
-    first after that long, so a quick formation probes nobody."""
+def watch(who: str, what: str, peers: dict[str, str]) -> Callable[[], None]:
+    """A forming mesh's watch: raise PeerError when a peer's new listener refuses connections
+    (its process is gone; a formed peer keeps listening there). peers: each peer's name in
+    errors -> its listener's address. Looks every WATCH_EVERY_S, first after that long, so a
+    quick formation probes nobody. Used by shrink and grow (jaccl/grow.py)."""
     next_look = time.monotonic() + WATCH_EVERY_S
 
-    def watch() -> None:
+    def look() -> None:
         nonlocal next_look
         now = time.monotonic()
         if now < next_look:
             return
         next_look = now + WATCH_EVERY_S
-        for q, address in zip(members, addresses):
-            if q != me and membership.refuses(address):
-                raise PeerError(f"rank {me}: shrink: old rank {q} (new rank {members.index(q)}, {address}) died "
-                                f"while the survivors' mesh formed: its listener refuses connections")
+        for name, address in peers.items():
+            if membership.refuses(address):
+                raise PeerError(f"{who}: {name} died while {what} formed: its listener refuses connections")
 
-    return watch
+    return look

@@ -22,15 +22,12 @@ in the outcome if any of them formed it, else the members keep their group.
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
 from typing import TYPE_CHECKING
 
-import numpy as np
-
-from ...errors import CollectiveTimeout, ConfigError, DistributedError, IntegrityError, PeerError, QuorumError, blaming, culprit_of
+from ...errors import CollectiveTimeout, DistributedError, IntegrityError, PeerError, QuorumError, blaming, culprit_of
 from ..transport import enrolment, shrinking, tcp
 from ..transport.auth import Auth
 from . import lineage, shrink
@@ -42,14 +39,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("jacklring.grow")
 
 PURPOSE_GROW = 6        # 1-4: the ring's own connections, aborts, origin's notices; 5: shrink
-ADDRESS_BYTES = 4096    # one member's fresh listener addresses, as JSON, in the all_gather
 RECRUIT_EVERY_S = 0.05  # how often the recruiter looks again at a vacant slot nobody answered at
-
-
-def group_key(origin_auth: Auth, nonce: bytes, epoch: int) -> Auth:
-    """The grown group's key: from the job key, so a newcomer (which holds only that) can compute
-    it once told the nonce, and nobody who was not told can."""
-    return origin_auth.derive(b"jacklring-grow-group\0" + nonce + str(epoch).encode())
 
 
 def admit_invitation(hello: tcp.Hello) -> str | None:
@@ -85,12 +75,12 @@ def grow_ring(old: "RingBackend", count: int | None, timeout: float) -> "RingBac
     try:
         # Rank 0 recruits for up to `timeout`; the others wait in the broadcast meanwhile.
         old.set_timeout(max(saved, timeout + 10.0))
-        members = _gather_addresses(old, [s.where() for s in listeners])
+        members = enrolment.gather_addresses(old, [s.where() for s in listeners])
         if me == 0:
             decision = _recruit(old, lin, vacant, want, members, epoch, timeout)
         else:
             decision = {}
-        decision = _broadcast(old, decision)
+        decision = enrolment.broadcast_decision(old, decision)
     except BaseException:
         for s in listeners:
             s.close()
@@ -104,7 +94,7 @@ def grow_ring(old: "RingBackend", count: int | None, timeout: float) -> "RingBac
         raise kind(f"rank {me}: grow: {decision.get('why')} (decided by rank 0); this group stays as it was")
     slots, addresses = [int(s) for s in decision["slots"]], decision["addresses"]
     grown = Lineage(lin.origin, slots, lin.used | frozenset(decision.get("records", [])))
-    key = group_key(lin.origin.auth(), bytes.fromhex(decision["nonce"]), epoch)
+    key = enrolment.group_key(lin.origin.auth(), bytes.fromhex(decision["nonce"]), epoch)
     started = time.monotonic()
     listeners[0].hold()  # if the formation fails here, this rank's seat in the agreement after it
     try:
@@ -189,31 +179,6 @@ def after_failure(where: str, rank: int, addresses: list[list[str]], listener: t
     return new
 
 
-def _gather_addresses(old: "RingBackend", mine: list[str]) -> list[list[str]]:
-    text = json.dumps(mine).encode()
-    if len(text) > ADDRESS_BYTES:
-        raise ConfigError(f"rank {old.rank()}: grow: {len(text)} bytes of listener addresses (at most "
-                          f"{ADDRESS_BYTES})")
-    src = np.zeros(ADDRESS_BYTES, np.uint8)
-    src[:len(text)] = np.frombuffer(text, np.uint8)
-    dst = np.zeros(ADDRESS_BYTES * old.size(), np.uint8)
-    old.all_gather(src, dst)
-    return [json.loads(dst[i * ADDRESS_BYTES:(i + 1) * ADDRESS_BYTES].tobytes().rstrip(b"\0"))
-            for i in range(old.size())]
-
-
-def _broadcast(old: "RingBackend", decision: dict) -> dict:
-    """Rank 0's decision on every member (a length, then the JSON)."""
-    text = json.dumps(decision).encode() if old.rank() == 0 else b""
-    length = np.array([len(text)], np.int64)
-    old.broadcast(length, 0)
-    buf = np.zeros(int(length[0]), np.uint8)
-    if old.rank() == 0:
-        buf[:] = np.frombuffer(text, np.uint8)
-    old.broadcast(buf, 0)
-    return json.loads(buf.tobytes())
-
-
 def _recruit(old: "RingBackend", lin: Lineage, vacant: list[int], want: int, members: list[list[str]],
              epoch: int, timeout: float) -> dict:
     """As rank 0: find `want` newcomers at the vacant slots within timeout; the decision (sent to
@@ -296,7 +261,7 @@ def join_ring(slot: int, origin: Origin, timeout: float | None, connect_timeout:
         raise
     slots, epoch = [int(s) for s in decision["slots"]], int(decision["epoch"])
     rank = slots.index(slot)
-    key = group_key(auth, bytes.fromhex(decision["nonce"]), epoch)
+    key = enrolment.group_key(auth, bytes.fromhex(decision["nonce"]), epoch)
     grow_timeout = float(decision.get("timeout", max(1.0, connect_timeout - 5.0)))
     addresses = decision["addresses"]
     grown = Lineage(origin, slots, frozenset(decision.get("records", [])))

@@ -1,0 +1,109 @@
+"""Group.grow() of a JACCL group on the TCP mesh, with real processes: a rank dies, the survivors
+shrink, a replacement started with JACKLRING_JOIN=1 at the dead rank's MLX_RANK knocks at
+MLX_JACCL_COORDINATOR, where the process of the job's first rank 0 takes it in, and the grown
+group sums right on every rank. Without that process nobody can recruit, and a knock without
+the job key is turned away."""
+from __future__ import annotations
+
+import signal
+import time
+
+import pytest
+from cluster import finish_all, grow_back, rank_envs, reports, start, stop_all
+
+WRONG_SECRET = "77726f6e672d7365637265742d6f662d6f7468"
+SECRET = "6a61636b6c72696e672d746573742d6b65792d61"
+
+
+def shrunk_after_killing(victim: int, tmp_path, body: str, env: dict[str, str] | None = None):
+    """3 JACCL ranks on the TCP mesh run `body` (grow_back's); `victim` is killed once all are
+    ready and the other two have shrunk. Returns (envs, procs)."""
+    envs = rank_envs("jaccl", 3, tmp_path)
+    procs = start("jaccl", 3, body, tmp_path, env=env, envs=envs)
+    for p in procs:
+        p.wait_line("READY", 30)
+    procs[victim].kill(signal.SIGKILL)
+    for p in procs:
+        if p.rank != victim:
+            p.wait_line("SHRUNK", 15)
+    return envs, procs
+
+
+@pytest.mark.timeout(60)
+def test_kill9_shrink_then_a_replacement_knocks_and_the_grown_group_sums_right(tmp_path):
+    procs = []
+    try:
+        envs, procs = shrunk_after_killing(2, tmp_path, grow_back(grow_timeout=10))
+        started = time.monotonic()
+        procs += start("jaccl", 3, grow_back(), tmp_path, env={"JACKLRING_JOIN": "1"}, envs=envs, ranks=[2])
+        sums = {}
+        for i in (0, 1, 3):
+            fields = procs[i].wait_line("SUM", 20)
+            _, t, new_rank, size, slots, got, expected, ok = fields
+            assert ok == "True" and got == expected == "6.0", fields
+            assert slots == "0,1,2" and size == "3", fields
+            sums[i] = (int(new_rank), float(t))
+        for i in (0, 1):
+            old = " ".join(procs[i].wait_line("OLD", 5))
+            assert "this group was grown into a group of 3" in old and "use the Group grow() returned" in old, old
+        codes = finish_all(procs, 15)
+    finally:
+        stop_all(procs)
+    assert [sums[i][0] for i in (0, 1, 3)] == [0, 1, 2], sums
+    assert [codes[i] for i in (0, 1, 3)] == [0, 0, 0], reports(procs)
+    print(f"JACCL: replacement start to its first correct all_sum: {sums[3][1] - started:.2f} s")
+
+
+@pytest.mark.timeout(60)
+def test_without_the_coordinators_process_grow_refuses_at_once(tmp_path):
+    """Rank 0 (slot 0, the only process that can listen at MLX_JACCL_COORDINATOR) dies: the
+    survivors' grow() raises DistributedError at once, saying why, and their group still works."""
+    procs = []
+    try:
+        _, procs = shrunk_after_killing(0, tmp_path, grow_back(grow_timeout=10))
+        for i in (1, 2):
+            shrunk = float(procs[i].tagged("SHRUNK")[0][1])
+            fields = procs[i].wait_line("GROWERR", 10)
+            assert fields[2] == "DistributedError", fields
+            text = " ".join(fields[3:])
+            assert "nobody can recruit" in text and "MLX_JACCL_COORDINATOR=" in text and "slot 0" in text, text
+            assert float(fields[1]) - shrunk < 2.0, (shrunk, fields)  # not after the grow timeout (10 s)
+            after = procs[i].wait_line("AFTER", 10)
+            assert after[2:] == [str(i - 1), "2", "5.0"], after  # slots 1 and 2: 2 + 3
+        codes = finish_all(procs, 15)
+    finally:
+        stop_all(procs)
+    assert [codes[i] for i in (1, 2)] == [0, 0], reports(procs)
+
+
+@pytest.mark.timeout(60)
+def test_a_knock_without_the_job_secret_is_turned_away(tmp_path):
+    """A process with another secret knocks for the vacant slot: the members' grow() raises
+    CollectiveTimeout naming the rejected connection, their group still works, and the outsider's
+    init() gives up at its deadline naming the coordinator and the refusal."""
+    go = tmp_path / "go"
+    env = {"JACKLRING_SECRET": SECRET, "FAULT_GO": str(go)}
+    procs = []
+    try:
+        envs, procs = shrunk_after_killing(2, tmp_path, grow_back(grow_timeout=3), env)
+        procs += start("jaccl", 3, grow_back(), tmp_path, envs=envs, ranks=[2],
+                       env={"JACKLRING_SECRET": WRONG_SECRET, "JACKLRING_JOIN": "1",
+                            "JACKLRING_CONNECT_TIMEOUT": "6"})
+        procs[3].wait_line("INIT", 15)
+        go.write_text("")  # the members grow once the outsider knocks
+        for i in (0, 1):
+            fields = procs[i].wait_line("GROWERR", 20)
+            assert fields[2] == "CollectiveTimeout", fields
+            text = " ".join(fields[3:])
+            assert "only 0 of 1 newcomer(s) joined" in text and "slot 2" in text, text
+            assert "unauthenticated connection(s) were rejected" in text, text
+            after = procs[i].wait_line("AFTER", 10)
+            assert after[2:] == [str(i), "2", "3.0"], after  # slots 0 and 1: 1 + 2
+        initerr = " ".join(procs[3].wait_line("INITERR", 15))
+        codes = finish_all(procs, 15)
+    finally:
+        stop_all(procs)
+    assert "CollectiveTimeout" in initerr and "MLX_JACCL_COORDINATOR=" in initerr, initerr
+    assert "refused this rank's proof" in initerr, initerr
+    assert not procs[3].tagged("GROWN") and not procs[3].tagged("SUM"), procs[3].report()
+    assert [codes[i] for i in (0, 1)] == [0, 0], reports(procs)
