@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import textwrap
 import threading
 import time
 from dataclasses import dataclass, field
@@ -245,3 +246,36 @@ barrier()
 
 def grow_back(grow_timeout: float = 10.0) -> str:
     return GROW_BACK.format(grow_timeout=grow_timeout)
+
+
+ATTACK = textwrap.dedent("""
+    # An outsider with the standard library only (run as another user, e.g. uid 65534): listens
+    # at a job's address (argv: host, port, seconds) and answers whoever connects with what it
+    # can (it has no job key), noting what it saw.
+    import os, socket, sys, time
+    host, port = sys.argv[1], int(sys.argv[2])
+    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind((host, port)); s.listen(16); s.settimeout(0.2)
+    print("LISTENING", flush=True)
+    end = time.monotonic() + float(sys.argv[3])
+    seen = 0
+    while time.monotonic() < end:
+        try:
+            c, _ = s.accept()
+        except socket.timeout:
+            continue
+        seen += 1
+        c.settimeout(0.5)
+        try:
+            hello = c.recv(200)
+            # the handshake's own frames: a challenge (magic, OK, a nonce), then, after the
+            # connector's proof, an acknowledgement whose MAC it can only guess
+            c.sendall(b"JKLC" + bytes([0]) + os.urandom(32))
+            c.recv(200)
+            c.sendall(b"JKLA" + bytes([0]) + os.urandom(32))
+            c.recv(200)
+        except OSError:
+            pass
+        c.close()
+    print("SEEN", seen, flush=True)
+""")

@@ -6,11 +6,10 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 
 import pytest
-from cluster import ROOT, finish_all, rank_envs, reports, seats_close_with, start, stop_all
+from cluster import ATTACK, ROOT, finish_all, rank_envs, reports, seats_close_with, start, stop_all
 from cluster import grow_back as body
 
 
@@ -45,38 +44,6 @@ def test_shrink_then_grow_back_to_the_full_size(tmp_path, transport):
     assert [sums[q][0] for q in (0, 1, 3, "new")] == [0, 1, 2, 3], sums
     assert [codes[i] for i in (0, 1, 3, 4)] == [0, 0, 0, 0], reports(procs + [newcomer])
     print(f"{transport}: replacement start to its first correct all_sum: {sums['new'][1] - started:.2f} s")
-
-
-ATTACK = textwrap.dedent("""
-    # An outsider with the standard library only: listens at the dead rank's slot and answers
-    # whoever connects with what it can (it has no job key), noting what it saw.
-    import os, socket, sys, time
-    host, port = sys.argv[1], int(sys.argv[2])
-    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    s.bind((host, port)); s.listen(16); s.settimeout(0.2)
-    print("LISTENING", flush=True)
-    end = time.monotonic() + float(sys.argv[3])
-    seen = 0
-    while time.monotonic() < end:
-        try:
-            c, _ = s.accept()
-        except socket.timeout:
-            continue
-        seen += 1
-        c.settimeout(0.5)
-        try:
-            hello = c.recv(200)
-            # the handshake's own frames: a challenge (magic, OK, a nonce), then, after the
-            # connector's proof, an acknowledgement whose MAC it can only guess
-            c.sendall(b"JKLC" + bytes([0]) + os.urandom(32))
-            c.recv(200)
-            c.sendall(b"JKLA" + bytes([0]) + os.urandom(32))
-            c.recv(200)
-        except OSError:
-            pass
-        c.close()
-    print("SEEN", seen, flush=True)
-""")
 
 
 @pytest.mark.timeout(60)

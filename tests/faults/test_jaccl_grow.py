@@ -6,10 +6,11 @@ the job key is turned away."""
 from __future__ import annotations
 
 import signal
+import subprocess
 import time
 
 import pytest
-from cluster import finish_all, grow_back, rank_envs, reports, start, stop_all
+from cluster import ATTACK, finish_all, grow_back, rank_envs, reports, start, stop_all
 
 WRONG_SECRET = "77726f6e672d7365637265742d6f662d6f7468"
 SECRET = "6a61636b6c72696e672d746573742d6b65792d61"
@@ -106,4 +107,73 @@ def test_a_knock_without_the_job_secret_is_turned_away(tmp_path):
     assert "CollectiveTimeout" in initerr and "MLX_JACCL_COORDINATOR=" in initerr, initerr
     assert "refused this rank's proof" in initerr, initerr
     assert not procs[3].tagged("GROWN") and not procs[3].tagged("SUM"), procs[3].report()
+    assert [codes[i] for i in (0, 1)] == [0, 0], reports(procs)
+
+
+DIE_BEFORE_FORMING = """
+from adapter.backends.transport import tcp_mesh
+def die(*args, **kwargs):  # told the decision, then gone before the grown mesh forms
+    say("DYING")
+    os._exit(3)
+tcp_mesh.connect_mesh = die
+"""
+
+
+@pytest.mark.timeout(60)
+def test_a_newcomer_that_dies_after_the_decision_leaves_the_members_group_usable(tmp_path):
+    procs = []
+    try:
+        envs, procs = shrunk_after_killing(2, tmp_path, grow_back(grow_timeout=10))
+        procs += start("jaccl", 3, grow_back(), tmp_path, envs=envs, ranks=[2],
+                       env={"JACKLRING_JOIN": "1", "FAULT_BEFORE_INIT": DIE_BEFORE_FORMING})
+        died = float(procs[3].wait_line("DYING", 20)[1])
+        for i in (0, 1):
+            fields = procs[i].wait_line("GROWERR", 10)
+            text = " ".join(fields[3:])
+            assert fields[2] == "PeerError" and "did not form" in text and "this group stays as it was" in text, fields
+            assert "rank 2 (slot 2," in text and "died while the grown mesh formed" in text, text
+            assert float(fields[1]) - died < 3.0, (died, fields)  # seen by the watch, not at a deadline
+            after = procs[i].wait_line("AFTER", 10)
+            assert after[2:] == [str(i), "2", "3.0"], after
+        codes = finish_all(procs, 15)
+    finally:
+        stop_all(procs)
+    assert [codes[i] for i in (0, 1)] == [0, 0], reports(procs)
+
+
+@pytest.mark.timeout(60)
+def test_another_user_squatting_the_coordinator_address_stops_grow_and_fools_nobody(tmp_path):
+    """A process of uid 65534 listens at MLX_JACCL_COORDINATOR once the side channel closed: the
+    recruiter cannot listen there, so the members' grow() raises DistributedError naming the
+    address (their group still works), and the newcomer, whose knocks the squatter answers
+    without the job key, is not fooled: it gives up at its deadline saying so."""
+    go = tmp_path / "go"
+    squatter = None
+    procs = []
+    try:
+        envs, procs = shrunk_after_killing(2, tmp_path, grow_back(grow_timeout=3), {"FAULT_GO": str(go)})
+        host, port = envs[0]["MLX_JACCL_COORDINATOR"].rsplit(":", 1)
+        squatter = subprocess.Popen(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                                     "/usr/bin/python3", "-c", ATTACK, host, port, "10"],
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd="/")
+        assert squatter.stdout.readline().split() == ["LISTENING"], squatter.stderr.read()
+        procs += start("jaccl", 3, grow_back(), tmp_path, envs=envs, ranks=[2],
+                       env={"JACKLRING_JOIN": "1", "JACKLRING_CONNECT_TIMEOUT": "4"})
+        go.write_text("")
+        for i in (0, 1):
+            fields = procs[i].wait_line("GROWERR", 20)
+            text = " ".join(fields[3:])
+            assert fields[2] == "DistributedError", fields
+            assert "cannot listen there" in text and f"MLX_JACCL_COORDINATOR={host}:{port}" in text, text
+            after = procs[i].wait_line("AFTER", 10)
+            assert after[2:] == [str(i), "2", "3.0"], after
+        initerr = " ".join(procs[3].wait_line("INITERR", 15))
+        codes = finish_all(procs, 15)
+    finally:
+        stop_all(procs)
+        if squatter is not None:
+            squatter.kill()
+            squatter.wait()
+    assert "CollectiveTimeout" in initerr and "did not prove the job secret" in initerr, initerr
+    assert not procs[3].tagged("GROWN"), procs[3].report()
     assert [codes[i] for i in (0, 1)] == [0, 0], reports(procs)

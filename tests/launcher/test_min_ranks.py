@@ -91,10 +91,25 @@ def test_restart_failed_used_up_stops_the_job():
                                "stopped the other 2 ranks"), said
 
 
-def test_restart_failed_needs_the_ring_backend():
-    r = launch("-n", 2, "--backend", "jaccl", "--restart-failed", 1, "elastic.py")
+def test_restart_failed_brings_a_killed_jaccl_rank_back():
+    """The same on JACCL's TCP mesh, 3 ranks: the replacement knocks at MLX_JACCL_COORDINATOR,
+    where rank 0 takes it in when the survivors grow."""
+    r = launch("--backend", "jaccl", "-n", 3, "--restart-failed", 1, "replace.py", "--backend", "jaccl",
+               "--victim", 1, "--kill-at", 5, "--steps", 20, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    done = sorted(line.split()[1:] for line in r.stdout.splitlines() if line.split()[1:2] == ["done"])
+    assert [d[1:] for d in done] == [["0", "0", "3", "20"], ["1", "2", "3", "20"], ["2", "1", "3", "20"]], r.stdout
+    assert "joined 1 as rank 2 of 3 at step 5" in r.stdout, r.stdout
+    assert lines(r.stderr, "launcher:") == [
+        "launcher: rank 1 (host 127.0.0.1) was killed by SIGKILL (exit code 137); starting a replacement "
+        "(--restart-failed: 1 of 1 used)",
+        "launcher: finished with 3 of 3 ranks after 1 replacement (--restart-failed 1); replaced rank 1"], r.stderr
+
+
+def test_restart_failed_needs_a_backend_that_grows():
+    r = launch("-n", 2, "--backend", "mpi", "--restart-failed", 1, "elastic.py")
     assert r.returncode == 2
-    assert "--restart-failed needs --backend ring" in r.stderr, r.stderr
+    assert "--restart-failed needs --backend ring or jaccl" in r.stderr, r.stderr
 
 
 @pytest.mark.parametrize("backend", ["ring", "jaccl"])

@@ -23,9 +23,11 @@ member raises CollectiveTimeout; the members' group stays as it was.
 
 A death after the decision (a member or a newcomer) fails the formation: every rank still
 forming sees the dead rank's listener refuse connections (a watch every 0.25 s) or its
-connection end, and raises PeerError; a member keeps its group as it was (its links are broken
-only once the grown mesh formed). Unlike the ring (ring/grow.py's after_failure), the ranks do
-not agree afterwards: a death inside the grown mesh's closing all-gather can leave it formed on
+connection end, and raises PeerError naming it; a member keeps its group as it was (its links
+are broken only once the grown mesh formed). A rank that gave up keeps its listener of the
+grown mesh open (a member until its group closes, a newcomer LINGER_S longer), so the others
+blame the dead rank, not it. Unlike the ring (ring/grow.py's after_failure), the ranks do not
+agree afterwards: a death inside the grown mesh's closing all-gather can leave it formed on
 some ranks and not on others; those ranks then fail at their next collective (of either group)
 and shrink again.
 
@@ -45,12 +47,14 @@ from ...errors import CollectiveTimeout, ConfigError, DistributedError, PeerErro
 from ..transport import auth, enrolment, shrinking, tcp, tcp_mesh
 from . import knock
 from .config import DeviceMatrix
-from .shrink import watch
+from .shrink import WATCH_EVERY_S, watch
 
 if TYPE_CHECKING:
     from ..transport.tcp_mesh import TcpMeshTransport
 
 log = logging.getLogger("jacklring.grow")
+
+LINGER_S = 2 * WATCH_EVERY_S  # a newcomer whose grown mesh did not form listens this much longer (_form)
 
 
 @dataclass(frozen=True)
@@ -147,7 +151,7 @@ def grow_mesh(old, lin: Lineage, host: str, op_timeout: float, count: int | None
     slots = [int(s) for s in decision["slots"]]
     grown = Lineage(lin.origin, slots)
     new = _form(me, f"rank {me}: grow epoch {epoch}", decision, grown, listener, host, build,
-                "this group stays as it was")
+                "this group stays as it was", lambda seat: shrinking.keep_until_closed(old, [seat], []))
     old.break_links(f"rank {me}: this group grew into a group of {len(slots)} (epoch {epoch})")
     shrinking.record_epoch(new, epoch)
     log.info("rank %d: grow epoch %d: %d newcomer(s) from slots %s, %d ranks", me, epoch, len(slots) - old.size(),
@@ -201,9 +205,11 @@ def _recruit(door: knock.Door, lin: Lineage, vacant: list[int], want: int, membe
 
 
 def _form(rank: int, where: str, decision: dict, grown: Lineage, listener: tcp.Listener, host: str, build: Build,
-          keeps: str):
+          keeps: str, gave_up: Callable[[tcp.Listener], None]):
     """The grown mesh (this process is its rank `rank`) on `listener`, built into a backend;
-    PeerError naming the rank that died when it did not form here."""
+    PeerError naming the rank that died when it did not form here. The listener then goes to
+    gave_up() still open: the ranks still forming take a listener that refuses for a dead rank,
+    so this one must not refuse while they look."""
     addresses = [str(a) for a in decision["addresses"]]
     size, epoch, nonce = len(addresses), int(decision["epoch"]), str(decision["nonce"])
     key = enrolment.group_key(grown.origin.auth(), bytes.fromhex(nonce), epoch)
@@ -214,15 +220,31 @@ def _form(rank: int, where: str, decision: dict, grown: Lineage, listener: tcp.L
 
     peers = {f"rank {q} (slot {grown.slots[q]}, {a})": a for q, a in enumerate(addresses) if q != rank}
     started = time.monotonic()
+    listener.hold()
     try:
         transport = tcp_mesh.connect_mesh(rank, size, [p for p in range(size) if p != rank], host, exchange, token,
                                           started + float(decision.get("timeout", 10.0)) + 5.0, key,
                                           watch=watch(where, "the grown mesh", peers), listener=listener)
-        return build(transport, grown, str(decision.get("mode", "mesh")), host, token, key)
+        new = build(transport, grown, str(decision.get("mode", "mesh")), host, token, key)
     except DistributedError as exc:
+        gave_up(listener)
         culprit = getattr(exc, "culprit", getattr(exc, "mesh_rank", None))
         raise blaming(PeerError(f"{where}: the grown group of {size} (slots {grown.slots}) did not form after "
                                 f"{time.monotonic() - started:.2f} s: {exc}; {keeps}"), culprit) from None
+    except BaseException:
+        listener.release()
+        listener.close()
+        raise
+    listener.release()  # the grown group's own now: it closes with it
+    return new
+
+
+def _linger(listener: tcp.Listener) -> None:
+    """A newcomer that gave up (it has no group to keep its listener with) listens a moment
+    longer before it closes, for the ranks still forming to look (see _form)."""
+    time.sleep(LINGER_S)
+    listener.release()
+    listener.close()
 
 
 def join_mesh(slot: int, origin: Origin, connect_timeout: float, build: Build):
@@ -253,7 +275,7 @@ def join_mesh(slot: int, origin: Origin, connect_timeout: float, build: Build):
     rank, epoch = slots.index(slot), int(decision["epoch"])
     host = tcp.parse_address(listener.where())[0]
     new = _form(rank, f"slot {slot}: grow epoch {epoch}", decision, Lineage(origin, slots), listener, host, build,
-                "this process was not taken in")
+                "this process was not taken in", _linger)
     shrinking.record_epoch(new, epoch)
     log.info("slot %d: joined as rank %d of %d (grow epoch %d)", slot, rank, len(slots), epoch)
     return new
