@@ -31,12 +31,14 @@ def shrunk_after_killing(victim: int, tmp_path, body: str, env: dict[str, str] |
 
 
 @pytest.mark.timeout(60)
-def test_kill9_shrink_then_a_replacement_knocks_and_the_grown_group_sums_right(tmp_path):
+@pytest.mark.parametrize("transport", ["tcp", "auto"], ids=["tcp", "shared-memory"])
+def test_kill9_shrink_then_a_replacement_knocks_and_the_grown_group_sums_right(tmp_path, transport):
+    env = {"JACKLRING_LOCAL_TRANSPORT": transport}
     procs = []
     try:
-        envs, procs = shrunk_after_killing(2, tmp_path, grow_back(grow_timeout=10))
+        envs, procs = shrunk_after_killing(2, tmp_path, grow_back(grow_timeout=10), env)
         started = time.monotonic()
-        procs += start("jaccl", 3, grow_back(), tmp_path, env={"JACKLRING_JOIN": "1"}, envs=envs, ranks=[2])
+        procs += start("jaccl", 3, grow_back(), tmp_path, env={**env, "JACKLRING_JOIN": "1"}, envs=envs, ranks=[2])
         sums = {}
         for i in (0, 1, 3):
             fields = procs[i].wait_line("SUM", 20)
@@ -52,7 +54,7 @@ def test_kill9_shrink_then_a_replacement_knocks_and_the_grown_group_sums_right(t
         stop_all(procs)
     assert [sums[i][0] for i in (0, 1, 3)] == [0, 1, 2], sums
     assert [codes[i] for i in (0, 1, 3)] == [0, 0, 0], reports(procs)
-    print(f"JACCL: replacement start to its first correct all_sum: {sums[3][1] - started:.2f} s")
+    print(f"JACCL {transport}: replacement start to its first correct all_sum: {sums[3][1] - started:.2f} s")
 
 
 @pytest.mark.timeout(60)
