@@ -30,6 +30,16 @@ def shrunk_after_killing(victim: int, tmp_path, body: str, env: dict[str, str] |
     return envs, procs
 
 
+def still_sum(procs, members: list[int], total: str) -> None:
+    """After their grow() failed, the members' shrunk group of two sums right (AFTER lines:
+    new rank, size, sum of slot + 1) and they exit 0."""
+    for new_rank, i in enumerate(members):
+        after = procs[i].wait_line("AFTER", 10)
+        assert after[2:] == [str(new_rank), "2", total], after
+    codes = finish_all(procs, 15)
+    assert [codes[i] for i in members] == [0, 0], reports(procs)
+
+
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("transport", ["tcp", "auto"], ids=["tcp", "shared-memory"])
 def test_kill9_shrink_then_a_replacement_knocks_and_the_grown_group_sums_right(tmp_path, transport):
@@ -71,12 +81,9 @@ def test_without_the_coordinators_process_grow_refuses_at_once(tmp_path):
             text = " ".join(fields[3:])
             assert "nobody can recruit" in text and "MLX_JACCL_COORDINATOR=" in text and "slot 0" in text, text
             assert float(fields[1]) - shrunk < 2.0, (shrunk, fields)  # not after the grow timeout (10 s)
-            after = procs[i].wait_line("AFTER", 10)
-            assert after[2:] == [str(i - 1), "2", "5.0"], after  # slots 1 and 2: 2 + 3
-        codes = finish_all(procs, 15)
+        still_sum(procs, [1, 2], "5.0")  # slots 1 and 2: 2 + 3
     finally:
         stop_all(procs)
-    assert [codes[i] for i in (1, 2)] == [0, 0], reports(procs)
 
 
 @pytest.mark.timeout(60)
@@ -100,16 +107,13 @@ def test_a_knock_without_the_job_secret_is_turned_away(tmp_path):
             text = " ".join(fields[3:])
             assert "only 0 of 1 newcomer(s) joined" in text and "slot 2" in text, text
             assert "unauthenticated connection(s) were rejected" in text, text
-            after = procs[i].wait_line("AFTER", 10)
-            assert after[2:] == [str(i), "2", "3.0"], after  # slots 0 and 1: 1 + 2
         initerr = " ".join(procs[3].wait_line("INITERR", 15))
-        codes = finish_all(procs, 15)
+        still_sum(procs, [0, 1], "3.0")  # slots 0 and 1: 1 + 2
     finally:
         stop_all(procs)
     assert "CollectiveTimeout" in initerr and "MLX_JACCL_COORDINATOR=" in initerr, initerr
     assert "refused this rank's proof" in initerr, initerr
     assert not procs[3].tagged("GROWN") and not procs[3].tagged("SUM"), procs[3].report()
-    assert [codes[i] for i in (0, 1)] == [0, 0], reports(procs)
 
 
 DIE_BEFORE_FORMING = """
@@ -135,12 +139,9 @@ def test_a_newcomer_that_dies_after_the_decision_leaves_the_members_group_usable
             assert fields[2] == "PeerError" and "did not form" in text and "this group stays as it was" in text, fields
             assert "rank 2 (slot 2," in text and "died while the grown mesh formed" in text, text
             assert float(fields[1]) - died < 3.0, (died, fields)  # seen by the watch, not at a deadline
-            after = procs[i].wait_line("AFTER", 10)
-            assert after[2:] == [str(i), "2", "3.0"], after
-        codes = finish_all(procs, 15)
+        still_sum(procs, [0, 1], "3.0")
     finally:
         stop_all(procs)
-    assert [codes[i] for i in (0, 1)] == [0, 0], reports(procs)
 
 
 @pytest.mark.timeout(60)
@@ -167,10 +168,8 @@ def test_another_user_squatting_the_coordinator_address_stops_grow_and_fools_nob
             text = " ".join(fields[3:])
             assert fields[2] == "DistributedError", fields
             assert "cannot listen there" in text and f"MLX_JACCL_COORDINATOR={host}:{port}" in text, text
-            after = procs[i].wait_line("AFTER", 10)
-            assert after[2:] == [str(i), "2", "3.0"], after
         initerr = " ".join(procs[3].wait_line("INITERR", 15))
-        codes = finish_all(procs, 15)
+        still_sum(procs, [0, 1], "3.0")
     finally:
         stop_all(procs)
         if squatter is not None:
@@ -178,4 +177,3 @@ def test_another_user_squatting_the_coordinator_address_stops_grow_and_fools_nob
             squatter.wait()
     assert "CollectiveTimeout" in initerr and "did not prove the job secret" in initerr, initerr
     assert not procs[3].tagged("GROWN"), procs[3].report()
-    assert [codes[i] for i in (0, 1)] == [0, 0], reports(procs)
