@@ -279,3 +279,43 @@ ATTACK = textwrap.dedent("""
         c.close()
     print("SEEN", seen, flush=True)
 """)
+
+
+# Group.grow() again and again (test_grow.py, test_jaccl_grow.py): every rank (members and
+# newcomers alike) loops all_max(stop flag) + all_sum until the harness creates the stop file; on
+# a failure the members shrink and grow back.
+AGAIN_AND_AGAIN = """
+import adapter
+slot = int(os.environ["MLX_RANK"])
+STOP = {stop!r}
+
+def slots_of():
+    return [int(s) for s in all_gather(np.array([slot], np.int64))]
+
+def grown(g):
+    s = slots_of()
+    say("GROWN", g.rank(), g.size(), ",".join(map(str, s)))
+    return float(sum(q + 1 for q in s))
+
+expected = grown(group) if os.environ.get("JACKLRING_JOIN") == "1" else float(sum(range(1, n + 1)))
+say("READY")
+while True:
+    try:
+        stop = all_max(np.array([1.0 if os.path.exists(STOP) else 0.0]))[0]
+        y = all_sum(np.full(64, float(slot + 1), np.float32))
+        if not np.all(y == expected):
+            say("BAD", float(y[0]), expected)
+        if stop:
+            break
+        time.sleep(0.01)
+    except ERRORS as e:
+        group = group.shrink(timeout=3)
+        say("SHRUNK", group.rank(), group.size())
+        group = group.grow(timeout=15)
+        expected = grown(group)
+say("END", group.rank(), group.size(), ",".join(map(str, slots_of())), float(y[0]))
+"""
+
+
+def again_and_again(stop: Path) -> str:
+    return AGAIN_AND_AGAIN.format(stop=str(stop))

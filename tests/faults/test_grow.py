@@ -9,7 +9,7 @@ import sys
 import time
 
 import pytest
-from cluster import ATTACK, ROOT, finish_all, rank_envs, reports, seats_close_with, start, stop_all
+from cluster import ATTACK, ROOT, again_and_again, finish_all, rank_envs, reports, seats_close_with, start, stop_all
 from cluster import grow_back as body
 
 
@@ -130,47 +130,12 @@ if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-x", "-q", "-s", f"--rootdir={ROOT}"]))
 
 
-# Every rank (members and newcomers alike) loops all_max(stop flag) + all_sum until the harness
-# creates the stop file; on a failure the members shrink and grow back.
-AGAIN_AND_AGAIN = """
-import adapter
-slot = int(os.environ["MLX_RANK"])
-STOP = {stop!r}
-
-def slots_of():
-    return [int(s) for s in all_gather(np.array([slot], np.int64))]
-
-def grown(g):
-    s = slots_of()
-    say("GROWN", g.rank(), g.size(), ",".join(map(str, s)))
-    return float(sum(q + 1 for q in s))
-
-expected = grown(group) if os.environ.get("JACKLRING_JOIN") == "1" else float(sum(range(1, n + 1)))
-say("READY")
-while True:
-    try:
-        stop = all_max(np.array([1.0 if os.path.exists(STOP) else 0.0]))[0]
-        y = all_sum(np.full(64, float(slot + 1), np.float32))
-        if not np.all(y == expected):
-            say("BAD", float(y[0]), expected)
-        if stop:
-            break
-        time.sleep(0.01)
-    except ERRORS as e:
-        group = group.shrink(timeout=3)
-        say("SHRUNK", group.rank(), group.size())
-        group = group.grow(timeout=15)
-        expected = grown(group)
-say("END", group.rank(), group.size(), ",".join(map(str, slots_of())), float(y[0]))
-"""
-
-
 @pytest.mark.timeout(90)
 def test_two_deaths_two_replacements_in_turn(tmp_path):
     """Slot 2 dies and is replaced, then slot 0 (the first group's rank 0, the recruiter) dies
     and is replaced: the lineage of slots carries through shrink and grow."""
     envs = rank_envs("ring", 4, tmp_path)
-    text = AGAIN_AND_AGAIN.format(stop=str(tmp_path / "stop"))
+    text = again_and_again(tmp_path / "stop")
     env = {"JACKLRING_LOCAL_TRANSPORT": "tcp"}
     procs = start("ring", 4, text, tmp_path, env=env, envs=envs)
     try:

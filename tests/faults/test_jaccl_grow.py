@@ -10,7 +10,7 @@ import subprocess
 import time
 
 import pytest
-from cluster import ATTACK, finish_all, grow_back, rank_envs, reports, start, stop_all
+from cluster import ATTACK, again_and_again, finish_all, grow_back, rank_envs, reports, start, stop_all
 
 WRONG_SECRET = "77726f6e672d7365637265742d6f662d6f7468"
 SECRET = "6a61636b6c72696e672d746573742d6b65792d61"
@@ -65,6 +65,39 @@ def test_kill9_shrink_then_a_replacement_knocks_and_the_grown_group_sums_right(t
     assert [sums[i][0] for i in (0, 1, 3)] == [0, 1, 2], sums
     assert [codes[i] for i in (0, 1, 3)] == [0, 0, 0], reports(procs)
     print(f"JACCL {transport}: replacement start to its first correct all_sum: {sums[3][1] - started:.2f} s")
+
+
+@pytest.mark.timeout(60)
+def test_two_deaths_two_replacements_in_turn(tmp_path):
+    """Slot 2 dies and is replaced, then slot 1 dies and is replaced: the grown group (a newcomer
+    among its members) shrinks and grows in turn, and the slots carry through."""
+    envs = rank_envs("jaccl", 3, tmp_path)
+    text = again_and_again(tmp_path / "stop")
+    procs = start("jaccl", 3, text, tmp_path, envs=envs)
+    try:
+        for p in procs:
+            p.wait_line("READY", 30)
+        procs[2].kill(signal.SIGKILL)
+        for i in (0, 1):
+            procs[i].wait_line("SHRUNK", 15)
+        procs += start("jaccl", 3, text, tmp_path, env={"JACKLRING_JOIN": "1"}, envs=envs, ranks=[2])
+        firsts = {i: procs[i].wait_line("GROWN", 20)[2:] for i in (0, 1, 3)}
+        procs[1].kill(signal.SIGKILL)
+        for i in (0, 3):
+            procs[i].wait_line("SHRUNK", 15)
+        procs += start("jaccl", 3, text, tmp_path, env={"JACKLRING_JOIN": "1"}, envs=envs, ranks=[1])
+        seconds = {i: procs[i].wait_line("GROWN", 20)[2:] for i in (0, 3, 4)}
+        (tmp_path / "stop").write_text("")
+        ends = {i: procs[i].wait_line("END", 20)[2:] for i in (0, 3, 4)}
+        codes = finish_all(procs, 15)
+    finally:
+        stop_all(procs)
+    assert firsts == {0: ["0", "3", "0,1,2"], 1: ["1", "3", "0,1,2"], 3: ["2", "3", "0,1,2"]}, firsts
+    # after slot 1's death: slots 0 and 2 are ranks 0 and 1, the newcomer in slot 1 is rank 2
+    assert seconds == {0: ["0", "3", "0,2,1"], 3: ["1", "3", "0,2,1"], 4: ["2", "3", "0,2,1"]}, seconds
+    assert all(e[1:] == ["3", "0,2,1", "6.0"] for e in ends.values()), ends
+    assert not any(p.tagged("BAD") for p in procs), reports(procs)
+    assert [codes[i] for i in (0, 3, 4)] == [0, 0, 0], reports(procs)
 
 
 @pytest.mark.timeout(60)
