@@ -210,3 +210,43 @@ def test_another_user_squatting_the_coordinator_address_stops_grow_and_fools_nob
             squatter.wait()
     assert "CollectiveTimeout" in initerr and "did not prove the job secret" in initerr, initerr
     assert not procs[3].tagged("GROWN"), procs[3].report()
+
+
+RECRUITER_DIES_AFTER_TELLING = """
+if r == 0 and os.environ.get("JACKLRING_JOIN") != "1":
+    import signal
+    from adapter.backends.transport import enrolment
+    real_tell = enrolment.tell
+    def tell(channel, message, deadline):  # the newcomer is told the decision, the members are not
+        failed = real_tell(channel, message, deadline)
+        if message.get("kind") == "decision":
+            say("DYING")
+            os.kill(os.getpid(), signal.SIGKILL)
+        return failed
+    enrolment.tell = tell
+"""
+
+
+@pytest.mark.timeout(60)
+def test_the_recruiter_dies_after_telling_the_newcomer(tmp_path):
+    """Rank 0 dies between telling the newcomer the decision and broadcasting it: nobody hangs.
+    The other member's grow() raises PeerError blaming rank 0 (its broadcast connection broke)
+    and the newcomer's init() raises PeerError: the grown mesh did not form, rank 0 is gone."""
+    procs = []
+    try:
+        envs, procs = shrunk_after_killing(2, tmp_path, grow_back(grow_timeout=10),
+                                           {"FAULT_BEFORE_INIT": RECRUITER_DIES_AFTER_TELLING})
+        procs += start("jaccl", 3, grow_back(), tmp_path, env={"JACKLRING_JOIN": "1"}, envs=envs, ranks=[2])
+        died = float(procs[0].wait_line("DYING", 20)[1])
+        member = procs[1].wait_line("GROWERR", 10)
+        newcomer = procs[3].wait_line("INITERR", 10)
+        culprit = procs[3].tagged("CULPRIT")
+        finish_all(procs, 15)  # the lone member's next all_sum fails too: it has nobody left
+    finally:
+        stop_all(procs)
+    assert member[2] == "PeerError" and float(member[1]) - died < 3.0, member
+    assert "rank 0" in " ".join(member[3:]), member  # its broadcast from rank 0 broke
+    text = " ".join(newcomer[2:])
+    assert text.startswith("PeerError") and "did not form" in text and "this process was not taken in" in text, text
+    assert "rank 0 (slot 0," in text and float(newcomer[1]) - died < 3.0, (died, newcomer)
+    assert culprit and culprit[0][2] == "0", culprit
