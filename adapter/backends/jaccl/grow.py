@@ -23,13 +23,13 @@ member raises CollectiveTimeout; the members' group stays as it was.
 
 A death after the decision (a member or a newcomer) fails the formation: every rank still
 forming sees the dead rank's listener refuse connections (a watch every 0.25 s) or its
-connection end, and raises PeerError naming it; a member keeps its group as it was (its links
-are broken only once the grown mesh formed). A rank that gave up keeps its listener of the
-grown mesh open (a member until its group closes, a newcomer LINGER_S longer), so the others
-blame the dead rank, not it. Unlike the ring (ring/grow.py's after_failure), the ranks do not
-agree afterwards: a death inside the grown mesh's closing all-gather can leave it formed on
-some ranks and not on others; those ranks then fail at their next collective (of either group)
-and shrink again.
+connection end. It may have formed on some ranks all the same (a death inside the grown mesh's
+closing all-gather), so a rank on which it did not form agrees in it as the ring's grow does
+(transport/shrinking.after_grow_failure, at its listener of the grown mesh, where a rank on
+which it formed meets it when it shrinks that group): if any rank of the outcome formed it, they
+all carry on in the mesh of the outcome; if none did, every member raises PeerError and keeps
+its group as it was (its links are broken only once the grown mesh formed), and a newcomer's
+init() raises.
 
 RDMA groups do not grow (their queue pairs are created once from the device file), nor do
 groups formed by split() (a sub-group holds no slots of the job's first group).
@@ -43,18 +43,17 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
-from ...errors import CollectiveTimeout, ConfigError, DistributedError, PeerError, blaming
+from ...errors import CollectiveTimeout, ConfigError, DistributedError
 from ..transport import auth, enrolment, shrinking, tcp, tcp_mesh
-from . import knock
+from . import knock, shrink
 from .config import DeviceMatrix
-from .shrink import WATCH_EVERY_S, watch
+from .shrink import watch
 
 if TYPE_CHECKING:
     from ..transport.tcp_mesh import TcpMeshTransport
 
 log = logging.getLogger("jacklring.grow")
 
-LINGER_S = 2 * WATCH_EVERY_S  # a newcomer whose grown mesh did not form listens this much longer (_form)
 
 
 @dataclass(frozen=True)
@@ -150,12 +149,12 @@ def grow_mesh(old, lin: Lineage, host: str, op_timeout: float, count: int | None
         raise kind(f"rank {me}: grow: {decision.get('why')} (decided by rank 0); this group stays as it was")
     slots = [int(s) for s in decision["slots"]]
     grown = Lineage(lin.origin, slots)
-    new = _form(me, f"rank {me}: grow epoch {epoch}", decision, grown, listener, host, build,
-                "this group stays as it was", lambda seat: shrinking.keep_until_closed(old, [seat], []))
-    old.break_links(f"rank {me}: this group grew into a group of {len(slots)} (epoch {epoch})")
-    shrinking.record_epoch(new, epoch)
-    log.info("rank %d: grow epoch %d: %d newcomer(s) from slots %s, %d ranks", me, epoch, len(slots) - old.size(),
-             slots[old.size():], len(slots))
+    new, formed = _form(me, f"rank {me}: grow epoch {epoch}", decision, grown, listener, host, build, old)
+    if formed:
+        old.break_links(f"rank {me}: this group grew into a group of {len(slots)} (epoch {epoch})")
+        shrinking.record_epoch(new, epoch)
+        log.info("rank %d: grow epoch %d: %d newcomer(s) from slots %s, %d ranks", me, epoch,
+                 len(slots) - old.size(), slots[old.size():], len(slots))
     return new
 
 
@@ -205,13 +204,15 @@ def _recruit(door: knock.Door, lin: Lineage, vacant: list[int], want: int, membe
 
 
 def _form(rank: int, where: str, decision: dict, grown: Lineage, listener: tcp.Listener, host: str, build: Build,
-          keeps: str, gave_up: Callable[[tcp.Listener], None]):
-    """The grown mesh (this process is its rank `rank`) on `listener`, built into a backend;
-    PeerError naming the rank that died when it did not form here. The listener then goes to
-    gave_up() still open: the ranks still forming take a listener that refuses for a dead rank,
-    so this one must not refuse while they look."""
+          old) -> tuple[object, bool]:
+    """The grown mesh (this process is its rank `rank`) on `listener`, built into a backend, and
+    True. When it does not form here, the agreement after it (shrinking.after_grow_failure, at
+    `listener`): the group of its outcome (its epoch recorded, a member's `old` broken) and False,
+    or PeerError when nobody formed it (a member, whose group before the grow is `old`, keeps
+    that; a newcomer, `old` None, was not taken in)."""
     addresses = [str(a) for a in decision["addresses"]]
     size, epoch, nonce = len(addresses), int(decision["epoch"]), str(decision["nonce"])
+    mode, timeout = str(decision.get("mode", "mesh")), float(decision.get("timeout", 10.0))
     key = enrolment.group_key(grown.origin.auth(), bytes.fromhex(nonce), epoch)
     token = grown.origin.group_token(epoch, nonce)
 
@@ -220,31 +221,32 @@ def _form(rank: int, where: str, decision: dict, grown: Lineage, listener: tcp.L
 
     peers = {f"rank {q} (slot {grown.slots[q]}, {a})": a for q, a in enumerate(addresses) if q != rank}
     started = time.monotonic()
-    listener.hold()
+    listener.hold()  # if the formation fails here, this rank's seat in the agreement after it
     try:
         transport = tcp_mesh.connect_mesh(rank, size, [p for p in range(size) if p != rank], host, exchange, token,
-                                          started + float(decision.get("timeout", 10.0)) + 5.0, key,
-                                          watch=watch(where, "the grown mesh", peers), listener=listener)
-        new = build(transport, grown, str(decision.get("mode", "mesh")), host, token, key)
+                                          started + timeout + 5.0, key, watch=watch(where, "the grown mesh", peers),
+                                          listener=listener)
+        new = build(transport, grown, mode, host, token, key)
     except DistributedError as exc:
-        gave_up(listener)
-        culprit = getattr(exc, "culprit", getattr(exc, "mesh_rank", None))
-        raise blaming(PeerError(f"{where}: the grown group of {size} (slots {grown.slots}) did not form after "
-                                f"{time.monotonic() - started:.2f} s: {exc}; {keeps}"), culprit) from None
+        why = (f"the grown group of {size} (slots {grown.slots}) did not form after "
+               f"{time.monotonic() - started:.2f} s ({exc})")
+        seat = shrinking.unformed_seat(rank, addresses, listener, key, token, tcp_mesh.PURPOSE_SHRINK, epoch)
+
+        def reform(members: list[int], transport: "TcpMeshTransport", token: int, key: auth.Auth):
+            return build(transport, grown.keep(members), mode, host, token, key)
+
+        new, members = shrinking.after_grow_failure(where, seat, size, shrink.mesh_parts(host, reform), old,
+                                                    None if old is None else old.break_links, timeout, epoch, why,
+                                                    getattr(exc, "culprit", getattr(exc, "mesh_rank", None)))
+        log.info("%s: the group of %d did not form here; its ranks %s carry on as a group of %d", where, size,
+                 members, new.size())
+        return new, False
     except BaseException:
         listener.release()
         listener.close()
         raise
     listener.release()  # the grown group's own now: it closes with it
-    return new
-
-
-def _linger(listener: tcp.Listener) -> None:
-    """A newcomer that gave up (it has no group to keep its listener with) listens a moment
-    longer before it closes, for the ranks still forming to look (see _form)."""
-    time.sleep(LINGER_S)
-    listener.release()
-    listener.close()
+    return new, True
 
 
 def join_mesh(slot: int, origin: Origin, connect_timeout: float, build: Build):
@@ -274,8 +276,9 @@ def join_mesh(slot: int, origin: Origin, connect_timeout: float, build: Build):
     slots = [int(s) for s in decision["slots"]]
     rank, epoch = slots.index(slot), int(decision["epoch"])
     host = tcp.parse_address(listener.where())[0]
-    new = _form(rank, f"slot {slot}: grow epoch {epoch}", decision, Lineage(origin, slots), listener, host, build,
-                "this process was not taken in", _linger)
-    shrinking.record_epoch(new, epoch)
-    log.info("slot %d: joined as rank %d of %d (grow epoch %d)", slot, rank, len(slots), epoch)
+    new, formed = _form(rank, f"slot {slot}: grow epoch {epoch}", decision, Lineage(origin, slots), listener, host,
+                        build, None)
+    if formed:
+        shrinking.record_epoch(new, epoch)
+    log.info("slot %d: joined as rank %d of %d (grow epoch %d)", slot, new.rank(), new.size(), epoch)
     return new

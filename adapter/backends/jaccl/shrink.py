@@ -19,6 +19,7 @@ from ...errors import PeerError
 from ..base import Backend
 from ..singleton import SingletonBackend
 from ..transport import membership, shrinking, tcp, tcp_mesh
+from ..transport.auth import Auth
 
 if TYPE_CHECKING:
     from .backend import JacclBackend
@@ -34,6 +35,15 @@ def group_token(old_token: int, decision: membership.Decision) -> int:
 def shrink_mesh(old: "JacclBackend", seat: membership.Seat, host: str, exclude: Sequence[int],
                 min_size: int | None, timeout: float) -> Backend:
     """The mesh of the survivors, as this rank's new backend (see the module docstring)."""
+    listen, form, token = mesh_parts(host, old.reformed)
+    return shrinking.shrink(old, seat, old.size(), listen, form, token, old.break_links, exclude, min_size,
+                            timeout)[0]
+
+
+def mesh_parts(host: str, reform: Callable[[list[int], tcp_mesh.TcpMeshTransport, int, Auth], Backend]) -> tuple:
+    """shrinking's listen, form and token for a JACCL mesh on `host`: a fresh mesh listener, and
+    the mesh a decision names on it, made a backend by reform(members, transport, token, key)
+    (members: ranks of the group the agreement is about, in order)."""
 
     def listen() -> list[tcp.Listener]:
         return [tcp_mesh.mesh_listener(host)]
@@ -56,13 +66,12 @@ def shrink_mesh(old: "JacclBackend", seat: membership.Seat, host: str, exclude: 
                                                        for i, (q, a) in enumerate(zip(members, addresses))
                                                        if q != members[rank]}),
                                           listener=listeners[0])
-        return old.reformed(members, transport, token, job)
+        return reform(members, transport, token, job)
 
     def token(seat: membership.Seat, decision: membership.Decision) -> int:
         return group_token(seat.token, decision)
 
-    return shrinking.shrink(old, seat, old.size(), listen, form, token, old.break_links, exclude, min_size,
-                            timeout)[0]
+    return listen, form, token
 
 
 def watch(who: str, what: str, peers: dict[str, str]) -> Callable[[], None]:

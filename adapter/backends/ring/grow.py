@@ -27,7 +27,7 @@ import os
 import time
 from typing import TYPE_CHECKING
 
-from ...errors import CollectiveTimeout, DistributedError, IntegrityError, PeerError, QuorumError, blaming, culprit_of
+from ...errors import CollectiveTimeout, DistributedError, IntegrityError, culprit_of
 from ..transport import enrolment, shrinking, tcp
 from ..transport.auth import Auth
 from . import lineage, shrink
@@ -117,65 +117,24 @@ def grow_ring(old: "RingBackend", count: int | None, timeout: float) -> "RingBac
     return new
 
 
-class _NobodyFormed(PeerError):
-    """The agreement after a grown group failed to form found that it formed on no member."""
-
-
 def after_failure(where: str, rank: int, addresses: list[list[str]], listener: tcp.Listener, key: Auth, epoch: int,
                   op_timeout: float | None, timeout: float, grown: Lineage, old: "RingBackend | None",
                   why: str, culprit: int | None = None) -> "RingBackend":
-    """The grown group (rank `rank` of `addresses`, epoch `epoch`, key `key`) did not form on this
-    rank, a member or a newcomer: a rank died or stopped after the decision. It may have formed
-    on another rank all the same (a death inside its closing barrier ends the formation one way
-    here and the other way there), which will shrink it at its first failed collective. So this
-    rank agrees, as shrink() does after a failed formation, as a member of the grown group at
-    its first listener (`listener`, held): with the others on which it failed at once, with those
-    on which it formed when they shrink it. If any member of the outcome formed the grown group,
-    every one of them forms the group of the outcome and this rank returns it (a member's old
-    group `old` is then left: its links break). If none did, nobody entered the grown group:
-    each raises PeerError, and a member keeps `old` as it was (its links were never broken).
-    Any other end of the agreement (QuorumError, ExcludedError: some may have carried on) breaks
-    `old` too, since this rank cannot know that nobody left it. The error raised then blames
-    `culprit` (the rank the failed formation blamed, numbered as in the grown group, whose ranks
-    0..k-1 are the members' own)."""
+    """The grown ring (rank `rank` of `addresses`, epoch `epoch`, key `key`) did not form on this
+    rank, a member or a newcomer: the agreement after it (shrinking.after_grow_failure, at its
+    first listener `listener`, held), and the ring of its outcome, which this rank returns."""
     from .backend import RingBackend
 
-    size = len(addresses)
     token = RingBackend.context_token(addresses, epoch)
     seat = shrinking.unformed_seat(rank, [a[0] for a in addresses], listener, key, token, shrink.PURPOSE_SHRINK,
                                    epoch)
-    keeps = "this group stays as it was" if old is not None else "this process was not taken in"
-
-    def decided(decision) -> None:
-        if all(decision.payloads[q].get("unformed") for q in decision.members):
-            raise _NobodyFormed(f"{where}: {why}; it formed on none of its members that are left (ranks "
-                                f"{decision.members} of it agreed so, coordinator rank {decision.coordinator}); "
-                                f"{keeps}")
-        need = size // 2 + 1
-        if len(decision.members) < need:
-            raise QuorumError(f"only its ranks {decision.members} are left to carry on in it (of {size}), and a "
-                              f"group needs at least {need} (more than half): a minority must not carry on as the "
-                              f"job")
-
-    def break_old(_: str) -> None:
-        if old is not None:
-            old.break_links(f"{where}: this group grew into a group of {size}, which lost a rank as it formed; "
-                            f"its members carry on in the group grow() returned")
-
-    listen, form, tok = shrink.ring_parts(addresses[rank], min(len(a) for a in addresses), op_timeout)
-    try:
-        new, members = shrinking.rejoin(old, seat, size, listen, form, tok, break_old, timeout, epoch, decided)
-    except _NobodyFormed as exc:
-        raise blaming(PeerError(str(exc)), culprit) from None
-    except DistributedError as exc:
-        if old is not None:
-            old.break_links(f"{where}: the grown group did not form on this rank and the agreement after it "
-                            f"failed: {exc}")
-        raise blaming(type(exc)(f"{where}: {why}; then the agreement of the grown group's members failed: {exc}"),
-                      culprit) from None
+    parts = shrink.ring_parts(addresses[rank], min(len(a) for a in addresses), op_timeout)
+    new, members = shrinking.after_grow_failure(where, seat, len(addresses), parts, old,
+                                                None if old is None else old.break_links, timeout, epoch, why,
+                                                culprit)
     lineage.record(new, grown.keep(members))
-    log.info("%s: the group of %d did not form here; its ranks %s carry on as a group of %d", where, size, members,
-             new.size())
+    log.info("%s: the group of %d did not form here; its ranks %s carry on as a group of %d", where, len(addresses),
+             members, new.size())
     return new
 
 
