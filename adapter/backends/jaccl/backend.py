@@ -13,6 +13,9 @@ JACKLRING_LOCAL_TRANSPORT is unix or tcp; a group spanning hosts, some with seve
 runs them in stages (each host's memory, a mesh of one rank per host: local/staged.py); send/recv
 always take the transport.
 
+JACKLRING_JOIN=1 starts a replacement for a vacant rank: it knocks at MLX_JACCL_COORDINATOR until
+the members' grow() takes it in (grow.py; the TCP mesh only).
+
 JACKLRING_VERIFY=1 adds a CRC-32C to every frame (=mac is refused), checked on receipt; JACKLRING_STALL_REPORT
 (seconds, default 30, 0 turns it off) logs once when an operation waits that long.
 """
@@ -85,12 +88,7 @@ def create(timeout: float | None = None) -> "Backend":
             raise ConfigError(f"rank {cfg.rank}: JACKLRING_JOIN=1 with {TRANSPORT_ENV}=rdma: a JACCL group grows on "
                               f"the TCP mesh only")
         check_resolvable(cfg.coordinator[0], f"MLX_JACCL_COORDINATOR={origin.coordinator}")
-
-        def build(transport: Transport, lin: grow.Lineage, mode: str, host: str, token: int,
-                  key: auth.Auth) -> JacclBackend:
-            return JacclBackend.grown(transport, lin, mode, host, token, op_timeout, checks, key)
-
-        return grow.join_mesh(cfg.rank, origin, config.connect_timeout(), build)
+        return grow.join_mesh(cfg.rank, origin, config.connect_timeout(), _grown_builder(op_timeout, checks))
     if cfg.size == 1:
         return SingletonBackend()  # `launcher --backend jaccl -n 1`: nobody to connect to
     check_resolvable(cfg.coordinator[0], f"MLX_JACCL_COORDINATOR={tcp.format_address(cfg.coordinator)}")
@@ -127,6 +125,17 @@ def create(timeout: float | None = None) -> "Backend":
                            grow.Lineage(origin, list(range(cfg.size))))
     backend.attach_shared_memory()
     return backend
+
+
+def _grown_builder(op_timeout: float, checks: "Checks") -> grow.Build:
+    """How grow.py makes a backend of a grown mesh: with this process's operation timeout and
+    checks (the members' and the newcomers' alike come from the job's environment)."""
+
+    def build(transport: Transport, lin: grow.Lineage, mode: str, host: str, token: int,
+              key: auth.Auth) -> JacclBackend:
+        return JacclBackend.grown(transport, lin, mode, host, token, op_timeout, checks, key)
+
+    return build
 
 
 class Checks(NamedTuple):
@@ -488,13 +497,8 @@ class JacclBackend(Backend):
                                    f"newcomer to take)")
         if self._transport.closed:
             raise DistributedError(f"rank {self.rank()}: this JACCL group was closed; it cannot grow")
-        op_timeout, checks = self._timeout, self._checks
-
-        def build(transport: Transport, lin: grow.Lineage, mode: str, host: str, token: int,
-                  key: auth.Auth) -> JacclBackend:
-            return JacclBackend.grown(transport, lin, mode, host, token, op_timeout, checks, key)
-
-        return grow.grow_mesh(self, self._lineage, self._host, op_timeout, count, timeout, build)
+        return grow.grow_mesh(self, self._lineage, self._host, self._timeout, count, timeout,
+                              _grown_builder(self._timeout, self._checks))
 
     @staticmethod
     def grown(transport: Transport, lineage: grow.Lineage, mode: str, host: str, token: int, timeout: float,
