@@ -3,7 +3,10 @@ processes: 3 ranks formed from RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT, sl
 survivors shrink; an outsider (another uid, no job key) squats a dead newcomer's knock address
 and then forges a knock record, and both are refused with the group unchanged; a real newcomer
 (JACKLRING_JOIN=1, RANK=2) is taken in as rank 2 and the grown group sums right; its knock record
-replayed after it died is passed over as used; a newcomer for slot 0 refuses at once."""
+replayed after it died is passed over as used; a newcomer for slot 0 refuses at once. Without a
+secret, it goes on: a recruiter that stops before its decision is named by the newcomer and by
+the other member, and once rank 0 (the store's server) is dead the survivor's grow() refuses at
+once."""
 from __future__ import annotations
 
 import json
@@ -22,7 +25,9 @@ from test_grow import ATTACK
 # Members: form, loop all_sum until slot 2 dies, shrink, then one grow per stage the harness
 # opens (a file in FAULT_DIR): "squat" and "forged" must be refused, "newcomer" grows. After
 # every grow attempt the group's all_sum is checked; the grown group (the newcomer too) then
-# loops until the newcomer is killed, shrinks, and tries once more ("stale").
+# loops until the newcomer is killed, shrinks, and tries once more ("stale"). With FAULT_STALL=1
+# the members then grow with a second newcomer ("stall": rank 0 stops itself) and, after rank 0
+# is killed and rank 1 shrinks alone, once more ("slot0").
 BODY = r"""
 slot = int(os.environ["RANK"])
 
