@@ -98,11 +98,12 @@ class Group:
         back to the size the job started with), as a new Group on every member and newcomer.
 
         Call it on every member at a point they choose (a collective). A newcomer is a process
-        started like the job's ranks with JACKLRING_JOIN=1 and its rank (MLX_RANK of the hostfile,
-        or RANK / SLURM_PROCID of a group formed through torchrun's or Slurm's store) set to a
-        vacant slot (a rank of the first group that no member holds now, such as a dead rank's):
-        its init() waits to be taken in (under a store, it knocks there with a MACed record) and
-        returns the grown group (docs/faults.md, "Growing a group").
+        started like the job's ranks with JACKLRING_JOIN=1 and its rank (MLX_RANK of the hostfile
+        or of JACCL's device file, or RANK / SLURM_PROCID of a group formed through torchrun's or
+        Slurm's store) set to a vacant slot (a rank of the first group that no member holds now,
+        such as a dead rank's): its init() waits to be taken in (under a store, it knocks there
+        with a MACed record; under JACCL, at MLX_JACCL_COORDINATOR) and returns the grown group
+        (docs/faults.md, "Growing a group").
         The members keep their ranks 0..k-1; the newcomers follow in ascending slot order.
         Only a holder of the job key can be taken in (the handshake is mutual).
 
@@ -110,9 +111,10 @@ class Group:
         answered in time, every member raises CollectiveTimeout naming each vacant slot and why,
         and this group stays usable. On success this group is unusable and says so, and
         init()'s group is replaced. Ring groups formed from MLX_HOSTFILE or through torchrun's or
-        Slurm's store (or shrunk or grown from one) only: one formed through a torch process
-        group or by split(), one whose store died with rank 0, and other backends raise
-        DistributedError saying why."""
+        Slurm's store, and JACCL groups on the TCP mesh (or groups shrunk or grown from these)
+        only: one formed through a torch process group or by split(), one whose store died with
+        rank 0, a JACCL group without the job's first rank 0 (which recruits) or on RDMA, and
+        other backends raise DistributedError saying why."""
         if count is not None and int(count) < 1:
             raise ValueError(f"grow: count must be at least 1, not {count}")
         timeout = DEFAULT_SHRINK_TIMEOUT_S if timeout is None else float(timeout)

@@ -1,9 +1,10 @@
-"""How long a replacement takes to join a ring job: from its start to its first correct
+"""How long a replacement takes to join a ring or JACCL job: from its start to its first correct
 collective on the group Group.grow() returned.
 
     python benchmarks/grow_recovery.py                     # 4 ranks, 10 trials, TCP and shared memory
     python benchmarks/grow_recovery.py --ranks 3 --trials 5 --transport tcp
     python benchmarks/grow_recovery.py --engine hostfile,env --transport tcp
+    python benchmarks/grow_recovery.py --engine jaccl --ranks 3 --trials 5 --transport tcp
 
 Each trial starts N ring ranks on 127.0.0.1 looping all_sum of 4096 float32, kills a random
 rank with SIGKILL, and waits until the survivors have shrunk and called grow(). Then it starts
@@ -16,7 +17,9 @@ included), and from its init() call (the join itself). min / median / max over t
 --engine env forms the group through torch's env:// store instead (RANK, WORLD_SIZE,
 MASTER_ADDR, MASTER_PORT; torch is imported by every rank) and the replacement knocks there
 (adapter/rendezvous/store_grow.py); the victim is then never rank 0, whose process serves the
-store.
+store. --engine jaccl runs JACCL on its TCP mesh (MLX_JACCL_COORDINATOR, a device file without
+RDMA devices), whose replacement knocks at the coordinator address (adapter/backends/jaccl/grow.py);
+the victim is never rank 0 there either: only its process can recruit.
 """
 from __future__ import annotations
 
@@ -33,7 +36,8 @@ import numpy as np
 import adapter
 slot = int(os.environ["MLX_RANK"])
 called = time.monotonic()
-group = adapter.init(strict=True, backend="ring" if os.environ.get("MLX_HOSTFILE") else "any")
+backend = "jaccl" if os.environ.get("MLX_JACCL_COORDINATOR") else "ring" if os.environ.get("MLX_HOSTFILE") else "any"
+group = adapter.init(strict=True, backend=backend)
 if os.environ.get("JACKLRING_JOIN") != "1":
     x = np.full(4096, 1.0, np.float32)
     adapter.all_sum(x)
@@ -52,7 +56,7 @@ print("SUM", f"{time.monotonic():.6f}", f"{called:.6f}", float(y[0]), group.size
 
 
 def engine_env(engine: str, n: int, transport: str, tmp: str) -> dict[str, str]:
-    env = job_env(n, transport, tmp)
+    env = job_env(n, transport, tmp, backend="jaccl" if engine == "jaccl" else "ring")
     if engine == "env":
         del env["MLX_HOSTFILE"]
         env.update(WORLD_SIZE=str(n), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_ports(1)[0]))
@@ -62,7 +66,7 @@ def engine_env(engine: str, n: int, transport: str, tmp: str) -> dict[str, str]:
 def trial(engine: str, n: int, transport: str, rng: random.Random, tmp: str) -> tuple[float, float]:
     env = engine_env(engine, n, transport, tmp)
     with ranks(RANK, env, n) as procs:
-        if engine == "env":  # rank 0 serves the store: it must live
+        if engine in ("env", "jaccl"):  # rank 0 serves the store, or recruits JACCL's newcomers: it must live
             time.sleep(rng.uniform(0.0, 0.3))
             victim = rng.randrange(1, n)
             procs[victim].send_signal(signal.SIGKILL)

@@ -87,7 +87,8 @@ def arguments(description: str, trials: int, backends: bool = False, engines: bo
         parser.add_argument("--backend", default="ring", help="comma-separated: ring, jaccl (its TCP mesh)")
     if engines:
         parser.add_argument("--engine", default="hostfile",
-                            help="comma-separated: hostfile (MLX_HOSTFILE), env (torch's env:// store)")
+                            help="comma-separated: hostfile (MLX_HOSTFILE), env (torch's env:// store), "
+                                 "jaccl (JACCL's TCP mesh, its coordinator)")
     return parser.parse_args()
 
 

@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from .ranks import RankProcess
 
 USAGE_ERROR = 2
+GROWING_BACKENDS = ("ring", "jaccl", "jaccl-ring")  # their groups take in a replacement (grow)
 NOT_FOUND = 127       # shell conventions for a program that cannot be run
 NOT_EXECUTABLE = 126
 
@@ -92,7 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "K ranks are left (running or ended with 0); fewer stops the job as usual. "
                         "Exit 0 when every rank left ends with 0 (a line names the lost ranks)")
     p.add_argument("--restart-failed", type=_positive_int, default=0, metavar="N",
-                   help="elastic jobs (ring backend): when a rank fails, start a replacement with the "
+                   help="elastic jobs (ring, jaccl): when a rank fails, start a replacement with the "
                         "same rank and JACKLRING_JOIN=1, at most N times in the job; the survivors "
                         "shrink() and then grow() to take it in (docs/faults.md). Once N are used, a "
                         "failure stops the job (or --min-ranks applies). Exit 0 when every rank, "
@@ -257,8 +258,8 @@ def launch(args) -> int:
         raise UsageError(f"--min-ranks {args.min_ranks} is more than the job's {len(plans)} ranks")
     if args.min_ranks is not None and backend == "mpi":
         raise UsageError("--min-ranks does not apply to --backend mpi: mpirun stops the job itself")
-    if args.restart_failed and backend != "ring":
-        raise UsageError(f"--restart-failed needs --backend ring (a replacement joins through the ring's "
+    if args.restart_failed and backend not in GROWING_BACKENDS:
+        raise UsageError(f"--restart-failed needs --backend ring or jaccl (a replacement joins through "
                          f"grow()); the {backend} backend cannot take one in")
     notice = threads_notice(plans, options)
     if notice:

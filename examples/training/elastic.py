@@ -109,7 +109,7 @@ def train(args: argparse.Namespace) -> None:
     position = 0
     if joining:
         position = hand_over(group, model, -1)
-        print(f"replacement (hostfile slot {os.environ.get('MLX_RANK')}) joined as rank {group.rank()} of "
+        print(f"replacement (slot {os.environ.get('MLX_RANK')}) joined as rank {group.rank()} of "
               f"{group.size()} at step {position}", flush=True)
     else:
         with torch.no_grad():
@@ -143,7 +143,7 @@ def train(args: argparse.Namespace) -> None:
     except FAILURES:
         same = False
     # One write per line: print() writes its pieces apart, and ranks sharing a terminal interleave them.
-    start = f"a replacement in hostfile slot {os.environ['MLX_RANK']}" if joining else f"started as rank {me}"
+    start = f"a replacement in slot {os.environ['MLX_RANK']}" if joining else f"started as rank {me}"
     sys.stdout.write(f"rank {group.rank()} of {group.size()} ({start}): done, test accuracy "
                      f"{accuracy(model, x_test, y_test):.2%}, parameters identical on every rank: {same}\n")
     sys.stdout.flush()

@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import textwrap
 import threading
 import time
 from dataclasses import dataclass, field
@@ -201,3 +202,122 @@ for address in seats:
         pass
 say("SEATS", len(seats), ",".join(still) or "-")
 """
+
+
+# Group.grow()'s scenario (test_grow.py, test_jaccl_grow.py): a member shrinks after the death of
+# a rank, then grows back; a newcomer (JACKLRING_JOIN=1) gets the grown group from init(). Then
+# every rank checks an all_gather of the slots (MLX_RANK: the ranks of the job's first group) and
+# an all_sum of (slot + 1) over the whole group.
+GROW_BACK = """
+import adapter
+slot = int(os.environ["MLX_RANK"])
+if os.environ.get("JACKLRING_JOIN") != "1":
+    x = np.full(4096, float(slot + 1), np.float32)
+    all_sum(x)
+    say("READY")
+    try:
+        while True:
+            all_sum(x)
+    except ERRORS as e:
+        say("ERR", type(e).__name__)
+    group = group.shrink(timeout=3)
+    say("SHRUNK", group.rank(), group.size())
+    shrunk = group
+    while os.environ.get("FAULT_GO") and not os.path.exists(os.environ["FAULT_GO"]):
+        time.sleep(0.02)  # until the harness says the process at the vacant slot listens
+    try:
+        group = group.grow(timeout={grow_timeout})
+        try:
+            all_sum(x, group=shrunk)
+        except ERRORS as e:
+            say("OLD", type(e).__name__, str(e).replace("\\n", " "))
+    except ERRORS as e:
+        say("GROWERR", type(e).__name__, str(e).replace("\\n", " "))
+        y = all_sum(np.full(16, float(slot + 1), np.float32))  # the shrunk group still works
+        say("AFTER", group.rank(), group.size(), float(y[0]))
+        sys.exit(0)
+say("GROWN", group.rank(), group.size())
+slots = all_gather(np.array([slot], np.int64))
+y = all_sum(np.full(4096, float(slot + 1), np.float32))
+expected = float(sum(int(s) + 1 for s in slots))
+say("SUM", group.rank(), group.size(), ",".join(str(int(s)) for s in slots), float(y[0]), expected,
+    bool(np.all(y == expected)))
+barrier()
+"""
+
+
+def grow_back(grow_timeout: float = 10.0) -> str:
+    return GROW_BACK.format(grow_timeout=grow_timeout)
+
+
+ATTACK = textwrap.dedent("""
+    # An outsider with the standard library only (run as another user, e.g. uid 65534): listens
+    # at a job's address (argv: host, port, seconds) and answers whoever connects with what it
+    # can (it has no job key), noting what it saw.
+    import os, socket, sys, time
+    host, port = sys.argv[1], int(sys.argv[2])
+    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind((host, port)); s.listen(16); s.settimeout(0.2)
+    print("LISTENING", flush=True)
+    end = time.monotonic() + float(sys.argv[3])
+    seen = 0
+    while time.monotonic() < end:
+        try:
+            c, _ = s.accept()
+        except socket.timeout:
+            continue
+        seen += 1
+        c.settimeout(0.5)
+        try:
+            hello = c.recv(200)
+            # the handshake's own frames: a challenge (magic, OK, a nonce), then, after the
+            # connector's proof, an acknowledgement whose MAC it can only guess
+            c.sendall(b"JKLC" + bytes([0]) + os.urandom(32))
+            c.recv(200)
+            c.sendall(b"JKLA" + bytes([0]) + os.urandom(32))
+            c.recv(200)
+        except OSError:
+            pass
+        c.close()
+    print("SEEN", seen, flush=True)
+""")
+
+
+# Group.grow() again and again (test_grow.py, test_jaccl_grow.py): every rank (members and
+# newcomers alike) loops all_max(stop flag) + all_sum until the harness creates the stop file; on
+# a failure the members shrink and grow back.
+AGAIN_AND_AGAIN = """
+import adapter
+slot = int(os.environ["MLX_RANK"])
+STOP = {stop!r}
+
+def slots_of():
+    return [int(s) for s in all_gather(np.array([slot], np.int64))]
+
+def grown(g):
+    s = slots_of()
+    say("GROWN", g.rank(), g.size(), ",".join(map(str, s)))
+    return float(sum(q + 1 for q in s))
+
+expected = grown(group) if os.environ.get("JACKLRING_JOIN") == "1" else float(sum(range(1, n + 1)))
+say("READY")
+while True:
+    try:
+        stop = all_max(np.array([1.0 if os.path.exists(STOP) else 0.0]))[0]
+        y = all_sum(np.full(64, float(slot + 1), np.float32))
+        if not np.all(y == expected):
+            say("BAD", float(y[0]), expected)
+        if stop:
+            break
+        time.sleep(0.01)
+    except ERRORS as e:
+        group = group.shrink(timeout=3)
+        say("SHRUNK", group.rank(), group.size())
+        group = group.grow(timeout=15)
+        expected = grown(group)
+say("END", group.rank(), group.size(), ",".join(map(str, slots_of())), float(y[0]))
+"""
+
+
+def again_and_again(stop: Path) -> str:
+    return AGAIN_AND_AGAIN.format(stop=str(stop))

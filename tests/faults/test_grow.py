@@ -6,55 +6,11 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 
 import pytest
-from cluster import ROOT, finish_all, rank_envs, reports, seats_close_with, start, stop_all
-
-# A member shrinks after the death of a rank, then grows back; a newcomer (JACKLRING_JOIN=1)
-# gets the grown group from init(). Then every rank checks an all_gather of the slots (the
-# hostfile ranks) and an all_sum of (slot + 1) over the whole group.
-GROW_BACK = """
-import adapter
-slot = int(os.environ["MLX_RANK"])
-if os.environ.get("JACKLRING_JOIN") != "1":
-    x = np.full(4096, float(slot + 1), np.float32)
-    all_sum(x)
-    say("READY")
-    try:
-        while True:
-            all_sum(x)
-    except ERRORS as e:
-        say("ERR", type(e).__name__)
-    group = group.shrink(timeout=3)
-    say("SHRUNK", group.rank(), group.size())
-    shrunk = group
-    while os.environ.get("FAULT_GO") and not os.path.exists(os.environ["FAULT_GO"]):
-        time.sleep(0.02)  # until the harness says the process at the vacant slot listens
-    try:
-        group = group.grow(timeout={grow_timeout})
-        try:
-            all_sum(x, group=shrunk)
-        except ERRORS as e:
-            say("OLD", type(e).__name__, str(e).replace("\\n", " "))
-    except ERRORS as e:
-        say("GROWERR", type(e).__name__, str(e).replace("\\n", " "))
-        y = all_sum(np.full(16, float(slot + 1), np.float32))  # the shrunk group still works
-        say("AFTER", group.rank(), group.size(), float(y[0]))
-        sys.exit(0)
-say("GROWN", group.rank(), group.size())
-slots = all_gather(np.array([slot], np.int64))
-y = all_sum(np.full(4096, float(slot + 1), np.float32))
-expected = float(sum(int(s) + 1 for s in slots))
-say("SUM", group.rank(), group.size(), ",".join(str(int(s)) for s in slots), float(y[0]), expected,
-    bool(np.all(y == expected)))
-barrier()
-"""
-
-
-def body(grow_timeout: float = 10.0) -> str:
-    return GROW_BACK.format(grow_timeout=grow_timeout)
+from cluster import ATTACK, ROOT, again_and_again, finish_all, rank_envs, reports, seats_close_with, start, stop_all
+from cluster import grow_back as body
 
 
 @pytest.mark.timeout(60)
@@ -88,38 +44,6 @@ def test_shrink_then_grow_back_to_the_full_size(tmp_path, transport):
     assert [sums[q][0] for q in (0, 1, 3, "new")] == [0, 1, 2, 3], sums
     assert [codes[i] for i in (0, 1, 3, 4)] == [0, 0, 0, 0], reports(procs + [newcomer])
     print(f"{transport}: replacement start to its first correct all_sum: {sums['new'][1] - started:.2f} s")
-
-
-ATTACK = textwrap.dedent("""
-    # An outsider with the standard library only: listens at the dead rank's slot and answers
-    # whoever connects with what it can (it has no job key), noting what it saw.
-    import os, socket, sys, time
-    host, port = sys.argv[1], int(sys.argv[2])
-    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    s.bind((host, port)); s.listen(16); s.settimeout(0.2)
-    print("LISTENING", flush=True)
-    end = time.monotonic() + float(sys.argv[3])
-    seen = 0
-    while time.monotonic() < end:
-        try:
-            c, _ = s.accept()
-        except socket.timeout:
-            continue
-        seen += 1
-        c.settimeout(0.5)
-        try:
-            hello = c.recv(200)
-            # the handshake's own frames: a challenge (magic, OK, a nonce), then, after the
-            # connector's proof, an acknowledgement whose MAC it can only guess
-            c.sendall(b"JKLC" + bytes([0]) + os.urandom(32))
-            c.recv(200)
-            c.sendall(b"JKLA" + bytes([0]) + os.urandom(32))
-            c.recv(200)
-        except OSError:
-            pass
-        c.close()
-    print("SEEN", seen, flush=True)
-""")
 
 
 @pytest.mark.timeout(60)
@@ -206,47 +130,12 @@ if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-x", "-q", "-s", f"--rootdir={ROOT}"]))
 
 
-# Every rank (members and newcomers alike) loops all_max(stop flag) + all_sum until the harness
-# creates the stop file; on a failure the members shrink and grow back.
-AGAIN_AND_AGAIN = """
-import adapter
-slot = int(os.environ["MLX_RANK"])
-STOP = {stop!r}
-
-def slots_of():
-    return [int(s) for s in all_gather(np.array([slot], np.int64))]
-
-def grown(g):
-    s = slots_of()
-    say("GROWN", g.rank(), g.size(), ",".join(map(str, s)))
-    return float(sum(q + 1 for q in s))
-
-expected = grown(group) if os.environ.get("JACKLRING_JOIN") == "1" else float(sum(range(1, n + 1)))
-say("READY")
-while True:
-    try:
-        stop = all_max(np.array([1.0 if os.path.exists(STOP) else 0.0]))[0]
-        y = all_sum(np.full(64, float(slot + 1), np.float32))
-        if not np.all(y == expected):
-            say("BAD", float(y[0]), expected)
-        if stop:
-            break
-        time.sleep(0.01)
-    except ERRORS as e:
-        group = group.shrink(timeout=3)
-        say("SHRUNK", group.rank(), group.size())
-        group = group.grow(timeout=15)
-        expected = grown(group)
-say("END", group.rank(), group.size(), ",".join(map(str, slots_of())), float(y[0]))
-"""
-
-
 @pytest.mark.timeout(90)
 def test_two_deaths_two_replacements_in_turn(tmp_path):
     """Slot 2 dies and is replaced, then slot 0 (the first group's rank 0, the recruiter) dies
     and is replaced: the lineage of slots carries through shrink and grow."""
     envs = rank_envs("ring", 4, tmp_path)
-    text = AGAIN_AND_AGAIN.format(stop=str(tmp_path / "stop"))
+    text = again_and_again(tmp_path / "stop")
     env = {"JACKLRING_LOCAL_TRANSPORT": "tcp"}
     procs = start("ring", 4, text, tmp_path, env=env, envs=envs)
     try:
@@ -397,18 +286,18 @@ DIE_IN_THE_GROWN_RINGS_CLOSING_BARRIER = """
 if r == VICTIM:
     import signal
     import threading
-    from adapter.backends.ring import grow, shared
-    from adapter.backends.transport import stream_engine
+    from adapter.backends.ring import shared
+    from adapter.backends.transport import enrolment, stream_engine
     decided, armed, dying = [], [], []
     if os.environ.get("JACKLRING_JOIN") == "1":
         decided.append([0, 1, 3, 2])  # a newcomer forms one ring: the grown one
-    real_broadcast = grow._broadcast
+    real_broadcast = enrolment.broadcast_decision
     def broadcast(old, decision):
         decision = real_broadcast(old, decision)
         if decision.get("ok"):
             decided.append(decision["slots"])
         return decision
-    grow._broadcast = broadcast
+    enrolment.broadcast_decision = broadcast
     real_attach = shared.attach
     def attach(state, gather):
         def last_gather(record):
@@ -516,7 +405,6 @@ say("SUM", group.rank(), group.size(), ",".join(map(str, slots)), float(y[0]), e
 RECRUITER_DIES = """
 if r == 0 and os.environ.get("JACKLRING_JOIN") != "1":
     import json, signal
-    from adapter.backends.ring import grow
     from adapter.backends.transport import enrolment
     WHERE = "POINT"
     def die(where):
@@ -538,8 +426,8 @@ if r == 0 and os.environ.get("JACKLRING_JOIN") != "1":
             old.broadcast(np.array([len(json.dumps(decision).encode())], np.int64), 0)
             die(WHERE)
         return real_broadcast(old, decision)
-    real_broadcast = grow._broadcast
-    enrolment.recruit, enrolment.tell, grow._broadcast = recruit, tell, broadcast
+    real_broadcast = enrolment.broadcast_decision
+    enrolment.recruit, enrolment.tell, enrolment.broadcast_decision = recruit, tell, broadcast
 """
 
 

@@ -13,6 +13,9 @@ JACKLRING_LOCAL_TRANSPORT is unix or tcp; a group spanning hosts, some with seve
 runs them in stages (each host's memory, a mesh of one rank per host: local/staged.py); send/recv
 always take the transport.
 
+JACKLRING_JOIN=1 starts a replacement for a vacant rank: it knocks at MLX_JACCL_COORDINATOR until
+the members' grow() takes it in (grow.py; the TCP mesh only).
+
 JACKLRING_VERIFY=1 adds a CRC-32C to every frame (=mac is refused), checked on receipt; JACKLRING_STALL_REPORT
 (seconds, default 30, 0 turns it off) logs once when an operation waits that long.
 """
@@ -37,7 +40,7 @@ from ..transport import auth, layout, membership, shrinking, tcp, tcp_mesh, verb
 from ..transport.names import check_resolvable
 from ..transport.slots import Transport
 from . import config as jaccl_config
-from . import local, shrink
+from . import grow, local, shrink
 from .algorithms import MeshAlgorithms, RingAlgorithms
 from .config import MESH, RING, DeviceMatrix
 from .exchange import FrameExchange, stage_tag
@@ -79,10 +82,13 @@ def create(timeout: float | None = None) -> "Backend":
     if checks.verify == "mac":  # never fall back to a checksum an attacker can recompute
         raise ConfigError("JACKLRING_VERIFY=mac is not supported by the JACCL backend yet; use "
                           "JACKLRING_VERIFY=crc (accidents) or the ring backend (mac)")
-    if config.get("JACKLRING_JOIN"):
-        raise ConfigError(f"rank {cfg.rank}: JACKLRING_JOIN=1 asks to join a running group, which JACCL cannot: its "
-                          f"environment names no address per rank where the members could find this process "
-                          f"(grow is the ring backend's); start the job again, or use the ring backend")
+    origin = grow.Origin(tcp.format_address(cfg.coordinator), cfg.devices)
+    if config.get("JACKLRING_JOIN"):  # a replacement: it knocks at the coordinator until grow() takes it in
+        if choice == "rdma":
+            raise ConfigError(f"rank {cfg.rank}: JACKLRING_JOIN=1 with {TRANSPORT_ENV}=rdma: a JACCL group grows on "
+                              f"the TCP mesh only")
+        check_resolvable(cfg.coordinator[0], f"MLX_JACCL_COORDINATOR={origin.coordinator}")
+        return grow.join_mesh(cfg.rank, origin, config.connect_timeout(), _grown_builder(op_timeout, checks))
     if cfg.size == 1:
         return SingletonBackend()  # `launcher --backend jaccl -n 1`: nobody to connect to
     check_resolvable(cfg.coordinator[0], f"MLX_JACCL_COORDINATOR={tcp.format_address(cfg.coordinator)}")
@@ -115,9 +121,21 @@ def create(timeout: float | None = None) -> "Backend":
         raise
     finally:
         side.close()
-    backend = JacclBackend(transport, cfg.devices, cfg.mode, kind, host, token, op_timeout, checks, job)
+    backend = JacclBackend(transport, cfg.devices, cfg.mode, kind, host, token, op_timeout, checks, job,
+                           grow.Lineage(origin, list(range(cfg.size))))
     backend.attach_shared_memory()
     return backend
+
+
+def _grown_builder(op_timeout: float, checks: "Checks") -> grow.Build:
+    """How grow.py makes a backend of a grown mesh: with this process's operation timeout and
+    checks (the members' and the newcomers' alike come from the job's environment)."""
+
+    def build(transport: Transport, lin: grow.Lineage, mode: str, host: str, token: int,
+              key: auth.Auth) -> JacclBackend:
+        return JacclBackend.grown(transport, lin, mode, host, token, op_timeout, checks, key)
+
+    return build
 
 
 class Checks(NamedTuple):
@@ -167,8 +185,11 @@ class JacclBackend(Backend):
 
     def __init__(self, transport: Transport, devices: DeviceMatrix, mode: str, transport_kind: str,
                  host: str, token: int, timeout: float, checks: Checks = Checks(False, None),
-                 job: auth.Auth | None = None) -> None:
+                 job: auth.Auth | None = None, lineage: grow.Lineage | None = None) -> None:
         self._transport = transport
+        # The slots of the job's first group this group's ranks hold (None for a split()'s):
+        # where grow() finds newcomers.
+        self._lineage = lineage
         self._devices = devices
         self.mode = mode
         self.transport_kind = transport_kind
@@ -462,14 +483,31 @@ class JacclBackend(Backend):
         return shrink.shrink_mesh(self, seat, self._host, exclude, min_size, timeout)
 
     def grow(self, count: int | None, timeout: float) -> Backend:
-        """Refused: JACCL's environment names one address (MLX_JACCL_COORDINATOR, rank 0's side
-        channel), so a newcomer for another rank's slot has no address the members know (the
-        ring's newcomer listens at its slot's hostfile address)."""
-        raise DistributedError(f"rank {self.rank()}: a JACCL group cannot take newcomers (grow): its environment "
-                               f"names one address (MLX_JACCL_COORDINATOR, rank 0's side channel) and no address "
-                               f"per rank, so the members have nowhere to find a replacement for a vacant rank; "
-                               f"shrink() works on the TCP mesh, and the ring backend (init(backend='ring')) can "
-                               f"also grow")
+        """The mesh of the members and newcomers that knocked at MLX_JACCL_COORDINATOR
+        (jaccl/grow.py); the TCP mesh only, and not a split()'s group."""
+        if self.transport_kind != "tcp" or self._job is None:
+            raise DistributedError(f"rank {self.rank()}: this JACCL group runs on {self.transport_kind}, which "
+                                   f"cannot grow: its RDMA queue pairs are created once, from the device file "
+                                   f"(MLX_IBV_DEVICES), and creating them for newcomers is not written. Restart "
+                                   f"the job, or run it on the TCP mesh (JACKLRING_JACCL_TRANSPORT=tcp) or the "
+                                   f"ring backend, which can grow")
+        if self._lineage is None:
+            raise DistributedError(f"rank {self.rank()}: this JACCL group cannot take in newcomers: it was formed "
+                                   f"by split() (a sub-group holds no slots of the job's first group for a "
+                                   f"newcomer to take)")
+        if self._transport.closed:
+            raise DistributedError(f"rank {self.rank()}: this JACCL group was closed; it cannot grow")
+        return grow.grow_mesh(self, self._lineage, self._host, self._timeout, count, timeout,
+                              _grown_builder(self._timeout, self._checks))
+
+    @staticmethod
+    def grown(transport: Transport, lineage: grow.Lineage, mode: str, host: str, token: int, timeout: float,
+              checks: Checks, job: auth.Auth) -> "JacclBackend":
+        """A grown group on its mesh (the device file's rows and columns of its slots), with
+        shared memory as at init. A collective of the new group; on failure it is closed."""
+        new = JacclBackend(transport, lineage.devices(), mode, "tcp", host, token, timeout, checks, job, lineage)
+        new.attach_shared_memory()
+        return new
 
     def reformed(self, members: list[int], transport: Transport, token: int, job: auth.Auth) -> "JacclBackend":
         """The group of `members` (old ranks, in order) on a mesh formed for them (a shrink): this
@@ -477,7 +515,7 @@ class JacclBackend(Backend):
         the new group's closing barrier). A collective of the new group; on failure it is closed."""
         devices = [[self._devices[a][b] for b in members] for a in members]
         new = JacclBackend(transport, devices, self.mode, self.transport_kind, self._host, token, self._timeout,
-                           self._checks, job)
+                           self._checks, job, self._lineage.keep(members) if self._lineage is not None else None)
         new.attach_shared_memory()
         return new
 

@@ -19,6 +19,7 @@ from ...errors import PeerError
 from ..base import Backend
 from ..singleton import SingletonBackend
 from ..transport import membership, shrinking, tcp, tcp_mesh
+from ..transport.auth import Auth
 
 if TYPE_CHECKING:
     from .backend import JacclBackend
@@ -34,6 +35,15 @@ def group_token(old_token: int, decision: membership.Decision) -> int:
 def shrink_mesh(old: "JacclBackend", seat: membership.Seat, host: str, exclude: Sequence[int],
                 min_size: int | None, timeout: float) -> Backend:
     """The mesh of the survivors, as this rank's new backend (see the module docstring)."""
+    listen, form, token = mesh_parts(host, old.reformed)
+    return shrinking.shrink(old, seat, old.size(), listen, form, token, old.break_links, exclude, min_size,
+                            timeout)[0]
+
+
+def mesh_parts(host: str, reform: Callable[[list[int], tcp_mesh.TcpMeshTransport, int, Auth], Backend]) -> tuple:
+    """shrinking's listen, form and token for a JACCL mesh on `host`: a fresh mesh listener, and
+    the mesh a decision names on it, made a backend by reform(members, transport, token, key)
+    (members: ranks of the group the agreement is about, in order)."""
 
     def listen() -> list[tcp.Listener]:
         return [tcp_mesh.mesh_listener(host)]
@@ -51,31 +61,34 @@ def shrink_mesh(old: "JacclBackend", seat: membership.Seat, host: str, exclude: 
 
         transport = tcp_mesh.connect_mesh(rank, size, [p for p in range(size) if p != rank], host, exchange, token,
                                           time.monotonic() + connect_timeout, job,
-                                          watch=_watch(members[rank], members, addresses), listener=listeners[0])
-        return old.reformed(members, transport, token, job)
+                                          watch=watch(f"rank {members[rank]}: shrink", "the survivors' mesh",
+                                                      {f"old rank {q} (new rank {i}, {a})": a
+                                                       for i, (q, a) in enumerate(zip(members, addresses))
+                                                       if q != members[rank]}),
+                                          listener=listeners[0])
+        return reform(members, transport, token, job)
 
     def token(seat: membership.Seat, decision: membership.Decision) -> int:
         return group_token(seat.token, decision)
 
-    return shrinking.shrink(old, seat, old.size(), listen, form, token, old.break_links, exclude, min_size,
-                            timeout)[0]
+    return listen, form, token
 
 
-def _watch(me: int, members: list[int], addresses: list[str]) -> Callable[[], None]:
-    """A forming mesh's watch: raise PeerError when a member's new listener refuses connections
-    (its process is gone; a formed member keeps listening there). Looks every WATCH_EVERY_S,
-    first after that long, so a quick formation probes nobody."""
+def watch(who: str, what: str, peers: dict[str, str]) -> Callable[[], None]:
+    """A forming mesh's watch: raise PeerError when a peer's new listener refuses connections
+    (its process is gone; a formed peer keeps listening there). peers: each peer's name in
+    errors -> its listener's address. Looks every WATCH_EVERY_S, first after that long, so a
+    quick formation probes nobody. Used by shrink and grow (jaccl/grow.py)."""
     next_look = time.monotonic() + WATCH_EVERY_S
 
-    def watch() -> None:
+    def look() -> None:
         nonlocal next_look
         now = time.monotonic()
         if now < next_look:
             return
         next_look = now + WATCH_EVERY_S
-        for q, address in zip(members, addresses):
-            if q != me and membership.refuses(address):
-                raise PeerError(f"rank {me}: shrink: old rank {q} (new rank {members.index(q)}, {address}) died "
-                                f"while the survivors' mesh formed: its listener refuses connections")
+        for name, address in peers.items():
+            if membership.refuses(address):
+                raise PeerError(f"{who}: {name} died while {what} formed: its listener refuses connections")
 
-    return watch
+    return look

@@ -22,16 +22,13 @@ in the outcome if any of them formed it, else the members keep their group.
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
 from typing import TYPE_CHECKING
 
-import numpy as np
-
 from ... import logs
-from ...errors import CollectiveTimeout, ConfigError, DistributedError, IntegrityError, PeerError, QuorumError, blaming, culprit_of
+from ...errors import CollectiveTimeout, DistributedError, IntegrityError, culprit_of
 from ..transport import enrolment, shrinking, tcp
 from ..transport.auth import Auth
 from . import lineage, shrink
@@ -43,14 +40,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("jacklring.grow")
 
 PURPOSE_GROW = 6        # 1-4: the ring's own connections, aborts, origin's notices; 5: shrink
-ADDRESS_BYTES = 4096    # one member's fresh listener addresses, as JSON, in the all_gather
 RECRUIT_EVERY_S = 0.05  # how often the recruiter looks again at a vacant slot nobody answered at
-
-
-def group_key(origin_auth: Auth, nonce: bytes, epoch: int) -> Auth:
-    """The grown group's key: from the job key, so a newcomer (which holds only that) can compute
-    it once told the nonce, and nobody who was not told can."""
-    return origin_auth.derive(b"jacklring-grow-group\0" + nonce + str(epoch).encode())
 
 
 def admit_invitation(hello: tcp.Hello) -> str | None:
@@ -86,12 +76,12 @@ def grow_ring(old: "RingBackend", count: int | None, timeout: float) -> "RingBac
     try:
         # Rank 0 recruits for up to `timeout`; the others wait in the broadcast meanwhile.
         old.set_timeout(max(saved, timeout + 10.0))
-        members = _gather_addresses(old, [s.where() for s in listeners])
+        members = enrolment.gather_addresses(old, [s.where() for s in listeners])
         if me == 0:
             decision = _recruit(old, lin, vacant, want, members, epoch, timeout)
         else:
             decision = {}
-        decision = _broadcast(old, decision)
+        decision = enrolment.broadcast_decision(old, decision)
     except BaseException:
         for s in listeners:
             s.close()
@@ -105,7 +95,7 @@ def grow_ring(old: "RingBackend", count: int | None, timeout: float) -> "RingBac
         raise kind(f"rank {me}: grow: {decision.get('why')} (decided by rank 0); this group stays as it was")
     slots, addresses = [int(s) for s in decision["slots"]], decision["addresses"]
     grown = Lineage(lin.origin, slots, lin.used | frozenset(decision.get("records", [])))
-    key = group_key(lin.origin.auth(), bytes.fromhex(decision["nonce"]), epoch)
+    key = enrolment.group_key(lin.origin.auth(), bytes.fromhex(decision["nonce"]), epoch)
     started = time.monotonic()
     listeners[0].hold()  # if the formation fails here, this rank's seat in the agreement after it
     try:
@@ -128,91 +118,25 @@ def grow_ring(old: "RingBackend", count: int | None, timeout: float) -> "RingBac
     return new
 
 
-class _NobodyFormed(PeerError):
-    """The agreement after a grown group failed to form found that it formed on no member."""
-
-
 def after_failure(where: str, rank: int, addresses: list[list[str]], listener: tcp.Listener, key: Auth, epoch: int,
                   op_timeout: float | None, timeout: float, grown: Lineage, old: "RingBackend | None",
                   why: str, culprit: int | None = None) -> "RingBackend":
-    """The grown group (rank `rank` of `addresses`, epoch `epoch`, key `key`) did not form on this
-    rank, a member or a newcomer: a rank died or stopped after the decision. It may have formed
-    on another rank all the same (a death inside its closing barrier ends the formation one way
-    here and the other way there), which will shrink it at its first failed collective. So this
-    rank agrees, as shrink() does after a failed formation, as a member of the grown group at
-    its first listener (`listener`, held): with the others on which it failed at once, with those
-    on which it formed when they shrink it. If any member of the outcome formed the grown group,
-    every one of them forms the group of the outcome and this rank returns it (a member's old
-    group `old` is then left: its links break). If none did, nobody entered the grown group:
-    each raises PeerError, and a member keeps `old` as it was (its links were never broken).
-    Any other end of the agreement (QuorumError, ExcludedError: some may have carried on) breaks
-    `old` too, since this rank cannot know that nobody left it. The error raised then blames
-    `culprit` (the rank the failed formation blamed, numbered as in the grown group, whose ranks
-    0..k-1 are the members' own)."""
+    """The grown ring (rank `rank` of `addresses`, epoch `epoch`, key `key`) did not form on this
+    rank, a member or a newcomer: the agreement after it (shrinking.after_grow_failure, at its
+    first listener `listener`, held), and the ring of its outcome, which this rank returns."""
     from .backend import RingBackend
 
-    size = len(addresses)
     token = RingBackend.context_token(addresses, epoch)
     seat = shrinking.unformed_seat(rank, [a[0] for a in addresses], listener, key, token, shrink.PURPOSE_SHRINK,
                                    epoch)
-    keeps = "this group stays as it was" if old is not None else "this process was not taken in"
-
-    def decided(decision) -> None:
-        if all(decision.payloads[q].get("unformed") for q in decision.members):
-            raise _NobodyFormed(f"{where}: {why}; it formed on none of its members that are left (ranks "
-                                f"{decision.members} of it agreed so, coordinator rank {decision.coordinator}); "
-                                f"{keeps}")
-        need = size // 2 + 1
-        if len(decision.members) < need:
-            raise QuorumError(f"only its ranks {decision.members} are left to carry on in it (of {size}), and a "
-                              f"group needs at least {need} (more than half): a minority must not carry on as the "
-                              f"job")
-
-    def break_old(_: str) -> None:
-        if old is not None:
-            old.break_links(f"{where}: this group grew into a group of {size}, which lost a rank as it formed; "
-                            f"its members carry on in the group grow() returned")
-
-    listen, form, tok = shrink.ring_parts(addresses[rank], min(len(a) for a in addresses), op_timeout)
-    try:
-        new, members = shrinking.rejoin(old, seat, size, listen, form, tok, break_old, timeout, epoch, decided)
-    except _NobodyFormed as exc:
-        raise blaming(PeerError(str(exc)), culprit) from None
-    except DistributedError as exc:
-        if old is not None:
-            old.break_links(f"{where}: the grown group did not form on this rank and the agreement after it "
-                            f"failed: {exc}")
-        raise blaming(type(exc)(f"{where}: {why}; then the agreement of the grown group's members failed: {exc}"),
-                      culprit) from None
+    parts = shrink.ring_parts(addresses[rank], min(len(a) for a in addresses), op_timeout)
+    new, members = shrinking.after_grow_failure(where, seat, len(addresses), parts, old,
+                                                None if old is None else old.break_links, timeout, epoch, why,
+                                                culprit)
     lineage.record(new, grown.keep(members))
-    log.info("%s: the group of %d did not form here; its ranks %s carry on as a group of %d", where, size, members,
-             new.size())
+    log.info("%s: the group of %d did not form here; its ranks %s carry on as a group of %d", where, len(addresses),
+             members, new.size())
     return new
-
-
-def _gather_addresses(old: "RingBackend", mine: list[str]) -> list[list[str]]:
-    text = json.dumps(mine).encode()
-    if len(text) > ADDRESS_BYTES:
-        raise ConfigError(f"rank {old.rank()}: grow: {len(text)} bytes of listener addresses (at most "
-                          f"{ADDRESS_BYTES})")
-    src = np.zeros(ADDRESS_BYTES, np.uint8)
-    src[:len(text)] = np.frombuffer(text, np.uint8)
-    dst = np.zeros(ADDRESS_BYTES * old.size(), np.uint8)
-    old.all_gather(src, dst)
-    return [json.loads(dst[i * ADDRESS_BYTES:(i + 1) * ADDRESS_BYTES].tobytes().rstrip(b"\0"))
-            for i in range(old.size())]
-
-
-def _broadcast(old: "RingBackend", decision: dict) -> dict:
-    """Rank 0's decision on every member (a length, then the JSON)."""
-    text = json.dumps(decision).encode() if old.rank() == 0 else b""
-    length = np.array([len(text)], np.int64)
-    old.broadcast(length, 0)
-    buf = np.zeros(int(length[0]), np.uint8)
-    if old.rank() == 0:
-        buf[:] = np.frombuffer(text, np.uint8)
-    old.broadcast(buf, 0)
-    return json.loads(buf.tobytes())
 
 
 def _recruit(old: "RingBackend", lin: Lineage, vacant: list[int], want: int, members: list[list[str]],
@@ -298,7 +222,7 @@ def join_ring(slot: int, origin: Origin, timeout: float | None, connect_timeout:
         raise
     slots, epoch = [int(s) for s in decision["slots"]], int(decision["epoch"])
     rank = slots.index(slot)
-    key = group_key(auth, bytes.fromhex(decision["nonce"]), epoch)
+    key = enrolment.group_key(auth, bytes.fromhex(decision["nonce"]), epoch)
     grow_timeout = float(decision.get("timeout", max(1.0, connect_timeout - 5.0)))
     addresses = decision["addresses"]
     grown = Lineage(origin, slots, frozenset(decision.get("records", [])))

@@ -21,7 +21,7 @@ import time
 import weakref
 from typing import Callable, Sequence, TypeVar
 
-from ...errors import DistributedError, PeerError
+from ...errors import DistributedError, PeerError, QuorumError, blaming
 from . import membership, tcp
 from .auth import Auth
 from .handshake import ANSWER_TIMEOUT_S
@@ -89,6 +89,59 @@ decided() applies the quorum for carrying on (a coordinator on which the group f
 own shrink(), applies its min_size as ever)."""
     return _loop(predecessor, seat, size, listen, form, token, break_links, [], 1, timeout, epoch + 1,
                  decided, seat.listener)
+
+
+class _NobodyFormed(PeerError):
+    """The agreement after a grown group failed to form found that it formed on no member."""
+
+
+def after_grow_failure(where: str, seat: membership.Seat, size: int, parts: tuple, old: object | None,
+                       break_old: Callable[[str], None] | None, timeout: float, epoch: int, why: str,
+                       culprit: int | None) -> tuple[Group, list[int]]:
+    """A group of `size` that grow() formed (epoch `epoch`) did not form on this rank, a member
+    (whose group before the grow is `old`, failed at once by break_old) or a newcomer (old and
+    break_old None): a rank died or stopped after the decision. It may have formed on another
+    rank all the same (a death inside its closing step ends the formation one way here and the
+    other way there), which will shrink it at its first failed collective. So this rank agrees,
+    as shrink() does after a failed formation, as a member of the grown group at `seat`
+    (unformed_seat(): its first listener, held): with the others on which it failed at once, with
+    those on which it formed when they shrink it. If any member of the outcome formed the grown
+    group, every one of them forms the group of the outcome (parts: shrink()'s listen, form and
+    token for this backend) and this rank returns it, with its members as ranks of the grown
+    group (a member's `old` is then left: its links break). If none did, nobody entered the grown
+    group: each raises PeerError, and a member keeps `old` as it was (its links were never
+    broken). Any other end of the agreement (QuorumError, ExcludedError: some may have carried
+    on) breaks `old` too, since this rank cannot know that nobody left it. The error raised then
+    blames `culprit` (the rank the failed formation blamed, numbered as in the grown group, whose
+    ranks 0..k-1 are the members' own). why: how the formation failed, for the errors."""
+    keeps = "this group stays as it was" if old is not None else "this process was not taken in"
+
+    def decided(decision: membership.Decision) -> None:
+        if all(decision.payloads[q].get("unformed") for q in decision.members):
+            raise _NobodyFormed(f"{where}: {why}; it formed on none of its members that are left (ranks "
+                                f"{decision.members} of it agreed so, coordinator rank {decision.coordinator}); "
+                                f"{keeps}")
+        need = size // 2 + 1
+        if len(decision.members) < need:
+            raise QuorumError(f"only its ranks {decision.members} are left to carry on in it (of {size}), and a "
+                              f"group needs at least {need} (more than half): a minority must not carry on as the "
+                              f"job")
+
+    def carry_on(_: str) -> None:
+        if break_old is not None:
+            break_old(f"{where}: this group grew into a group of {size}, which lost a rank as it formed; its "
+                      f"members carry on in the group grow() returned")
+
+    listen, form, token = parts
+    try:
+        return rejoin(old, seat, size, listen, form, token, carry_on, timeout, epoch, decided)
+    except _NobodyFormed as exc:
+        raise blaming(PeerError(str(exc)), culprit) from None
+    except DistributedError as exc:
+        if break_old is not None:
+            break_old(f"{where}: the grown group did not form on this rank and the agreement after it failed: {exc}")
+        raise blaming(type(exc)(f"{where}: {why}; then the agreement of the grown group's members failed: {exc}"),
+                      culprit) from None
 
 
 def _loop(old: object | None, seat: membership.Seat, size: int, listen: Callable[[], list[tcp.Listener]],

@@ -232,6 +232,11 @@ class Listener:
         raise PeerError(f"{who} did not connect to {self.where()} before the deadline"
                         f"{self._acceptor.rejected_summary()}")
 
+    def rejected_summary(self) -> str:
+        """"; meanwhile N unauthenticated connection(s) were rejected (from ...)", or "" when none
+        were: for the error of a caller that waited here in vain."""
+        return self._acceptor.rejected_summary() if self._acceptor is not None else ""
+
     def arriving(self, purpose: int) -> set[int]:
         """Senders of connections of `purpose` still in their handshake (Acceptor.arriving)."""
         return self._acceptor.arriving(purpose) if self._acceptor is not None else set()

@@ -1,4 +1,5 @@
-"""A ring job that takes a replacement back in (`launcher --restart-failed`): every rank adds
+"""A ring (or, with --backend jaccl, JACCL) job that takes a replacement back in
+(`launcher --restart-failed`): every rank adds
 (hostfile slot + 1) each step and checks the sum; rank --victim SIGKILLs itself at step
 --kill-at. The survivors shrink, then grow to take in the replacement the launcher started (its
 init() joins them, since the launcher set JACKLRING_JOIN=1), which learns the step from rank 0.
@@ -16,12 +17,13 @@ p = argparse.ArgumentParser()
 p.add_argument("--victim", type=int, default=1)
 p.add_argument("--kill-at", type=int, default=5)
 p.add_argument("--steps", type=int, default=20)
+p.add_argument("--backend", default="ring")
 args = p.parse_args()
 
 started = time.monotonic()
 slot = int(os.environ["MLX_RANK"])
 joining = os.environ.get("JACKLRING_JOIN") == "1"
-group = adapter.init(strict=True, backend="ring")
+group = adapter.init(strict=True, backend=args.backend)
 
 
 def expected_sum(group) -> float:
