@@ -26,7 +26,8 @@ def verbose_requested(environ: Mapping[str, str] = os.environ) -> bool:
 
 def apply_verbose_setting(environ: Mapping[str, str] = os.environ) -> bool:
     """When MLX_RING_VERBOSE asks for it, make jacklring's DEBUG records visible (idempotent).
-    Called where a group is formed, never at import. Returns whether it was asked."""
+    Called where a group is formed or a newcomer waits to join one, never at import. Returns
+    whether it was asked."""
     if not verbose_requested(environ):
         return False
     logger = logging.getLogger(ROOT_LOGGER)

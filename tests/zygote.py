@@ -17,7 +17,10 @@ and exit 1, non-daemon threads joined, atexit handlers, streams flushed). The zy
 each child's exit status (a negative signal number when killed, like Popen.returncode).
 
 What differs from a fresh interpreter: the ranks share the zygote's str hash seed and its
-interpreter flags, and modules torch imports are already imported. Tests whose point is a
+interpreter flags, modules torch imports are already imported, and torch's "torch.backends"
+entry points (this repository's torch backend) load before the script runs, not at its
+`import torch` (the zygote does not load them: the installed copy of the repository need not
+be the one on the request's PYTHONPATH). Tests whose point is a
 fresh interpreter (import side effects, threads or environment at import, the launcher,
 ranks started by torchrun / mpirun / srun) must keep subprocess.Popen.
 """
@@ -46,6 +49,10 @@ DEVNULL = subprocess.DEVNULL
 
 def _serve(path: str) -> None:
     os.environ["OMP_NUM_THREADS"] = "1"
+    # `import torch` loads the "torch.backends" entry points, this repository's torch backend
+    # among them, from the installed copy, which need not be the tree under test (a worktree on
+    # PYTHONPATH): each child loads them instead, from its own sys.path.
+    os.environ["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"
     import numpy  # noqa: F401
     import pytest  # noqa: F401  (the test files that are their own rank script import it)
     import torch  # noqa: F401
@@ -54,6 +61,9 @@ def _serve(path: str) -> None:
     import torch._dynamo  # noqa: F401
     import torch.distributed  # noqa: F401
     assert threading.active_count() == 1, "importing torch started threads: forking would lose them"
+    del os.environ["TORCH_DEVICE_BACKEND_AUTOLOAD"]
+    loaded = sorted(m for m in sys.modules if m.split(".")[0] in ("adapter", "launcher", "jacklring_shared"))
+    assert not loaded, f"the zygote imported the repository's modules {loaded[:5]}: its children would share them"
 
     site_path = [p for p in sys.path[1:]]  # without this file's folder
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -185,6 +195,9 @@ def _child(request: dict, fds: list[int], site_path: list[str], sockets: list, f
             faulthandler.disable()
         import numpy.random
         numpy.random.seed()  # a fresh interpreter draws numpy's global seed from the OS
+        import torch
+        if torch._is_device_backend_autoload_enabled():  # what `import torch` does, from this sys.path
+            torch._import_device_backends()
         code = _run(script)
     except BaseException:
         import traceback

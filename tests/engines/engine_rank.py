@@ -4,7 +4,8 @@
 
 numpy            adapter.init(strict=True) and an all_sum of the ranks
 grads            adapter.average_gradients(model) with rank-valued gradients, no torch group; an all_sum
-torch-first      init_process_group(ENGINE_TEST_PG_BACKEND) first, then the numpy API over it
+torch-first      init_process_group(ENGINE_TEST_PG_BACKEND) first, then the numpy API over it; grow()
+                 on its ring, on a split() of it and on the jacklring process group's ring is refused
 ddp              init_process_group("jacklring"), a DDP step, then the numpy API beside it
 torch-pg         init_process_group("jacklring") alone (rank and size from wherever torch finds them)
 all              numpy API, then average_gradients, then init_process_group("jacklring") and a DDP step
@@ -89,6 +90,40 @@ def elastic_at(moment: str) -> None:
     dist.all_reduce(t)  # rank 0 of the first attempt meets the death here (or is stopped by torchrun)
     dist.destroy_process_group()
     result(rank=rank, size=size, sum=float(t[0]), attempt=attempt, t0=STARTED, forming_s=formed - joined, t1=time.time())
+
+
+def grow_refusals(g, pg_backend: str) -> dict:
+    """What grow() says on the rings no newcomer can join (the numpy API's over the torch group,
+    a split() of it, and the jacklring process group's own), each followed by a collective on
+    that ring to show the refusal left it usable: {which: [error type, message, sum after]}."""
+    import torch
+    import torch.distributed as dist
+
+    import adapter
+
+    def refusal(group, after) -> list:
+        started = time.monotonic()
+        try:
+            group.grow(timeout=5)
+            return ["grew"]
+        except adapter.DistributedError as exc:
+            return [type(exc).__name__, str(exc), after(), round(time.monotonic() - started, 3)]
+
+    found = {"numpy": refusal(g, lambda: float(adapter.all_sum(np.array([1.0]), group=g)[0]))}
+    sub = g.split(0)
+    found["split"] = refusal(sub, lambda: float(adapter.all_sum(np.array([1.0]), group=sub)[0]))
+    if pg_backend == "jacklring":
+        # torch has no grow() for a process group: the ring under it (the default group is the
+        # JacklringProcessGroup itself) is reached through a private attribute, to check the
+        # refusal that guards it
+        pg = dist.group.WORLD
+
+        def torch_sum() -> float:
+            t = torch.ones(1)
+            dist.all_reduce(t)
+            return float(t[0])
+        found["torch"] = refusal(adapter.Group(pg._comm), torch_sum)
+    return found
 
 
 def main(mode: str) -> None:
@@ -188,6 +223,8 @@ def main(mode: str) -> None:
             fields["replicas_equal"] = ddp_step(rank, size)
         if mode != "torch-pg":
             g = adapter.init(strict=True)
+            if mode == "torch-first":
+                fields["refusals"] = grow_refusals(g, backend)
             fields.update(adapter_rank=g.rank(), adapter_size=g.size(),
                           sum=float(adapter.all_sum(np.array([float(g.rank())]))[0]))
         t = torch.tensor([float(rank)])

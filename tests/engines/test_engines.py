@@ -175,6 +175,19 @@ def test_existing_torch_group_carries_the_numpy_api(pg_backend):
     found = [r for p in procs for r in results(p.stdout)]
     assert [(r["adapter_rank"], r["adapter_size"], r["sum"], r["torch_sum"]) for r in found] == \
         [(0, 2, 1.0, 1.0), (1, 2, 1.0, 1.0)]
+    # No newcomer can join these rings: grow() says why at once, and each ring sums right after.
+    why = {"numpy": "it was formed through the store of an existing torch process group, which cannot take in a "
+                    "process that is not one of its ranks",
+           "split": "it was formed by split()",
+           "torch": "it is the ring of a torch process group (init_process_group), which cannot take in a process "
+                    "that is not one of its ranks"}
+    for r in found:
+        refusals = r["refusals"]
+        assert sorted(refusals) == sorted(why if pg_backend == "jacklring" else ("numpy", "split")), refusals
+        for ring, (kind, text, after, seconds) in refusals.items():
+            assert kind == "DistributedError" and f"rank {r['adapter_rank']}: grow: this group cannot take in " \
+                "newcomers" in text and why[ring] in text, (ring, text)
+            assert after == 2.0 and seconds < 1.0, (ring, after, seconds)
 
 
 @pytest.mark.timeout(60)

@@ -3,7 +3,10 @@ processes: 3 ranks formed from RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT, sl
 survivors shrink; an outsider (another uid, no job key) squats a dead newcomer's knock address
 and then forges a knock record, and both are refused with the group unchanged; a real newcomer
 (JACKLRING_JOIN=1, RANK=2) is taken in as rank 2 and the grown group sums right; its knock record
-replayed after it died is passed over as used; a newcomer for slot 0 refuses at once."""
+replayed after it died is passed over as used; a newcomer for slot 0 refuses at once. Without a
+secret, it goes on: a recruiter that stops before its decision is named by the newcomer and by
+the other member, and once rank 0 (the store's server) is dead the survivor's grow() refuses at
+once."""
 from __future__ import annotations
 
 import json
@@ -22,7 +25,9 @@ from test_grow import ATTACK
 # Members: form, loop all_sum until slot 2 dies, shrink, then one grow per stage the harness
 # opens (a file in FAULT_DIR): "squat" and "forged" must be refused, "newcomer" grows. After
 # every grow attempt the group's all_sum is checked; the grown group (the newcomer too) then
-# loops until the newcomer is killed, shrinks, and tries once more ("stale").
+# loops until the newcomer is killed, shrinks, and tries once more ("stale"). With FAULT_STALL=1
+# the members then grow with a second newcomer ("stall": rank 0 stops itself) and, after rank 0
+# is killed and rank 1 shrinks alone, once more ("slot0").
 BODY = r"""
 slot = int(os.environ["RANK"])
 
@@ -50,7 +55,7 @@ def attempt(group, stage, timeout):
         say("REFUSED", stage, f"{time.monotonic() - t:.2f}", type(e).__name__, str(e).replace("\n", " "))
     check(group, "KEPT")
 
-def until_a_death(group):
+def until_a_death(group, min_size=None):
     x, failed = np.ones(1024, np.float32), None
     while failed is None:
         try:
@@ -58,9 +63,34 @@ def until_a_death(group):
         except ERRORS as e:
             failed = e
     say("ERR", type(failed).__name__)
-    group = group.shrink(timeout=3)
+    group = group.shrink(timeout=3, min_size=min_size)
     say("SHRUNK", group.rank(), group.size())
     return group
+
+def stall_then_lose_slot_0(group):
+    # Rank 0 (the recruiter) stops itself once the newcomer accepted, before it sends the decision.
+    if group.rank() == 0:
+        import signal
+        from adapter.backends.transport import enrolment
+        recruit = enrolment.recruit
+        def recruit_then_stop(*args, **kwargs):
+            got = recruit(*args, **kwargs)
+            if not isinstance(got, str):
+                say("RECRUITED")
+                os.kill(os.getpid(), signal.SIGSTOP)
+            return got
+        enrolment.recruit = recruit_then_stop
+    group.backend.set_timeout(1.0)  # so the broadcast's deadline is grow's timeout + 10 s
+    go("stall")
+    t = time.monotonic()
+    try:
+        group.grow(timeout=1)
+        say("GREW", "stall")
+    except ERRORS as e:
+        say("REFUSED", "stall", f"{time.monotonic() - t:.2f}", type(e).__name__, getattr(e, "culprit", None),
+            str(e).replace("\n", " "))
+    group = until_a_death(group, min_size=1)  # the harness kills rank 0: the store dies with it
+    attempt(group, "slot0", 15)
 
 if os.environ.get("JACKLRING_JOIN") != "1":
     say("READY")
@@ -75,6 +105,8 @@ check(group, "SUM")
 if os.environ.get("JACKLRING_JOIN") != "1":
     group = until_a_death(group)
     attempt(group, "stale", 1.0)
+    if os.environ.get("FAULT_STALL") == "1":
+        stall_then_lose_slot_0(group)
 else:
     x = np.ones(1024, np.float32)
     while True:
@@ -135,8 +167,9 @@ SECRETS = {"no-secret": {}, "passphrase": {"JACKLRING_SECRET": "velvet-quarry-la
 def test_a_store_group_grows_through_the_store_and_refuses_outsiders(tmp_path, secret):
     envs = rank_envs("torch", 3, tmp_path)
     port = int(envs[0]["MASTER_PORT"])
+    stalls = secret == "no-secret"  # the stalled recruiter and the lost slot 0: once is enough
     env = {"FAULT_DIR": str(tmp_path), "JACKLRING_LOCAL_TRANSPORT": "tcp", "JACKLRING_CONNECT_TIMEOUT": "40",
-           **SECRETS[secret]}
+           "FAULT_STALL": "1" if stalls else "0", **SECRETS[secret]}
     procs = start("any", 3, BODY, tmp_path, env=env, envs=envs)
     joining = {**env, "JACKLRING_JOIN": "1"}
     # A newcomer that knocks and dies before anyone took it in: its record stays, with its address.
@@ -144,7 +177,7 @@ def test_a_store_group_grows_through_the_store_and_refuses_outsiders(tmp_path, s
     # A newcomer for slot 0: the store lived in rank 0's process, so it refuses at once.
     slot0 = start("any", 3, BODY, tmp_path, env=joining, envs=[{**envs[0], "MASTER_PORT": "9"}], ranks=[0])[0]
     outsider = Outsider(port, tmp_path)
-    newcomer = squatter = None
+    newcomer = squatter = stalled = None
     try:
         for p in procs:
             p.wait_line("READY", 40)
@@ -199,6 +232,8 @@ def test_a_store_group_grows_through_the_store_and_refuses_outsiders(tmp_path, s
         text = " ".join(refused_text(procs[0], "stale"))
         assert "was used by an earlier grow" in text, text
 
+        if stalls:
+            stalled = stall_then_lose_slot_0(procs, tmp_path, envs, joining)
         init_error = " ".join(slot0.wait_line("INITERR", 30))
         assert "ConfigError" in init_error and "died with it" in init_error, init_error
         codes = finish_all(procs[:2] + [slot0], 15)
@@ -207,8 +242,54 @@ def test_a_store_group_grows_through_the_store_and_refuses_outsiders(tmp_path, s
         if squatter is not None and squatter.poll() is None:
             squatter.kill()
             squatter.wait()
-        stop_all(procs + [dead, slot0] + ([newcomer] if newcomer else []))
-    assert codes == [0, 0, 4], reports(procs + [slot0])
+        stop_all(procs + [dead, slot0] + [p for p in (newcomer, stalled) if p])
+    assert codes == [-9 if stalls else 0, 0, 4], reports(procs + [slot0])
+
+
+def stall_then_lose_slot_0(procs, tmp_path, envs, joining):
+    """5. A newcomer knocks; rank 0 recruits it and stops (SIGSTOP) before the decision. The
+    newcomer warns after grow's timeout + 5 s and ends at its own deadline saying so; rank 1
+    raises naming rank 0 at its broadcast deadline (timeout + 10 s). 6. Rank 0 is killed, and
+    the store with it: rank 1 shrinks to a group of one, whose grow() refuses at once."""
+    [stalled] = start("any", 3, BODY, tmp_path, envs=envs, ranks=[2],
+                      env={**joining, "JACKLRING_CONNECT_TIMEOUT": "10", "MLX_RING_VERBOSE": "1"})
+    wait_stderr(stalled, "slot 2: knocked at store key", 30)
+    (tmp_path / "stall").touch()
+    stopped = float(procs[0].wait_line("RECRUITED", 15)[1])
+    fields = procs[1].wait_line("REFUSED", 25)
+    assert fields[2] == "stall" and fields[5] == "0" and "rank 0" in " ".join(fields[6:]), fields  # culprit 0
+    assert 10.5 < float(fields[3]) < 14, fields  # grow(timeout=1): the broadcast's deadline is 11 s
+    member_s = float(fields[1]) - stopped
+    error = stalled.wait_line("INITERR", 15)
+    # At its deadline (10 s from its knock), and late by what its last store calls wait on the
+    # stopped store server (rank 0's process): 1-3 s, at most the store's timeout (10 s) more.
+    newcomer_s = float(error[1]) - stopped
+    assert 6 < newcomer_s < 22, (newcomer_s, stalled.report())
+    assert error[2] == "CollectiveTimeout" and "rank 0 (the recruiter) invited it, then sent no decision within " \
+        "1 s + 5 s: it stopped or stalled" in " ".join(error), error
+    warned = stalled.stderr
+    assert "slot 2: rank 0 (the recruiter of a grow) invited this process, then sent no decision within 6 s" \
+        in warned, warned
+    procs[0].kill(signal.SIGKILL)
+    assert procs[1].wait_line("SHRUNK", 15)[2:] == ["0", "1"], procs[1].report()
+    (tmp_path / "slot0").touch()
+    fields = procs[1].wait_line("REFUSED", 15)
+    text = " ".join(fields[5:])
+    assert fields[2] == "slot0" and fields[4] == "DistributedError" and float(fields[3]) < 1.0, fields  # of 15 s
+    assert "was served by rank 0's process (slot 0), which is gone" in text, text
+    assert procs[1].wait_line("KEPT", 10)[2:] == ["0", "1", "1", "True"], procs[1].report()
+    print(f"stalled recruiter: after rank 0 stopped, the newcomer ended {newcomer_s:.2f} s and rank 1 raised "
+          f"{member_s:.2f} s later; slot 0 vacant: grow refused in {fields[3]} s; the newcomer exits "
+          f"{stalled.finish(15)}")
+    return stalled
+
+
+def wait_stderr(proc, text: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while text not in proc.stderr:
+        if time.monotonic() > deadline or (proc.popen.poll() is not None and proc.readers_done.is_set()):
+            raise AssertionError(f"rank {proc.rank} wrote no {text!r} within {timeout} s\n{proc.report()}")
+        time.sleep(0.02)
 
 
 def refused_text(proc, stage: str) -> list[str]:

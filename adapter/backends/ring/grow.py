@@ -27,6 +27,7 @@ import os
 import time
 from typing import TYPE_CHECKING
 
+from ... import logs
 from ...errors import CollectiveTimeout, DistributedError, IntegrityError, culprit_of
 from ..transport import enrolment, shrinking, tcp
 from ..transport.auth import Auth
@@ -205,6 +206,7 @@ def join_ring(slot: int, origin: Origin, timeout: float | None, connect_timeout:
     process's backend in it."""
     from .backend import RingBackend
 
+    logs.apply_verbose_setting()  # MLX_RING_VERBOSE: the knock and the wait are logged too, not only the ring's forming
     auth, token = origin.auth(), origin.token()
     listeners: list[tcp.Listener] = []
     try:
