@@ -141,8 +141,8 @@ def join_store_ring(store, slot: int, size: int, timeout_s: float, scope: str, s
     prefix = formation_prefix(scope, size)
     wait_s = connect_timeout()
     try:
-        origin = StoreOrigin(store, prefix, store_auth(store, prefix, slot, min(timeout_s, wait_s), host), size,
-                             host, source)
+        job = store_auth(store, prefix, slot, min(timeout_s, wait_s), host, joining=True)
+        origin = StoreOrigin(store, prefix, job, size, host, source)
     except (DistributedError, ConfigError):
         raise
     except Exception as exc:

@@ -82,12 +82,17 @@ def formation_prefix(scope: str, size: int) -> str:
     return f"{KEY_PREFIX}{store_records.formation_tag(f'{scope}/{size}')}/"
 
 
-def store_auth(store, prefix: str, rank: int, wait_s: float = 120.0, listen_host: str = "127.0.0.1") -> auth.Auth:
+def store_auth(store, prefix: str, rank: int, wait_s: float = 120.0, listen_host: str = "127.0.0.1",
+               joining: bool = False) -> auth.Auth:
     """The job secret when configured, else one derived from a 0600 file when every rank shares
     this host (store_secret), else a random key drawn by rank 0 and shared through the store
     (which every rank has already trusted with the rendezvous). That last one only where the
     ring listens on loopback or JACKLRING_ALLOW_UNAUTHENTICATED=1: a group spanning hosts
-    without a secret is refused (ConfigError saying how to set one)."""
+    without a secret is refused (ConfigError saying how to set one).
+
+    joining: a newcomer's call (store_grow), which only reads the key, even at rank 0: where
+    the store outlives slot 0 (torchrun's agent serves it) a newcomer for slot 0 that drew a
+    key would overwrite the members' and knock under a key they do not hold."""
     job = store_secret.auth_for_store_ring(store_address(store), listen_host)
     if job is not None:
         return job
@@ -96,7 +101,7 @@ def store_auth(store, prefix: str, rank: int, wait_s: float = 120.0, listen_host
                           "store is only as safe as the store (which has no authentication); set "
                           "JACKLRING_SECRET or JACKLRING_SECRET_FILE on every rank")
     key = f"{prefix}key"
-    if rank == 0:
+    if rank == 0 and not joining:
         store.set(key, auth.generate_secret())
     text = store_records.wait_for(store, key, wait_s, rank, "group key from rank 0")
     try:

@@ -3,8 +3,11 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import subprocess
 import sys
+import threading
+import time
 
 import ranks
 import zygote
@@ -49,3 +52,52 @@ def spawn_ranks(n: int, mode: str, env_for_rank, timeout: float = 60) -> list[su
 
 def describe(procs) -> str:
     return "\n".join(f"--- exit {p.returncode}\n{p.stdout}\n{p.stderr}" for p in procs)
+
+
+class Lines:
+    """A stream's lines, read by a thread as they come, so that a wait for one has a deadline
+    (a readline() on a pipe has none) and the pipe never fills."""
+
+    def __init__(self, stream) -> None:
+        self.seen: list[str] = []
+        self._queue: queue.Queue = queue.Queue()
+        self._thread = threading.Thread(target=self._pump, args=(stream,), daemon=True)
+        self._thread.start()
+
+    def _pump(self, stream) -> None:
+        for line in stream:
+            self._queue.put(line)
+        self._queue.put(None)
+
+    def records(self) -> list[dict]:
+        """The JSON object lines seen so far."""
+        return [json.loads(line) for line in self.seen if line.startswith("{")]
+
+    def wait_for(self, condition, what: str, timeout_s: float) -> list[dict]:
+        """Read until condition(records()) is true; fails naming `what` at the deadline or at the
+        stream's end."""
+        deadline = time.monotonic() + timeout_s
+        while not condition(self.records()):
+            try:
+                line = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                raise AssertionError(f"{what}: not within {timeout_s} s; seen:\n{self.text()}") from None
+            if line is None:
+                raise AssertionError(f"{what}: the stream ended first; seen:\n{self.text()}")
+            self.seen.append(line)
+        return self.records()
+
+    def finish(self, timeout_s: float) -> str:
+        """Everything, once the writer closed the stream (within timeout_s)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                line = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                raise AssertionError(f"the stream did not end within {timeout_s} s; seen:\n{self.text()}") from None
+            if line is None:
+                return self.text()
+            self.seen.append(line)
+
+    def text(self) -> str:
+        return "".join(self.seen)

@@ -2,7 +2,9 @@
 existing torch process group, mpirun; and the Slurm helpers that need no Slurm."""
 from __future__ import annotations
 
+import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -10,7 +12,7 @@ import time
 import pytest
 import ranks
 import zygote
-from engine_harness import RANK_SCRIPT, VENV_BIN, clean_env, describe, results, run, spawn_ranks
+from engine_harness import HERE, RANK_SCRIPT, ROOT, VENV_BIN, Lines, clean_env, describe, results, run, spawn_ranks
 
 from adapter import engines
 from adapter.bench import free_ports
@@ -102,6 +104,59 @@ def test_torchrun_restart_after_a_rank_died_while_or_after_forming(rdzv, moment)
     assert [(r["rank"], r["size"], r["sum"], r["attempt"]) for r in found] == \
         [(0, 2, 2.0, 1), (1, 2, 2.0, 1)], proc.stdout
     _assert_quick_recovery(proc.stdout, moment)
+
+
+GROW_RANK = os.path.join(HERE, "torchrun_grow_rank.py")
+
+
+@pytest.mark.timeout(120)
+def test_torchrun_agent_store_takes_newcomers_at_slots_2_then_0():
+    """docs/faults.md's torchrun recipe: under torchrun's agent (which serves the store), slot 2
+    of 3 workers exits 0; the agent keeps the others running (no restart: one "started" line
+    per slot), they shrink and grow, and a newcomer started outside torchrun with slot 2's
+    torchrun variables and JACKLRING_JOIN=1 is taken in as rank 2. Then slot 0 exits 0 the
+    same way: the agent's store outlives it, so its vacancy is not refused, and a newcomer with
+    slot 0's variables is taken in (as rank 2: the members keep ranks 0 and 1). torchrun exits 0.
+
+    The key goes through the store, as in a torchrun job over several nodes without a secret:
+    before newcomers only read it, the one at slot 0 drew a key of its own over the members'
+    (rank 0 draws it) and its knock record failed their MAC."""
+    env = clean_env(ENGINE_TEST_LEAVERS="2,0", JACKLRING_CONNECT_TIMEOUT="30", JACKLRING_ALLOW_UNAUTHENTICATED="1")
+    torchrun = subprocess.Popen([TORCHRUN, "--nproc-per-node", "3", "--max-restarts", "0", "--master-port",
+                                 str(free_ports(1)[0]), GROW_RANK], env=env, cwd=ROOT, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, start_new_session=True)
+    out, err = Lines(torchrun.stdout), Lines(torchrun.stderr)
+    newcomers: list = []
+    try:
+        # torchrun's workers that shrink after each leaver (slot 2's newcomer prints to its own pipe)
+        for leaver, workers in ((2, 2), (0, 1)):
+            found = out.wait_for(
+                lambda rs: sum(r["stage"] == "shrunk" and r["leaver"] == leaver for r in rs) == workers,
+                f"torchrun's workers to shrink after slot {leaver} left", 60)
+            worker = next(r["env"] for r in found if r["stage"] == "started" and r["slot"] == leaver)
+            # The worker's torchrun variables, less the error file its agent made for it alone.
+            worker.pop("TORCHELASTIC_ERROR_FILE", None)
+            newcomers.append(zygote.popen([sys.executable, GROW_RANK], env={**env, **worker, "JACKLRING_JOIN": "1"},
+                                          cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        torchrun.wait(timeout=60)
+        joined = ranks.collect(newcomers, timeout=30)
+    except BaseException:
+        os.killpg(torchrun.pid, signal.SIGKILL)  # torchrun and its workers (a session of their own)
+        for p in newcomers:
+            p.kill()
+        raise
+    members = out.finish(10)
+    report = f"torchrun exit {torchrun.returncode}:\n{members}{err.finish(10)}\nnewcomers:\n{describe(joined)}"
+    assert torchrun.returncode == 0 and all(p.returncode == 0 for p in joined), report
+    lines = out.records() + [json.loads(line) for p in joined for line in p.stdout.splitlines() if line.startswith("{")]
+    assert sorted(r["slot"] for r in out.records() if r["stage"] == "started") == [0, 1, 2], report  # no restart
+    assert sorted((r["leaver"], r["slot"], r["size"], r["failed"]) for r in lines if r["stage"] == "shrunk") == \
+        [(0, 1, 2, "PeerError"), (0, 2, 2, "PeerError"), (2, 0, 2, "PeerError"), (2, 1, 2, "PeerError")], report
+    grown = sorted((r["leaver"], r["rank"], r["slot"], r["size"], r["slots"], r["right"])
+                   for r in lines if r["stage"] == "grown")
+    assert grown == [(0, 0, 1, 3, [1, 2, 0], True), (0, 1, 2, 3, [1, 2, 0], True), (0, 2, 0, 3, [1, 2, 0], True),
+                     (2, 0, 0, 3, [0, 1, 2], True), (2, 1, 1, 3, [0, 1, 2], True), (2, 2, 2, 3, [0, 1, 2], True)], \
+        report
 
 
 @pytest.mark.timeout(60)

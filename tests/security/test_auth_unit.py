@@ -160,6 +160,9 @@ def test_store_ring_key_comes_from_the_secret_or_else_through_the_store(monkeypa
     first, second = store_auth(store, "g/0/", 0), store_auth(store, "g/0/", 1)
     assert first == second and first.secret
     assert store_auth(store, "g/1/", 0) != first  # a fresh key per group incarnation
+    # A newcomer for slot 0 (the store outlived rank 0: torchrun's agent serves it) reads the
+    # members' key: one that drew its own overwrote theirs, and its knock record failed their MAC.
+    assert store_auth(store, "g/0/", 0, joining=True) == first == store_auth(store, "g/0/", 1)
     monkeypatch.setenv("JACKLRING_REQUIRE_AUTH", "1")
     with pytest.raises(ConfigError, match="only as safe as the store"):
         store_auth(store, "g/2/", 0)
