@@ -155,11 +155,12 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
             "(readable by anyone who reaches it) instead of deriving one or refusing a group that spans hosts"),
     # elastic groups (docs/faults.md)
     Setting("JACKLRING_JOIN", flag, False,
-            "1: this process replaces a rank of a running ring group instead of forming one: init() listens at "
-            "its MLX_HOSTFILE slot (MLX_RANK, a vacant one such as a dead rank's), or under torchrun-style "
-            "variables or Slurm knocks in the group's store at its RANK / SLURM_PROCID slot, and waits up to "
-            "JACKLRING_CONNECT_TIMEOUT for the members to take it in with Group.grow(); the launcher's "
-            "--restart-failed sets it"),
+            "1: this process replaces a rank of a running ring or JACCL group instead of forming one: init() "
+            "listens at its MLX_HOSTFILE slot (MLX_RANK, a vacant one such as a dead rank's), or under "
+            "torchrun-style variables or Slurm knocks in the group's store at its RANK / SLURM_PROCID slot, or "
+            "under JACCL's variables (the TCP mesh; MLX_RANK a vacant rank other than 0) knocks at "
+            "MLX_JACCL_COORDINATOR, and waits up to JACKLRING_CONNECT_TIMEOUT for the members to take it in "
+            "with Group.grow(); the launcher's --restart-failed sets it"),
     # ring
     Setting("JACKLRING_RING_SMALL_BYTES", byte_size, 64 * 1024,
             "largest reduction sent by the one-pass small-message path"),
