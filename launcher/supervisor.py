@@ -23,6 +23,14 @@ OUTPUT_BACKLOG = 256  # chunks (<= 64 KiB each) per stream read from ranks but n
 OUTPUT_PATIENCE = 1.0  # after an interruption, how long output may make no progress
 
 
+def _say(message: str) -> None:
+    """One launcher line on stderr, in one write: the writer threads put the ranks' lines on the
+    same fd, and print() writes the newline apart, so a rank's line could land between the two
+    ("...(1 of 1 used)[1] launcher: rank process ... was killed" on one line)."""
+    sys.stderr.write(f"launcher: {message}\n")
+    sys.stderr.flush()
+
+
 class EventSink:
     """What ranks report into. Output goes to the writer thread through a bounded backlog
     per stream, everything else (exits) to the control loop, so a slow terminal (`| less`)
@@ -139,7 +147,7 @@ class Supervisor:
         self.stop_on_log_error = stop_on_log_error
         self.output = output
         self.grace = grace
-        self.log = log or (lambda msg: print(f"launcher: {msg}", file=sys.stderr, flush=True))
+        self.log = log or _say
         self.sink = EventSink()
         self.events = self.sink.control
         self.pending_signal: Optional[int] = None
