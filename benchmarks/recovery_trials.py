@@ -77,7 +77,8 @@ def kill_one(procs: list[subprocess.Popen], rng: random.Random) -> tuple[int, fl
     return victim, killed_at
 
 
-def arguments(description: str, trials: int, backends: bool = False, engines: bool = False) -> argparse.Namespace:
+def arguments(description: str, trials: int, backends: bool = False, engines: bool = False,
+              apis: bool = False) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--ranks", type=int, default=4)
     parser.add_argument("--trials", type=int, default=trials)
@@ -89,6 +90,10 @@ def arguments(description: str, trials: int, backends: bool = False, engines: bo
         parser.add_argument("--engine", default="hostfile",
                             help="comma-separated: hostfile (MLX_HOSTFILE), env (torch's env:// store), "
                                  "jaccl (JACCL's TCP mesh, its coordinator)")
+    if apis:
+        parser.add_argument("--api", default="numpy",
+                            help="comma-separated: numpy (adapter.init, all_sum, Group.shrink), torch "
+                                 "(init_process_group, dist.all_reduce, dist.shrink_group)")
     return parser.parse_args()
 
 
