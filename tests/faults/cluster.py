@@ -42,6 +42,11 @@ def mesh_matrix(n: int) -> list:
     return [[None if i == j else f"rdma_en{j + 2}" for j in range(n)] for i in range(n)]
 
 
+# How most users start (no secret: the key comes from the host's 0600 file), and a passphrase
+# (stretched): the outsiders of the security tests know neither.
+SECRETS = {"no-secret": {}, "passphrase": {"JACKLRING_SECRET": "velvet-quarry-lantern-mosaic-thimble-orchard-gazebo"}}
+
+
 def rank_envs(backend: str, n: int, tmp: Path, hosts: list[str] | None = None) -> list[dict[str, str]]:
     """The per-rank contract variables for `backend` (hosts[r]: the address rank r uses)."""
     hosts = hosts or ["127.0.0.1"] * n

@@ -10,7 +10,7 @@ import subprocess
 import time
 
 import pytest
-from cluster import ATTACK, again_and_again, finish_all, grow_back, rank_envs, reports, start, stop_all
+from cluster import ATTACK, SECRETS, again_and_again, finish_all, grow_back, rank_envs, reports, start, stop_all
 
 WRONG_SECRET = "77726f6e672d7365637265742d6f662d6f7468"
 SECRET = "6a61636b6c72696e672d746573742d6b65792d61"
@@ -178,7 +178,8 @@ def test_a_newcomer_that_dies_after_the_decision_leaves_the_members_group_usable
 
 
 @pytest.mark.timeout(60)
-def test_another_user_squatting_the_coordinator_address_stops_grow_and_fools_nobody(tmp_path):
+@pytest.mark.parametrize("secret", list(SECRETS))
+def test_another_user_squatting_the_coordinator_address_stops_grow_and_fools_nobody(tmp_path, secret):
     """A process of uid 65534 listens at MLX_JACCL_COORDINATOR once the side channel closed: the
     recruiter cannot listen there, so the members' grow() raises DistributedError naming the
     address (their group still works), and the newcomer, whose knocks the squatter answers
@@ -187,14 +188,15 @@ def test_another_user_squatting_the_coordinator_address_stops_grow_and_fools_nob
     squatter = None
     procs = []
     try:
-        envs, procs = shrunk_after_killing(2, tmp_path, grow_back(grow_timeout=3), {"FAULT_GO": str(go)})
+        envs, procs = shrunk_after_killing(2, tmp_path, grow_back(grow_timeout=3),
+                                           {"FAULT_GO": str(go), **SECRETS[secret]})
         host, port = envs[0]["MLX_JACCL_COORDINATOR"].rsplit(":", 1)
         squatter = subprocess.Popen(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
                                      "/usr/bin/python3", "-c", ATTACK, host, port, "10"],
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd="/")
         assert squatter.stdout.readline().split() == ["LISTENING"], squatter.stderr.read()
         procs += start("jaccl", 3, grow_back(), tmp_path, envs=envs, ranks=[2],
-                       env={"JACKLRING_JOIN": "1", "JACKLRING_CONNECT_TIMEOUT": "4"})
+                       env={"JACKLRING_JOIN": "1", "JACKLRING_CONNECT_TIMEOUT": "4", **SECRETS[secret]})
         go.write_text("")
         for i in (0, 1):
             fields = procs[i].wait_line("GROWERR", 20)

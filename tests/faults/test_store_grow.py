@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
-from cluster import FAULTS, base_env, finish_all, rank_envs, reports, start, stop_all
+from cluster import FAULTS, SECRETS, base_env, finish_all, rank_envs, reports, start, stop_all
 from test_grow import ATTACK
 
 # Members: form, loop all_sum until slot 2 dies, shrink, then one grow per stage the harness
@@ -155,11 +155,6 @@ def refused(proc, stage: str) -> list[str]:
     kept = proc.wait_line("KEPT", 10)
     assert kept[2:] == [str(proc.rank), "2", "0,1", "True"], kept
     return fields
-
-
-# How most users start (no secret: the key comes from the host's 0600 file), and a passphrase
-# (stretched): the outsider knows neither.
-SECRETS = {"no-secret": {}, "passphrase": {"JACKLRING_SECRET": "velvet-quarry-lantern-mosaic-thimble-orchard-gazebo"}}
 
 
 @pytest.mark.timeout(90)
