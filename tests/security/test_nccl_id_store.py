@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import zygote
 
 dist = pytest.importorskip("torch.distributed")
 
@@ -23,23 +24,7 @@ from adapter.bench import free_ports  # noqa: E402
 ROOT = Path(__file__).resolve().parents[2]
 KEY = "pg0/nccl_id"
 THE_ID = bytes(range(128))
-RANK = """
-import json, sys, datetime
-import torch.distributed as dist
-from adapter.backends.transport import auth
-from adapter.errors import DistributedError
-from adapter.rendezvous.nccl_id import exchange_id_via_store
-rank = int(sys.argv[1])
-for exchange in sys.argv[2:]:  # PORT:SECRET, one exchange after the other (torch is imported once)
-    port, secret = exchange.split(":")
-    store = dist.TCPStore("127.0.0.1", int(port), 4, False, datetime.timedelta(seconds=30))
-    job = auth.auth_from_secret(bytes.fromhex(secret))
-    try:
-        got = exchange_id_via_store(store, "pg0/nccl_id", rank, 3, lambda: bytes(range(128)), job, 20)
-        print(json.dumps({"rank": rank, "id": got.hex()}), flush=True)
-    except DistributedError as exc:
-        print(json.dumps({"rank": rank, "error": type(exc).__name__, "text": str(exc)}), flush=True)
-"""
+RANK_SCRIPT = Path(__file__).resolve().parent / "scripts" / "nccl_id_rank.py"
 
 
 def run_ranks(port: int, secrets: list[str]) -> list[dict]:
@@ -50,9 +35,9 @@ def run_exchanges(exchanges: list[tuple[int, list[str]]]) -> list[list[dict]]:
     """Three rank processes that run the exchanges in turn (each on its store's port, rank q with
     secrets[q]); for each exchange, every rank's result. One set of processes serves them all:
     each imports torch (seconds of CPU) once."""
-    procs = [subprocess.Popen([sys.executable, "-c", RANK, str(q), *(f"{port}:{secrets[q]}" for port, secrets in exchanges)],
-                              cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for q in range(3)]
+    procs = [zygote.popen([sys.executable, str(RANK_SCRIPT), str(q), *(f"{port}:{secrets[q]}" for port, secrets in exchanges)],
+                          cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True) for q in range(3)]
     per_rank = []
     for p in procs:
         try:
