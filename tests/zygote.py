@@ -1,4 +1,4 @@
-"""A fork server for the rank processes of the torch tests: one process per pytest worker that
+"""A fork server for the rank processes of the torch tests and the fault tests: one process per pytest worker that
 has imported torch, torch.distributed, torch._dynamo, numpy and pytest once, and forks a child for each rank instead
 of the test starting a fresh interpreter that imports them again (most of a small rank's CPU).
 

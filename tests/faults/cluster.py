@@ -156,10 +156,10 @@ def start(backend: str, n: int, body: str, tmp: Path, env: dict[str, str] | None
         full_env = base_env(FAULT_BACKEND=backend, FAULT_BODY=body, **envs[r])
         full_env.update(env or {})
         prefix = (wraps or {}).get(r, wrap or [])
-        # torch ranks, and "any" ranks under torch's variables (they import torch for its store), fork
-        # from the zygote (tests/zygote.py) when not prefixed: importing torch is most of their start
-        imports_torch = backend == "torch" or (backend == "any" and "MASTER_ADDR" in envs[r])
-        start_rank = zygote.popen if imports_torch and not prefix else subprocess.Popen
+        # Unprefixed ranks fork from the zygote (tests/zygote.py): importing torch (torch ranks,
+        # "any" ranks under torch's variables) or numpy is most of a rank's start, and no fault
+        # test is about a fresh interpreter. A prefix (netns, setpriv, unshare) needs a real exec.
+        start_rank = zygote.popen if not prefix else subprocess.Popen
         popen = start_rank(prefix + [sys.executable, str(RANK_SCRIPT)], env=full_env, cwd=str(ROOT),
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         proc = RankProc(r, popen)
