@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
+import zygote
+
 from adapter.bench import free_ports  # noqa: F401  (re-exported for the tests)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -122,17 +124,22 @@ def jaccl_env(n: int, directory: str | None = None) -> dict[str, str]:
 
 def spawn(n: int, script: str, args: list[str] | None = None, env: dict | None = None,
           connections: int = 1, hostfile: str | None = None, ranks: list[int] | None = None,
-          wraps: dict[int, list[str]] | None = None) -> list[subprocess.Popen]:
-    """Start ranks (all n, or those listed) of a local ring; wraps[r] prefixes rank r's command."""
+          wraps: dict[int, list[str]] | None = None, fresh: bool = False) -> list[subprocess.Popen]:
+    """Start ranks (all n, or those listed) of a local ring; wraps[r] prefixes rank r's command.
+    Unwrapped ranks fork from the zygote (tests/zygote.py: numpy and torch imported once per
+    pytest worker); fresh=True starts every rank as a new interpreter, for a test about what
+    happens at import."""
     hostfile = hostfile or ring_hostfile(n, connections)
     base = dict(os.environ, MLX_HOSTFILE=hostfile, PYTHONPATH=ROOT, PYTHONUNBUFFERED="1")
     base.update(env or {})
     path = script if os.path.isabs(script) else os.path.join(HERE, script)
     wraps = wraps or {}
-    return [subprocess.Popen(wraps.get(r, []) + [sys.executable, path] + (args or []),
-                             env=dict(base, MLX_RANK=str(r)), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             text=True)
-            for r in (range(n) if ranks is None else ranks)]
+    procs = []
+    for r in (range(n) if ranks is None else ranks):
+        start = subprocess.Popen if fresh or wraps.get(r) else zygote.popen
+        procs.append(start(wraps.get(r, []) + [sys.executable, path] + (args or []), env=dict(base, MLX_RANK=str(r)),
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    return procs
 
 
 def collect(procs: list[subprocess.Popen], timeout: float = 60, make: Callable = Rank) -> list:

@@ -16,7 +16,7 @@ TORCH_TESTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__fil
 def run_ring(mode: str, **env: str) -> list[ranks.Rank]:
     base = {"MLX_RING_VERBOSE": "", "JACKLRING_TIMEOUT": "30"}
     base.update(env)
-    found = ranks.run(2, "ring_scripts/logging_rank.py", [mode], timeout=60, env=base)
+    found = ranks.run(2, "ring_scripts/logging_rank.py", [mode], timeout=60, env=base, fresh=True)
     ranks.assert_all_ok(found)
     return found
 
