@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import zygote
 
 from adapter.bench import free_ports
 
@@ -44,8 +45,8 @@ def run_ranks(tmp_path: Path, matrix: list, scenarios: str, extra_env: dict | No
                    JACKLRING_CONNECT_TIMEOUT="30", JACKLRING_LOCAL_TRANSPORT="tcp")
         env.pop("JACKLRING_JACCL_TRANSPORT", None)
         env.update(extra_env or {})
-        procs.append(subprocess.Popen([sys.executable, str(WORKER), scenarios, str(tmp_path)], env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        procs.append(zygote.popen([sys.executable, str(WORKER), scenarios, str(tmp_path)], env=env,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     outputs = []
     try:
         for p in procs:
