@@ -11,9 +11,11 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import pytest
+import zygote
 
 pytest.importorskip("torch")
 pytest.importorskip("sklearn", reason="the examples' data set ships with scikit-learn (pip install jacklring[examples])")
@@ -32,15 +34,23 @@ def clean_env() -> dict[str, str]:
     return env
 
 
-def run(command: list[str]) -> str:
-    result = subprocess.run(command, cwd=REPO, env=clean_env(), capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
-    output = result.stdout + result.stderr
-    assert result.returncode == 0, f"{' '.join(command)} failed ({result.returncode}):\n{output}"
+def run(command: list[str], start: Callable = subprocess.Popen) -> str:
+    proc = start(command, cwd=REPO, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = proc.communicate(timeout=RUN_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        pytest.fail(f"{' '.join(command)} still running after {RUN_TIMEOUT_S} s:\n{out}{err}")
+    output = out + err
+    assert proc.returncode == 0, f"{' '.join(command)} failed ({proc.returncode}):\n{output}"
     return output
 
 
 def alone(script: str, *args: str) -> str:
-    return run([sys.executable, str(EXAMPLES / script), *args])
+    """The one-process reference run, forked from the zygote (torch imported once per worker):
+    these tests are about the launched runs matching it, not about a fresh interpreter."""
+    return run([sys.executable, str(EXAMPLES / script), *args], start=zygote.popen)
 
 
 def launched(ranks: int, script: str, *args: str) -> str:
