@@ -379,6 +379,14 @@ class Process:
                     self._conn.close()
             return self.returncode
 
+    def __del__(self) -> None:
+        # A test may drop a rank it killed without waiting for it, as it may a Popen: the zygote
+        # reaps the child either way, so the connection that would carry its exit status closes
+        # here instead of warning (as an unclosed socket) in whichever test the collector runs.
+        conn = getattr(self, "_conn", None)
+        if conn is not None:
+            conn.close()
+
     def poll(self) -> int | None:
         return self._wait(0)
 
