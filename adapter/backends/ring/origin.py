@@ -303,17 +303,26 @@ def _notice_from(ring: RingState, peer: int) -> int | None:
             taken[0].close()
             codes.append(taken[1].channel)
         return codes
+
+    def last_said() -> list[int]:
+        """What peer said, once the standby connection to it (if one is being made) is filed."""
+        if standby is not None:
+            standby.settle(peer, time.monotonic() + NOTICE_WAIT_S)
+        return said()
     deadline = time.monotonic() + NOTICE_WAIT_S
     probed = 0.0
     codes = said()
     while not codes:
         now = time.monotonic()
         if now >= deadline:
-            return None
+            codes = last_said()
+            if not codes:
+                return None
+            break
         if now >= probed + RECHECK_S:
             probed = now
             if not _listening(ring.addresses[peer][0]):
-                codes = said()  # it may have spoken just before it left
+                codes = last_said()  # it may have spoken just before it left
                 if not codes:
                     return None  # it died: no notice will come
                 break

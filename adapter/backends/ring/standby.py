@@ -58,12 +58,11 @@ class Standby:
     def __init__(self, state: RingState) -> None:
         self._state = state
         self._lock = threading.Lock()
-        self._asked: set[int] = set()          # ranks a standby connection was (being) made to
         self._watching: dict[int, _Link] = {}  # q -> the connection this rank made to q (q writes)
         self._watched: dict[int, _Link] = {}   # q -> the connection q made to this rank (this rank writes)
         self._words: dict[int, list[int]] = {}  # q -> codes read from q, not yet consumed
         self._closed = False
-        self._openers: list[threading.Thread] = []
+        self._openers: dict[int, threading.Thread] = {}  # q -> the thread making (or that made) it
 
     def _key(self, session: bytes, writer: int, reader: int) -> bytes:
         state = self._state
@@ -77,11 +76,10 @@ class Standby:
         if q == state.rank or not state.listeners:
             return
         with self._lock:
-            if self._closed or q in self._asked:
+            if self._closed or q in self._openers:
                 return
-            self._asked.add(q)
             opener = threading.Thread(target=self._open, args=(q,), daemon=True, name=f"jacklring-standby-{q}")
-            self._openers.append(opener)
+            self._openers[q] = opener
         opener.start()
 
     def _open(self, q: int) -> None:
@@ -178,12 +176,22 @@ class Standby:
             codes.clear()
         return out
 
+    def settle(self, q: int, until: float) -> None:
+        """Wait, until `until` at most, for the opening of the standby connection to q if it is
+        still under way. q's side of the handshake ends first: q may already have written its
+        word on a connection that this rank's opener has not filed yet, and then leave, so a
+        reader that gave up now would find no word and take q for dead."""
+        with self._lock:
+            opener = self._openers.get(q)
+        if opener is not None and opener is not threading.current_thread():
+            opener.join(max(0.0, until - time.monotonic()))
+
     def close(self) -> None:
         """Close every standby connection; wait (CLOSE_WAIT_S at most) for the openings still
         under way, so a closed group leaves no thread or socket behind."""
         with self._lock:
             self._closed = True
-            openers, self._openers = self._openers, []
+            openers, self._openers = list(self._openers.values()), {}
         until = time.monotonic() + CLOSE_WAIT_S
         for opener in openers:
             if opener is not threading.current_thread():
