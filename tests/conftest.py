@@ -100,6 +100,8 @@ def pytest_collection_modifyitems(config, items):
     were silently dropped, every worker ran its share of a group and set up the group's costly
     launches again (the contract's 25 launches, a one-node Slurm, the module fixtures)."""
     grouping = getattr(config.option, "loadgroup", False)  # set on xdist workers under --dist loadgroup
+    if grouping:
+        items[:] = _interleaved_by_folder(items)
     for item in items:
         path = os.path.relpath(str(item.path), ROOT).replace(os.sep, "/")
         for prefix, group in XDIST_GROUPS.items():
@@ -108,6 +110,23 @@ def pytest_collection_modifyitems(config, items):
                 if grouping and "@" not in item.nodeid:
                     _set_nodeid(item, f"{item.nodeid}@{group}")
                 break
+
+
+def _interleaved_by_folder(items: list[pytest.Item]) -> list[pytest.Item]:
+    """The tests in an order that spreads each folder of tests/ evenly over the run, keeping the
+    order within a folder. The scheduler hands out tests in collection order (the groups first,
+    largest first), and in alphabetical order the folders came in blocks: the torch, engine and
+    example tests, which compute, all in the first half, and the fault and security tests, which
+    mostly wait on deadlines, all together later, when the cores sat partly idle. Mixed, one
+    worker's waits overlap the others' computing. Every worker sorts the same collection the
+    same way, as the scheduler requires."""
+    by_folder: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        path = os.path.relpath(str(item.path), HERE).replace(os.sep, "/")
+        by_folder.setdefault(path.split("/")[0], []).append(item)
+    keyed = [((i + 0.5) / len(folder), name, i, item)
+             for name, folder in by_folder.items() for i, item in enumerate(folder)]
+    return [item for *_, item in sorted(keyed, key=lambda k: k[:3])]
 
 
 def _set_nodeid(item: pytest.Item, nodeid: str) -> None:
