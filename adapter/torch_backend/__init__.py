@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .rendezvous import JacklringOptions
+if TYPE_CHECKING:
+    from .rendezvous import JacklringOptions
 
 log = logging.getLogger("jacklring.torch")
 
@@ -127,3 +128,13 @@ __all__ = ["register_backend", "autoload", "fill_torch_env", "monitored_barrier"
 
 # Importing this module registers the backend when torch.distributed is already loaded.
 autoload()
+
+
+def __getattr__(name: str) -> Any:
+    """JacklringOptions loads with the rendezvous it configures, when first asked for: torch's
+    plugin loader imports this module in every program, and registering needs neither."""
+    if name == "JacklringOptions":
+        from .rendezvous import JacklringOptions
+
+        return JacklringOptions
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -56,3 +56,23 @@ def test_import_torch_under_mpirun_changes_no_environment_or_threads():
 def test_import_torch_under_torchrun_changes_no_environment_or_threads():
     cmd = [TORCHRUN, "--nproc-per-node", "2", "--master-port", str(free_ports(1)[0]), SCRIPT, "env://"]
     assert_import_changes_nothing(cmd)
+
+
+LOADED_BY_IMPORT_TORCH = """
+import sys
+import torch
+import torch.distributed as dist
+print("JACKLRING" in dist.Backend._plugins)
+print(" ".join(sorted(m for m in sys.modules if m.split(".")[0] in ("adapter", "jacklring_shared"))))
+"""
+
+
+@pytest.mark.timeout(60)
+def test_import_torch_loads_only_the_plugin_not_the_backends():
+    """Every program of the environment pays for the plugin at `import torch`: it registers
+    "jacklring" and loads two modules, not the backends (those load when a group forms)."""
+    proc = run([sys.executable, "-c", LOADED_BY_IMPORT_TORCH], clean_env(), timeout=50)
+    assert proc.returncode == 0, describe([proc])
+    registered, modules = proc.stdout.strip().splitlines()
+    assert registered == "True", proc.stdout
+    assert modules.split() == ["adapter", "adapter.torch_backend"], modules

@@ -13,10 +13,13 @@ from cluster import ROOT, base_env, rank_envs
 BAD = "no-such-host.invalid"
 LIMIT_S = 1.0
 
-# Times init() alone (importing numpy and adapter on a loaded machine takes about as long).
+# Times init() alone (importing numpy and adapter on a loaded machine takes about as long):
+# adapter loads its modules on first use, so the script loads init's first.
 SCRIPT = """
-import sys, time
+import importlib, sys, time
 import adapter
+importlib.import_module("adapter.group")
+importlib.import_module(f"adapter.backends.{sys.argv[1]}")
 start = time.monotonic()
 try:
     adapter.init(strict=True, backend=sys.argv[1])

