@@ -19,7 +19,7 @@ SCRIPT = """
 import importlib, sys, time
 import adapter
 importlib.import_module("adapter.group")
-importlib.import_module(f"adapter.backends.{sys.argv[1]}")
+importlib.import_module(f"adapter.backends.{sys.argv[1]}.backend")
 start = time.monotonic()
 try:
     adapter.init(strict=True, backend=sys.argv[1])

@@ -21,7 +21,6 @@ cupy is imported only when a communicator is created.
 """
 from __future__ import annotations
 
-import importlib.util
 import logging
 import os
 import threading
@@ -37,30 +36,16 @@ from ...errors import CollectiveTimeout, ConfigError, DistributedError, PeerErro
 from ..base import Backend, DeviceBuffer, ReduceOp
 from ..transport import tcp
 from . import bootstrap as nccl_bootstrap
-from .device import choose_device, cuda_visible_reason, device_count
+from .device import choose_device, device_count
+from .environment import probe  # noqa: F401  (part of this module's interface)
 from .types import NCCL_INT32, NCCL_SUM, NCCL_UINT8, ReducePlan, reduce_plan
 
 log = logging.getLogger("jacklring.nccl")
 
-ENVIRONMENT = ("MLX_RANK", "MLX_WORLD_SIZE", "NCCL_HOST_IP", "NCCL_PORT")
 # ncclCommSplit arrived in NCCL 2.18.1; older libraries split by bootstrapping over the parent.
 COMM_SPLIT_VERSION = 21801
 _SPIN_POLLS = 200
 _MAX_SLEEP_S = 0.001
-
-
-def probe() -> str | None:
-    """None when the NCCL environment and a CUDA device are present, else why not."""
-    missing = [name for name in ENVIRONMENT if not os.environ.get(name)]
-    if missing:
-        names = missing[0] if len(missing) == 1 else f"{', '.join(missing[:-1])} and {missing[-1]}"
-        return f"{names} not set"
-    reason = cuda_visible_reason()
-    if reason is not None:
-        return reason
-    if importlib.util.find_spec("cupy") is None:
-        return "cupy is not installed (pip install 'jacklring[nccl]')"
-    return None
 
 
 def world_from_env() -> tuple[int, int, str, int]:

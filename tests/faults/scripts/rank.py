@@ -82,7 +82,7 @@ else:
     for module in ("adapter.group", "adapter.ops"):
         importlib.import_module(module)
     if BACKEND != "any":
-        importlib.import_module(f"adapter.backends.{BACKEND}")
+        importlib.import_module(f"adapter.backends.{BACKEND}.backend")
     say("INIT")  # init() starts now: its connect deadline counts from here
     try:
         group = adapter.init(strict=True, backend=BACKEND)
