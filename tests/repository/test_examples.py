@@ -18,7 +18,10 @@ import pytest
 import zygote
 
 pytest.importorskip("torch")
-pytest.importorskip("sklearn", reason="the examples' data set ships with scikit-learn (pip install jacklring[examples])")
+# Looked up, not imported: every xdist worker collects this file, and importing scikit-learn
+# (scipy with it) costs seconds of CPU that only the worker running these tests needs.
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("sklearn") is None,
+                                reason="the examples' data set ships with scikit-learn (pip install jacklring[examples])")
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples" / "training"
