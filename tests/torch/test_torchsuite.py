@@ -12,6 +12,7 @@ import os
 
 import pytest
 import torchsuite
+import zygote
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("expecttest") is None,
                                 reason="expecttest (the 'test' extra) is not installed; torch's test utilities import it")
@@ -40,7 +41,9 @@ def _not_passed(result: dict, names: list[str]) -> dict[str, str]:
 def test_expected_tests_pass_on_jacklring():
     names = torchsuite.expected_tests()
     # Two children at once: one keeps about one core busy (its two ranks mostly take turns).
-    result = torchsuite.run_backend("jacklring", names, world_size=2, timeout=170, test_timeout=60, shards=2)
+    # Forked by the zygote: torch is imported once per pytest worker, not again in each child.
+    result = torchsuite.run_backend("jacklring", names, world_size=2, timeout=170, test_timeout=60, shards=2,
+                                    popen=zygote.popen)
     broken = _not_passed(result, names)
     assert not broken, (f"{len(broken)} of {len(names)} expected tests did not pass on jacklring:\n"
                         + "\n".join(f"  {name}: {why}" for name, why in broken.items())

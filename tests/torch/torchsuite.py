@@ -35,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import Any, Callable
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -162,20 +163,22 @@ def _last_line(trace: str) -> str:
 
 
 def run_backend(backend: str, names: list[str], world_size: int, timeout: float, start: str = "fork",
-                gates: str = "gloo", test_timeout: int = 120, log_file: str | None = None, shards: int = 1) -> dict:
+                gates: str = "gloo", test_timeout: int = 120, log_file: str | None = None, shards: int = 1,
+                popen: Callable[..., Any] = subprocess.Popen) -> dict:
     """Runs `names` of torch's DistributedTest on `backend` in a child process: {"passed": [names],
     "failed": {name: error}, "skipped": {name: reason}, "log": the child's last output}. A test
     that hangs fails after `test_timeout` seconds (torch's harness kills its ranks, logging their
 stacks). log_file: the child's whole output is appended there. shards > 1: that many children at
 once, each with every shards-th name (one child keeps about one core busy: its ranks mostly take
-turns), the results merged."""
+turns), the results merged. popen starts the child (subprocess.Popen's arguments); the test suite
+passes its zygote's, which forks it with torch already imported."""
     if shards > 1:
         parts = [names[i::shards] for i in range(shards) if names[i::shards]]
         with concurrent.futures.ThreadPoolExecutor(len(parts)) as pool:
             results = list(pool.map(lambda part: _run_child(backend, part, world_size, timeout, start, gates,
-                                                            test_timeout, log_file), parts))
+                                                            test_timeout, log_file, popen), parts))
         return _merged(results)
-    return _run_child(backend, names, world_size, timeout, start, gates, test_timeout, log_file)
+    return _run_child(backend, names, world_size, timeout, start, gates, test_timeout, log_file, popen)
 
 
 def _merged(results: list[dict]) -> dict:
@@ -192,26 +195,29 @@ def _merged(results: list[dict]) -> dict:
 
 
 def _run_child(backend: str, names: list[str], world_size: int, timeout: float, start: str, gates: str,
-               test_timeout: int, log_file: str | None) -> dict:
+               test_timeout: int, log_file: str | None, popen: Callable[..., Any]) -> dict:
     with tempfile.TemporaryDirectory() as temp:
         env = dict(os.environ, BACKEND=backend, WORLD_SIZE=str(world_size), TEMP_DIR=temp,
                    PYTHONPATH=ROOT, OMP_NUM_THREADS="1", TORCHSUITE_START=start, TORCHSUITE_GATES=gates,
                    DISTRIBUTED_TESTS_DEFAULT_TIMEOUT=str(test_timeout),
                    # tests that destroy and re-form the default group do so on file:// only (as in torch's CI)
                    INIT_METHOD=f"file://{os.path.join(temp, 'reinit')}")
+        child = popen([sys.executable, __file__, "--child", backend, *names], env=env, cwd=ROOT,
+                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
-            done = subprocess.run([sys.executable, __file__, "--child", backend, *names], env=env, cwd=ROOT,
-                                  capture_output=True, text=True, timeout=timeout)
+            stdout, stderr = child.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
+            child.kill()
+            child.communicate()
             return {"passed": [], "failed": {"(the run)": f"timed out after {timeout:g} s"}, "skipped": {}, "log": ""}
     if log_file:
         with open(log_file, "a") as f:
-            f.write(done.stderr)
-    match = re.search(r"^RESULT (.*)$", done.stdout, re.M)
+            f.write(stderr)
+    match = re.search(r"^RESULT (.*)$", stdout, re.M)
     if not match:
-        return {"passed": [], "failed": {"(the run)": f"crashed: exit {done.returncode}"}, "skipped": {},
-                "log": done.stderr[-3000:]}
-    return dict(json.loads(match.group(1)), log=done.stderr[-3000:])
+        return {"passed": [], "failed": {"(the run)": f"crashed: exit {child.returncode}"}, "skipped": {},
+                "log": stderr[-3000:]}
+    return dict(json.loads(match.group(1)), log=stderr[-3000:])
 
 
 def main() -> int:
