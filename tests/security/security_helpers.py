@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import threading
 from pathlib import Path
 
 import pytest
@@ -93,8 +94,13 @@ def outsider_fixture():
 
 
 def wait_ready(proc: subprocess.Popen, tag: str = "READY", timeout: float = 15) -> None:
-    import select
-    ready, _, _ = select.select([proc.stdout], [], [], timeout)
-    line = proc.stdout.readline() if ready else ""
+    """The outsider's next line starts with `tag` within `timeout` seconds. Read in a thread, not
+    after a select() on the pipe: a slow reader's readline() takes two lines into the text
+    buffer at once, and a select() for the second then waits for bytes that already came."""
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.append(proc.stdout.readline()), daemon=True)
+    reader.start()
+    reader.join(timeout)
+    line = lines[0] if lines else ""
     assert line.startswith(tag), (f"outsider did not start: {line!r} "
                                   f"{proc.stderr.read() if proc.poll() is not None else ''}")
