@@ -13,9 +13,9 @@ from typing import Sequence
 from . import engines
 from .backends import registry
 from .backends.base import Backend
+from .backends.elastic import shrinking
 from .backends.registry import ANY_ORDER  # noqa: F401  (the backends' order, kept importable here)
 from .backends.singleton import SingletonBackend
-from .backends.transport import shrinking
 from .errors import BackendUnavailable, DistributedError, ExcludedError
 
 DEFAULT_SHRINK_TIMEOUT_S = 10.0

@@ -193,7 +193,7 @@ def seats_close_with(group: str) -> str:
     referenced): says SEATS <how many were kept> <those still accepting after close(), or ->."""
     return f"""
 import gc, socket
-from adapter.backends.transport import shrinking
+from adapter.backends.elastic import shrinking
 gc.disable()
 seats = [s.where() for kept, _ in shrinking._kept.get({group}.backend, []) for s in kept]
 {group}.close()

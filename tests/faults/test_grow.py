@@ -287,7 +287,8 @@ if r == VICTIM:
     import signal
     import threading
     from adapter.backends.ring import shared
-    from adapter.backends.transport import enrolment, stream_engine
+    from adapter.backends.elastic import enrolment
+    from adapter.backends.transport import stream_engine
     decided, armed, dying = [], [], []
     if os.environ.get("JACKLRING_JOIN") == "1":
         decided.append([0, 1, 3, 2])  # a newcomer forms one ring: the grown one
@@ -405,7 +406,7 @@ say("SUM", group.rank(), group.size(), ",".join(map(str, slots)), float(y[0]), e
 RECRUITER_DIES = """
 if r == 0 and os.environ.get("JACKLRING_JOIN") != "1":
     import json, signal
-    from adapter.backends.transport import enrolment
+    from adapter.backends.elastic import enrolment
     WHERE = "POINT"
     def die(where):
         say("DYING", where)

@@ -217,7 +217,7 @@ def test_another_user_squatting_the_coordinator_address_stops_grow_and_fools_nob
 RECRUITER_DIES_AFTER_TELLING = """
 if r == 0 and os.environ.get("JACKLRING_JOIN") != "1":
     import signal
-    from adapter.backends.transport import enrolment
+    from adapter.backends.elastic import enrolment
     real_tell = enrolment.tell
     def tell(channel, message, deadline):  # the newcomer is told the decision, the members are not
         failed = real_tell(channel, message, deadline)

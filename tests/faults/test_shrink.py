@@ -1,7 +1,7 @@
 """Group.shrink() with real processes, on the ring and on JACCL's TCP mesh: a rank dies (or stops,
 or is excluded), the survivors agree on who is left and carry on in a new group whose sums are
 right. The longer scenarios (random kills, a rank that stops after joining) run on the ring only:
-the agreement and its retries are the same code for both (transport/shrinking.py)."""
+the agreement and its retries are the same code for both (elastic/shrinking.py)."""
 from __future__ import annotations
 
 import random
@@ -294,7 +294,7 @@ def test_kill_at_a_random_moment_five_trials(tmp_path):
 STOP_AFTER_JOIN = """
 if r == 3:
     import signal
-    from adapter.backends.transport import membership
+    from adapter.backends.elastic import membership
     real_send = membership.Channel.send
     def stop_after_join(self, message, deadline):
         real_send(self, message, deadline)
@@ -338,7 +338,8 @@ DIE_IN_THE_CLOSING_BARRIER = """
 if r == 0:
     import signal
     import threading
-    from adapter.backends.transport import membership, stream_engine, tcp_mesh
+    from adapter.backends.elastic import membership
+    from adapter.backends.transport import stream_engine, tcp_mesh
     decided, dying = [], []
     real_agree = membership.agree
     def agree(*args, **kwargs):
@@ -432,7 +433,7 @@ def test_a_death_inside_the_new_groups_closing_barrier(tmp_path, backend):
 DIE_BETWEEN_TWO_ANSWERS = """
 if r == 0:
     import signal
-    from adapter.backends.transport import membership
+    from adapter.backends.elastic import membership
     real_send = membership.Channel.send
     def send(self, message, deadline):
         if message.get("kind") == "decision":

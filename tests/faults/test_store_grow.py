@@ -71,7 +71,7 @@ def stall_then_lose_slot_0(group):
     # Rank 0 (the recruiter) stops itself once the newcomer accepted, before it sends the decision.
     if group.rank() == 0:
         import signal
-        from adapter.backends.transport import enrolment
+        from adapter.backends.elastic import enrolment
         recruit = enrolment.recruit
         def recruit_then_stop(*args, **kwargs):
             got = recruit(*args, **kwargs)

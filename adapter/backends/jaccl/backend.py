@@ -34,9 +34,10 @@ import numpy as np
 from ... import config
 from ...errors import BackendUnavailable, ConfigError, DistributedError, PeerError, blaming
 from ..base import Backend, ReduceOp, split_members
+from ..elastic import membership, shrinking
 from ..local import staged
 from ..singleton import SingletonBackend
-from ..transport import auth, layout, membership, shrinking, tcp, tcp_mesh, verbs
+from ..transport import auth, layout, tcp, tcp_mesh, verbs
 from ..transport.names import check_resolvable
 from ..transport.slots import Transport
 from . import config as jaccl_config

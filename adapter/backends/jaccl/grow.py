@@ -15,7 +15,7 @@ job key) until it has `count` newcomers or `timeout` passes, then broadcasts the
 the members' group and sends it to each newcomer. The decision names the new ranks: the
 members keep theirs (0..k-1) and the newcomers follow in ascending slot order. Everybody then
 forms a mesh on the fresh listeners under a key derived from the job key, a fresh nonce and the
-epoch (transport/enrolment.group_key, as the ring's grow), so a process that was not told the
+epoch (elastic/enrolment.group_key, as the ring's grow), so a process that was not told the
 decision cannot connect to it. The grown group's device matrix is the job's device file's rows
 and columns of its slots; shared memory attaches as at init. If too few newcomers knocked, the
 ones that did are told the attempt is off (they knock again, until their deadline) and every
@@ -25,7 +25,7 @@ A death after the decision (a member or a newcomer) fails the formation: every r
 forming sees the dead rank's listener refuse connections (a watch every 0.25 s) or its
 connection end. It may have formed on some ranks all the same (a death inside the grown mesh's
 closing all-gather), so a rank on which it did not form agrees in it as the ring's grow does
-(transport/shrinking.after_grow_failure, at its listener of the grown mesh, where a rank on
+(elastic/shrinking.after_grow_failure, at its listener of the grown mesh, where a rank on
 which it formed meets it when it shrinks that group): if any rank of the outcome formed it, they
 all carry on in the mesh of the outcome; if none did, every member raises PeerError and keeps
 its group as it was (its links are broken only once the grown mesh formed), and a newcomer's
@@ -44,7 +44,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
 from ...errors import CollectiveTimeout, ConfigError, DistributedError
-from ..transport import auth, enrolment, shrinking, tcp, tcp_mesh
+from ..elastic import enrolment, shrinking
+from ..transport import auth, tcp, tcp_mesh
 from . import knock, shrink
 from .config import DeviceMatrix
 from .shrink import watch

@@ -6,7 +6,7 @@ A knock is a connection with the authenticated handshake (transport/handshake.py
 job key, hello purpose PURPOSE_KNOCK, the newcomer's slot as sender, 0 as receiver: the Door
 admits knocks for the vacant slots only, and the newcomer checks that the Door proves the job
 key too, so neither side deals with an outsider. The frames after it are enrolment's
-(transport/enrolment.py: the recruiter invites, the newcomer accepts with the address of its
+(elastic/enrolment.py: the recruiter invites, the newcomer accepts with the address of its
 fresh mesh listener, the recruiter sends the decision or calls the attempt off), with the ends
 reversed: here the newcomer connects.
 
@@ -23,10 +23,11 @@ import time
 from typing import Callable
 
 from ...errors import CollectiveTimeout, DistributedError, PeerError
-from ..transport import enrolment, tcp
+from ..elastic import enrolment
+from ..elastic.membership import Channel
+from ..transport import tcp
 from ..transport.auth import Auth
 from ..transport.handshake import ANSWER_TIMEOUT_S, HandshakeRetry
-from ..transport.membership import Channel
 
 PURPOSE_KNOCK = 0x4A4B  # "JK": a newcomer at the coordinator address (the side channel is "JC")
 KNOCK_EVERY_S = 0.05    # a newcomer knocks again this soon after a refused connection

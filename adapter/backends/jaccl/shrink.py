@@ -1,7 +1,7 @@
-"""shrink() for JACCL on the TCP mesh: the survivors agree (transport/membership.py, reached at
+"""shrink() for JACCL on the TCP mesh: the survivors agree (elastic/membership.py, reached at
 each rank's mesh listener, which a formed mesh keeps open) and form a fresh mesh of themselves on
 new listeners, under a key of the decision, ranks 0..k-1 in their old order (the loop, its
-retries and the old group's tombstone are transport/shrinking.py, shared with the ring). The
+retries and the old group's tombstone are elastic/shrinking.py, shared with the ring). The
 side channel (MLX_JACCL_COORDINATOR) takes no part: the decision carries every member's new
 address. Shared memory attaches as at init when the survivors share a host.
 
@@ -17,8 +17,9 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 from ...errors import PeerError
 from ..base import Backend
+from ..elastic import membership, shrinking
 from ..singleton import SingletonBackend
-from ..transport import membership, shrinking, tcp, tcp_mesh
+from ..transport import tcp, tcp_mesh
 from ..transport.auth import Auth
 
 if TYPE_CHECKING:

@@ -33,11 +33,12 @@ from ...config import connect_timeout as default_connect_timeout
 from ...config import env_rank, op_timeout
 from ...errors import ConfigError, DistributedError, PeerError, blaming
 from ..base import Backend, ReduceOp
+from ..elastic import membership, shrinking
 from ..elements import byte_view, split_evenly
 from ..local import algorithms as shm_algorithms
 from ..local import staged
 from ..protocol import REDUCE_CODES
-from ..transport import auth, layout, membership, shrinking, tcp
+from ..transport import auth, layout, tcp
 from ..transport.stream_engine import Engine, Stream
 from . import grow, lineage, origin, shared, shrink, splitting
 from .addresses import links_per_neighbour, load_ring_hostfile, validate_addresses

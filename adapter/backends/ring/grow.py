@@ -8,7 +8,7 @@ members find it: at that slot's first hostfile address, or at a fresh listener w
 publishes in the store as a MACed knock record (adapter/rendezvous/store_grow.py). The members
 call grow() together. They trade the addresses of fresh listeners over their own ring (an
 all_gather), and rank 0 recruits: it connects to each vacant slot's address (as the origin gives
-it) through the authenticated handshake under the job key (transport/enrolment.py) until it
+it) through the authenticated handshake under the job key (elastic/enrolment.py) until it
 has `count` newcomers or `timeout` passes, then broadcasts the
 decision over the members' ring and sends it to each newcomer. The decision names the new
 ranks: the members keep theirs (0..k-1) and the newcomers follow in ascending slot order (k,
@@ -29,7 +29,8 @@ from typing import TYPE_CHECKING
 
 from ... import logs
 from ...errors import CollectiveTimeout, DistributedError, IntegrityError, culprit_of
-from ..transport import enrolment, shrinking, tcp
+from ..elastic import enrolment, shrinking
+from ..transport import tcp
 from ..transport.auth import Auth
 from . import lineage, shrink
 from .lineage import Lineage, Origin

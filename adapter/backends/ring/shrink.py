@@ -1,5 +1,5 @@
 """shrink() for the ring: agree on the survivors and form a fresh ring of them on new listeners
-(the backend-neutral loop is transport/shrinking.py, the agreement transport/membership.py).
+(the backend-neutral loop is elastic/shrinking.py, the agreement elastic/membership.py).
 Shared memory attaches as at init when the survivors share a host; the lineage (grow's map of
 hostfile slots) follows the survivors.
 """
@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Sequence
 
-from ..transport import membership, shrinking, tcp
+from ..elastic import membership, shrinking
+from ..transport import tcp
 from . import lineage
 
 if TYPE_CHECKING:

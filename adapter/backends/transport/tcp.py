@@ -253,7 +253,7 @@ class Listener:
     def hold(self) -> None:
         """Make close() leave this listener open, and serving, until release(): a shrink keeps
         the first listener of a group that failed to form as its seat in that group's agreement
-        (transport/shrinking.py)."""
+        (elastic/shrinking.py)."""
         self._held = True
 
     def release(self) -> None:

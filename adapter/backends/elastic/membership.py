@@ -31,9 +31,9 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from ...errors import CollectiveTimeout, DistributedError, ExcludedError, PeerError, QuorumError
-from . import tcp
-from .auth import MAC_BYTES, Auth, equal
-from .handshake import HandshakeRetry, OtherJob
+from ..transport import tcp
+from ..transport.auth import MAC_BYTES, Auth, equal
+from ..transport.handshake import HandshakeRetry, OtherJob
 
 log = logging.getLogger("jacklring.shrink")
 

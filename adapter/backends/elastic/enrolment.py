@@ -27,9 +27,9 @@ from typing import Protocol
 import numpy as np
 
 from ...errors import CollectiveTimeout, ConfigError, DistributedError, PeerError
-from . import tcp
-from .auth import Auth
-from .handshake import HandshakeRetry
+from ..transport import tcp
+from ..transport.auth import Auth
+from ..transport.handshake import HandshakeRetry
 from .membership import Channel
 
 log = logging.getLogger("jacklring.grow")

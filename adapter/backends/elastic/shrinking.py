@@ -22,9 +22,10 @@ import weakref
 from typing import Callable, Sequence, TypeVar
 
 from ...errors import DistributedError, PeerError, QuorumError, blaming
-from . import membership, tcp
-from .auth import Auth
-from .handshake import ANSWER_TIMEOUT_S
+from ..transport import tcp
+from ..transport.auth import Auth
+from ..transport.handshake import ANSWER_TIMEOUT_S
+from . import membership
 
 log = logging.getLogger("jacklring.shrink")
 

@@ -1,4 +1,4 @@
-"""The shrink agreement (transport/membership.py) among seats in threads of one process, over real
+"""The shrink agreement (elastic/membership.py) among seats in threads of one process, over real
 sockets: who is in, quorum, late ranks told they were excluded, and keys no excluded rank has."""
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import time
 
 import pytest
 
-from adapter.backends.transport import membership, tcp
+from adapter.backends.elastic import membership
+from adapter.backends.transport import tcp
 from adapter.backends.transport.auth import auth_from_secret
 from adapter.errors import DistributedError, ExcludedError, PeerError, QuorumError
 
