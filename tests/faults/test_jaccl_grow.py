@@ -150,11 +150,11 @@ def test_a_knock_without_the_job_secret_is_turned_away(tmp_path):
 
 
 DIE_BEFORE_FORMING = """
-from adapter.backends.transport import tcp_mesh
+from adapter.backends.transport import mesh_forming
 def die(*args, **kwargs):  # told the decision, then gone before the grown mesh forms
     say("DYING")
     os._exit(3)
-tcp_mesh.connect_mesh = die
+mesh_forming.connect_mesh = die
 """
 
 

@@ -37,7 +37,7 @@ from ..base import Backend, ReduceOp, split_members
 from ..elastic import membership, shrinking
 from ..local import staged
 from ..singleton import SingletonBackend
-from ..transport import auth, layout, tcp, tcp_mesh, verbs
+from ..transport import auth, layout, mesh_forming, tcp, verbs
 from ..transport.names import check_resolvable
 from ..transport.slots import Transport
 from . import config as jaccl_config
@@ -175,7 +175,7 @@ def _build_transport(kind: str, rank: int, size: int, peers: list[int], device_r
     # TCP links every pair even in ring mode (the ring algorithms use only the neighbours), so
     # send/recv reach any rank as on every other backend; RDMA ring mode has only its cables.
     everyone = [p for p in range(size) if p != rank]
-    return tcp_mesh.connect_mesh(rank, size, everyone, host, exchange, token, deadline, job, watch)
+    return mesh_forming.connect_mesh(rank, size, everyone, host, exchange, token, deadline, job, watch)
 
 
 class JacclBackend(Backend):
@@ -480,7 +480,7 @@ class JacclBackend(Backend):
         if self._transport.closed:
             raise DistributedError(f"rank {self.rank()}: this JACCL group was closed; it cannot shrink")
         seat = membership.Seat(self.rank(), list(self._transport.addresses), listener, self._job, self._token,
-                               tcp_mesh.PURPOSE_SHRINK)
+                               mesh_forming.PURPOSE_SHRINK)
         return shrink.shrink_mesh(self, seat, self._host, exclude, min_size, timeout)
 
     def grow(self, count: int | None, timeout: float) -> Backend:

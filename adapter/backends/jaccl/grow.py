@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Callable
 
 from ...errors import CollectiveTimeout, ConfigError, DistributedError
 from ..elastic import enrolment, shrinking
-from ..transport import auth, tcp, tcp_mesh
+from ..transport import auth, mesh_forming, tcp
 from . import knock, shrink
 from .config import DeviceMatrix
 from .shrink import watch
@@ -119,7 +119,7 @@ def grow_mesh(old, lin: Lineage, host: str, op_timeout: float, count: int | None
             f"{lin.origin.coordinator}, where only the process of the job's first rank 0 (slot 0) can listen, and "
             f"it is no member any more (the members hold slots {lin.slots}); restart the job, or use the ring "
             f"backend, whose newcomers wait at their own slot's address")
-    listener = tcp_mesh.mesh_listener(host)
+    listener = mesh_forming.mesh_listener(host)
     epoch = shrinking.epoch_of(old) + 1
     door: knock.Door | None = None
     saved = op_timeout
@@ -224,14 +224,14 @@ def _form(rank: int, where: str, decision: dict, grown: Lineage, listener: tcp.L
     started = time.monotonic()
     listener.hold()  # if the formation fails here, this rank's seat in the agreement after it
     try:
-        transport = tcp_mesh.connect_mesh(rank, size, [p for p in range(size) if p != rank], host, exchange, token,
+        transport = mesh_forming.connect_mesh(rank, size, [p for p in range(size) if p != rank], host, exchange, token,
                                           started + timeout + 5.0, key, watch=watch(where, "the grown mesh", peers),
                                           listener=listener)
         new = build(transport, grown, mode, host, token, key)
     except DistributedError as exc:
         why = (f"the grown group of {size} (slots {grown.slots}) did not form after "
                f"{time.monotonic() - started:.2f} s ({exc})")
-        seat = shrinking.unformed_seat(rank, addresses, listener, key, token, tcp_mesh.PURPOSE_SHRINK, epoch)
+        seat = shrinking.unformed_seat(rank, addresses, listener, key, token, mesh_forming.PURPOSE_SHRINK, epoch)
 
         def reform(members: list[int], transport: "TcpMeshTransport", token: int, key: auth.Auth):
             return build(transport, grown.keep(members), mode, host, token, key)
@@ -263,7 +263,7 @@ def join_mesh(slot: int, origin: Origin, connect_timeout: float, build: Build):
     def listen(host: str) -> str:
         nonlocal listener
         if listener is None:
-            listener = tcp_mesh.mesh_listener(host)
+            listener = mesh_forming.mesh_listener(host)
         return listener.where()
 
     try:

@@ -19,7 +19,7 @@ from ...errors import PeerError
 from ..base import Backend
 from ..elastic import membership, shrinking
 from ..singleton import SingletonBackend
-from ..transport import tcp, tcp_mesh
+from ..transport import mesh_forming, tcp, tcp_mesh
 from ..transport.auth import Auth
 
 if TYPE_CHECKING:
@@ -47,7 +47,7 @@ def mesh_parts(host: str, reform: Callable[[list[int], tcp_mesh.TcpMeshTransport
     (members: ranks of the group the agreement is about, in order)."""
 
     def listen() -> list[tcp.Listener]:
-        return [tcp_mesh.mesh_listener(host)]
+        return [mesh_forming.mesh_listener(host)]
 
     def form(seat: membership.Seat, decision: membership.Decision, members: list[int], listeners: list[tcp.Listener],
              connect_timeout: float) -> Backend:
@@ -60,7 +60,7 @@ def mesh_parts(host: str, reform: Callable[[list[int], tcp_mesh.TcpMeshTransport
         def exchange(blob: bytes) -> list[bytes]:  # the decision already holds every address
             return [json.dumps({"addr": a}).encode() for a in addresses]
 
-        transport = tcp_mesh.connect_mesh(rank, size, [p for p in range(size) if p != rank], host, exchange, token,
+        transport = mesh_forming.connect_mesh(rank, size, [p for p in range(size) if p != rank], host, exchange, token,
                                           time.monotonic() + connect_timeout, job,
                                           watch=watch(f"rank {members[rank]}: shrink", "the survivors' mesh",
                                                       {f"old rank {q} (new rank {i}, {a})": a
