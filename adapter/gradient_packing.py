@@ -24,7 +24,7 @@ FUSED_SCALE_ELEMENTS = 1 << 16
 _TORCH_DTYPES: dict[Any, np.dtype] = {}
 
 
-def _torch_numpy_dtype(dtype: Any) -> np.dtype:
+def torch_numpy_dtype(dtype: Any) -> np.dtype:
     found = _TORCH_DTYPES.get(dtype)
     if found is None:
         found = _TORCH_DTYPES[dtype] = numpy_dtype(dtype)
@@ -32,7 +32,7 @@ def _torch_numpy_dtype(dtype: Any) -> np.dtype:
 
 
 @dataclass(slots=True)
-class _Bucket:
+class Bucket:
     lib: str  # "torch", "numpy" or "cupy": the library that packs and unpacks it
     location: Any  # a torch device, a cupy device id, or None (numpy)
     wire: np.dtype
@@ -77,14 +77,14 @@ class _Staged:
     finish: Callable[[], list]  # the bucket's averaged leaves, once wire holds the sum
 
 
-def _stage_torch(members: list, bucket: _Bucket, scale: float, in_place: bool, direct: bool,
+def stage_torch(members: list, bucket: Bucket, scale: float, in_place: bool, direct: bool,
                  convert: bool) -> _Staged:
     import torch
 
     device = bucket.location
     first = members[0]
     if (in_place and len(members) == 1 and device.type == "cpu" and first.is_contiguous()
-            and _torch_numpy_dtype(first.dtype) == bucket.wire):
+            and torch_numpy_dtype(first.dtype) == bucket.wire):
         # A large gradient averaged where it lies: no packing copy, no unpacking copy.
         with torch.no_grad():
             first.mul_(scale)
@@ -152,7 +152,7 @@ def _adopt(members: list, parts: list) -> None:
         torch._foreach_copy_(copy_to, copy_from)
 
 
-def _stage_array(members: list, bucket: _Bucket, scale: float, in_place: bool, direct: bool,
+def stage_array(members: list, bucket: Bucket, scale: float, in_place: bool, direct: bool,
                  convert: bool) -> _Staged:
     """numpy leaves, and cupy leaves packed on their GPU and staged through host memory."""
     if bucket.lib == "cupy":

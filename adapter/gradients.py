@@ -25,7 +25,7 @@ import numpy as np
 from .arrays import numpy_dtype
 from .backends.base import ReduceOp
 from .backends.elements import BFLOAT16
-from .gradient_packing import FUSED_SCALE_ELEMENTS, _Bucket, _stage_array, _stage_torch, _torch_numpy_dtype  # noqa: F401
+from .gradient_packing import Bucket, stage_array, stage_torch, torch_numpy_dtype
 from .group import Group, default_group
 
 DEFAULT_ALL_REDUCE_SIZE = 32 * 1024**2
@@ -160,7 +160,7 @@ def _leaf_paths(tree: Any, types: tuple, path: tuple = ()) -> list[str]:
 
 
 def _plan(leaves: list, types: tuple, all_reduce_size: int, wire: np.dtype | None,
-          path_of: Callable[[int], str]) -> list[_Bucket]:
+          path_of: Callable[[int], str]) -> list[Bucket]:
     """Buckets in a deterministic order (every rank computes the same plan from the same tree).
     Leaves share a bucket when they share library, device and wire dtype."""
     if not leaves:
@@ -215,7 +215,7 @@ def _uniform_torch_kind(leaves: list, wire: np.dtype | None, path_of: Callable[[
 
 
 def _fill_buckets(kinds: list[tuple], kind_of_leaf: list[tuple] | None, sizes: list[int],
-                  all_reduce_size: int) -> list[_Bucket]:
+                  all_reduce_size: int) -> list[Bucket]:
     """Split the leaves into buckets: per kind, in leaf order, closing a bucket once it holds
     all_reduce_size bytes; a leaf that large alone gets its own; empty leaves get none.
     kind_of_leaf is None when every leaf is of kinds[0]."""
@@ -225,21 +225,21 @@ def _fill_buckets(kinds: list[tuple], kind_of_leaf: list[tuple] | None, sizes: l
         if 0 < total * kind[2].itemsize < all_reduce_size:  # everything fits in one bucket
             if 0 in sizes:
                 indices = [i for i, size in enumerate(sizes) if size]
-                return [_Bucket(*kind, indices, [sizes[i] for i in indices], total)]
-            return [_Bucket(*kind, list(range(len(sizes))), sizes, total)]
+                return [Bucket(*kind, indices, [sizes[i] for i in indices], total)]
+            return [Bucket(*kind, list(range(len(sizes))), sizes, total)]
         kind_of_leaf = itertools.repeat(kind)  # type: ignore[assignment]
-    buckets: list[_Bucket] = []
-    open_buckets: dict[tuple, _Bucket] = {}
+    buckets: list[Bucket] = []
+    open_buckets: dict[tuple, Bucket] = {}
     for index, (kind, count) in enumerate(zip(kind_of_leaf, sizes)):
         if count == 0:
             continue
         nbytes = count * kind[2].itemsize
         if all_reduce_size <= 0 or nbytes >= all_reduce_size:
-            buckets.append(_Bucket(*kind, [index], [count], count))
+            buckets.append(Bucket(*kind, [index], [count], count))
             continue
         bucket = open_buckets.get(kind)
         if bucket is None:
-            bucket = open_buckets[kind] = _Bucket(*kind)
+            bucket = open_buckets[kind] = Bucket(*kind)
             buckets.append(bucket)
         bucket.indices.append(index)
         bucket.sizes.append(count)
@@ -252,7 +252,7 @@ def _fill_buckets(kinds: list[tuple], kind_of_leaf: list[tuple] | None, sizes: l
 def _kind_of(key: tuple, wire: np.dtype | None, path: Callable[[], str]) -> tuple:
     cls, location, dtype = key
     if cls.__module__.startswith("torch"):
-        lib, dtype = "torch", _torch_numpy_dtype(dtype)
+        lib, dtype = "torch", torch_numpy_dtype(dtype)
     elif cls.__module__.startswith("cupy"):
         lib, dtype = "cupy", np.dtype(dtype)
     else:
@@ -264,7 +264,7 @@ def _kind_of(key: tuple, wire: np.dtype | None, path: Callable[[], str]) -> tupl
 
 # ---- averaging ---------------------------------------------------------------------------------
 
-def _average(leaves: list, plan: list[_Bucket], group: Group, in_place: bool, convert: bool) -> list[Any]:
+def _average(leaves: list, plan: list[Bucket], group: Group, in_place: bool, convert: bool) -> list[Any]:
     """The averaged leaves, in order. convert: a communication type was asked for, so a
     bucket's dtype may differ from its leaves' (otherwise every leaf of a bucket has it)."""
     scale = 1.0 / group.size()
@@ -277,7 +277,7 @@ def _average(leaves: list, plan: list[_Bucket], group: Group, in_place: bool, co
     staged = []
     for bucket in plan:
         members = leaves if whole else [leaves[i] for i in bucket.indices]
-        stage = _stage_torch if bucket.lib == "torch" else _stage_array
+        stage = stage_torch if bucket.lib == "torch" else stage_array
         step = stage(members, bucket, scale, in_place, direct, convert)
         if overlap:
             done = _communication_thread().submit(group.backend.all_reduce, step.wire, step.wire, ReduceOp.SUM)

@@ -350,7 +350,7 @@ def torch_tensors_of_one_dtype_every_shape(ctx):
     enough to be scaled while it is packed, with one bucket and with many."""
     import torch
 
-    from adapter.gradients import FUSED_SCALE_ELEMENTS
+    from adapter.gradient_packing import FUSED_SCALE_ELEMENTS
 
     r, n = ctx["rank"], ctx["size"]
     shapes = [(7,), (3, 4), (), (0,), (2, 3, 5), (FUSED_SCALE_ELEMENTS + 3,), (1,), (6, 2)]

@@ -44,8 +44,9 @@ from . import config as jaccl_config
 from . import grow, local, shrink
 from .algorithms import MeshAlgorithms, RingAlgorithms
 from .config import MESH, RING, DeviceMatrix
-from .exchange import FrameExchange, stage_tag
-from .links import TRANSPORT_ENV, _agree_on_transport, _build_transport, transport_choice
+from .exchange import FrameExchange
+from .frame_header import stage_tag
+from .links import TRANSPORT_ENV, agree_on_transport, build_transport, transport_choice
 from .local import SharedCollectives
 from .side_channel import SideChannel
 
@@ -101,10 +102,10 @@ def create(timeout: float | None = None) -> "Backend":
     check = layout.check_of(cfg.rank, cfg.size, [tcp.format_address(cfg.coordinator), cfg.devices])
     side = SideChannel(cfg.rank, cfg.size, cfg.coordinator, token, deadline, job, check)
     try:
-        kind = _agree_on_transport(cfg, choice, side)
+        kind = agree_on_transport(cfg, choice, side)
         host = side.local_host()
         # The side channel watches the mesh's formation: rank 0 sees every rank (verbs has no watch).
-        transport = _build_transport(kind, cfg.rank, cfg.size, cfg.peers(), cfg.devices[cfg.rank],
+        transport = build_transport(kind, cfg.rank, cfg.size, cfg.peers(), cfg.devices[cfg.rank],
                                      host, side.all_gather, token, deadline, job, watch=side.watch)
         try:
             side.barrier()  # every queue pair / socket is ready before anyone sends
@@ -351,7 +352,7 @@ class JacclBackend(Backend):
             self._confirm_split(color, colors, keys, None)
             return SingletonBackend()
         try:
-            transport = _build_transport(self.transport_kind, new_rank, len(members), peers,
+            transport = build_transport(self.transport_kind, new_rank, len(members), peers,
                                          devices[new_rank], self._host, exchange, token, deadline, job,
                                          watch=lambda: self._watch_split(color, colors, keys))
         except DistributedError as exc:

@@ -31,8 +31,16 @@ from ..base import GroupFailure, ReduceOp
 from ..protocol import CHECKSUM, Request, checksum, checksum_error, mismatch_message
 from ..transport.blame import RELAY_WAIT_S, STUCK_WAIT_S, silence_text, silent_rank
 from ..transport.slots import SEND, Transport
-from .frame_header import _HS, _OWN_MASK, HEADER, SEQ_MASK, STAGE_BIT, VERIFY_FLAG, stage_tag, staged_request  # noqa: F401
-from .transfers import _ReduceTransfer, _Relay, _Transfer
+from .frame_header import (
+    HEADER,
+    HEADER_BYTES,
+    OWN_MASK,
+    SEQ_MASK,
+    STAGE_BIT,
+    VERIFY_FLAG,
+    staged_request,
+)
+from .transfers import ReduceTransfer, Relay, Transfer
 
 log = logging.getLogger("jacklring.jaccl")
 
@@ -53,9 +61,9 @@ class FrameExchange:
         self.received = {p: 0 for p in transport.peers}
         # The group's failure state (the backend's, shared): the first error makes it unusable.
         self.failure = failure if failure is not None else GroupFailure(f"rank {transport.rank}: this JACCL group")
-        self.payload = transport.frame_bytes - _HS - self.trailer
+        self.payload = transport.frame_bytes - HEADER_BYTES - self.trailer
         self.op_seq = 0        # operations started on this group by this rank (the backend counts)
-        self._stalled_op = -1  # the operation whose stall was already reported
+        self.stalled_op = -1  # the operation whose stall was already reported
         self.stage = 0         # stage_tag of the group's collective, on a leaders' mesh
 
     def set_timeout(self, timeout: float) -> None:
@@ -96,7 +104,7 @@ class FrameExchange:
         if single:
             self._guarded(request, self._one_frame, request, expect or request, phase, sends, targets, deadline)
         else:
-            self._guarded(request, _Transfer(self, request, expect or request, phase, sends, targets, deadline).run)
+            self._guarded(request, Transfer(self, request, expect or request, phase, sends, targets, deadline).run)
 
     def relay(self, request: Request, source: int, sink: int, buf: memoryview, deadline: float) -> None:
         """Receive buf from source and send it on to sink, each frame as soon as it has landed
@@ -104,7 +112,7 @@ class FrameExchange:
         if self.failure.why is not None:
             self.failure.check()
         self.t.read_ahead(False)
-        self._guarded(request, _Relay(self, request, source, sink, buf, deadline).run)
+        self._guarded(request, Relay(self, request, source, sink, buf, deadline).run)
 
     def reduce_transfer(self, request: Request, sends: dict[int, memoryview], own: np.ndarray, out: np.ndarray,
                         op: ReduceOp, deadline: float, phase: int = 0, order: list[int] | None = None) -> None:
@@ -116,7 +124,7 @@ class FrameExchange:
             self.failure.check()
         order = list(range(self.t.size)) if order is None else order
         self.t.read_ahead(False)
-        self._guarded(request, _ReduceTransfer(self, request, phase, sends, own, out, op, deadline, order).run)
+        self._guarded(request, ReduceTransfer(self, request, phase, sends, own, out, op, deadline, order).run)
 
     def _guarded(self, request: Request, run, *args) -> None:
         """Run one exchange; its first error marks the group failed (peer errors gain the operation)."""
@@ -155,7 +163,7 @@ class FrameExchange:
                 t.post_recv(p, 0)
         else:
             for p, target in targets.items():
-                if t.post_recv_into(p, 0, _HS, target):
+                if t.post_recv_into(p, 0, HEADER_BYTES, target):
                     direct = direct or set()
                     direct.add(p)
         kind, reduce, dtype, extra, total = request.op | self.flag, request.reduce, request.dtype, \
@@ -166,8 +174,8 @@ class FrameExchange:
             pack_into(buf, 0, kind, reduce, dtype, phase, sent[p] & SEQ_MASK, 0, extra, total)
             n = len(data)
             if n:
-                buf[_HS:_HS + n] = data
-            n += _HS
+                buf[HEADER_BYTES:HEADER_BYTES + n] = data
+            n += HEADER_BYTES
             if verify:
                 CHECKSUM.pack_into(buf, n, checksum(buf[:n]))
                 n += CHECKSUM.size
@@ -175,12 +183,12 @@ class FrameExchange:
             sent[p] += 1
         sending = list(sends)
         waiting = list(targets)
-        wake = self._first_wake(deadline)
+        wake = self.first_wake(deadline)
         while sending or waiting:
             try:
                 done = t.poll(wake)
             except CollectiveTimeout:
-                wake = self._late(request, deadline, self._pending_messages(sending, waiting),
+                wake = self.late(request, deadline, self._pending_messages(sending, waiting),
                                   waited=waiting or sending)
                 continue
             for c_kind, peer, _slot, nbytes in done:
@@ -190,9 +198,9 @@ class FrameExchange:
                 buf = t.recv_buffer(peer, 0)
                 target = targets[peer]
                 want = len(target)
-                self._check(request, expect, phase, peer, 0, buf, nbytes, want)
+                self.check_frame(request, expect, phase, peer, 0, buf, nbytes, want)
                 if want and not (direct and peer in direct):
-                    target[:] = buf[_HS:_HS + want]
+                    target[:] = buf[HEADER_BYTES:HEADER_BYTES + want]
                 received[peer] += 1
                 waiting.remove(peer)
 
@@ -204,14 +212,14 @@ class FrameExchange:
 
     # ---- deadlines and stall reports -------------------------------------------------------
 
-    def _first_wake(self, deadline: float) -> float:
+    def first_wake(self, deadline: float) -> float:
         """When poll should first give up: the stall-report moment (once per operation), else
         the deadline."""
-        if self.stall_report_s is None or self._stalled_op == self.op_seq:
+        if self.stall_report_s is None or self.stalled_op == self.op_seq:
             return deadline
         return deadline - self.timeout + self.stall_report_s
 
-    def _late(self, request: Request, deadline: float, pending: str, rate: float = 0.0,
+    def late(self, request: Request, deadline: float, pending: str, rate: float = 0.0,
               waited=()) -> float:
         """poll gave up: at the deadline (no frame moved for the timeout) raise naming the
         operation and the peers; before it, report once, "slow, N MB/s" when frames still move
@@ -221,8 +229,8 @@ class FrameExchange:
             timeout = CollectiveTimeout(f"rank {self.rank}: {request.label(self.op_seq)} timed out: "
                                         f"waiting for {pending} (nothing moved for {self.timeout:g} s)")
             raise self._silent_rank(timeout, list(waited)) from None
-        if self._stalled_op != self.op_seq:
-            self._stalled_op = self.op_seq
+        if self.stalled_op != self.op_seq:
+            self.stalled_op = self.op_seq
             pace = f"slow, {rate / 1e6:.2f} MB/s" if rate > 0 else "stalled"
             log.warning("rank %d: %s is %s (deadline in %.1f s unless more arrives): waiting for %s",
                         self.rank, request.label(self.op_seq), pace, deadline - now, pending)
@@ -259,16 +267,16 @@ class FrameExchange:
 
     # ---- checks ------------------------------------------------------------------------------
 
-    def _check(self, request: Request, expect: Request, phase: int, peer: int, frame: int, buf: memoryview,
+    def check_frame(self, request: Request, expect: Request, phase: int, peer: int, frame: int, buf: memoryview,
                nbytes: int, want: int) -> None:
         """Raise unless buf[:nbytes] is frame `frame` of the expected message from peer, carrying
         `want` data bytes (and a matching checksum when verifying)."""
-        if nbytes >= _HS:
+        if nbytes >= HEADER_BYTES:
             kind, reduce, dtype, their_phase, seq, index, extra, total = HEADER.unpack_from(buf, 0)
             if (kind == expect.op | self.flag and reduce == expect.reduce and dtype == expect.dtype
                     and their_phase == phase and extra == expect.extra | self.stage and total == expect.nbytes
                     and seq == self.received[peer] & SEQ_MASK and index == frame
-                    and nbytes == _HS + want + self.trailer
+                    and nbytes == HEADER_BYTES + want + self.trailer
                     and (not self.verify or CHECKSUM.unpack_from(buf, nbytes - CHECKSUM.size)[0]
                          == checksum(buf[:nbytes - CHECKSUM.size]))):
                 return
@@ -278,7 +286,7 @@ class FrameExchange:
                  nbytes: int, want: int) -> None:
         """The slow path of _check: work out what is wrong and raise it."""
         rank, who = self.rank, self.t.peer_label(peer)
-        if nbytes < _HS:
+        if nbytes < HEADER_BYTES:
             raise MismatchError(f"rank {rank}: a {nbytes}-byte message from {who} has no JACCL header "
                                 f"(while running {request.describe()})")
         kind, reduce, dtype, their_phase, seq, index, extra, total = HEADER.unpack_from(buf, 0)
@@ -286,7 +294,7 @@ class FrameExchange:
             mine, theirs = ("on", "off") if self.verify else ("off", "on")
             raise MismatchError(f"rank {rank} has JACKLRING_VERIFY {mine} but {who} has it {theirs}: "
                                 "set it alike on every rank")
-        if self.verify and nbytes >= _HS + CHECKSUM.size:
+        if self.verify and nbytes >= HEADER_BYTES + CHECKSUM.size:
             (expected,) = CHECKSUM.unpack_from(buf, nbytes - CHECKSUM.size)
             actual = checksum(buf[:nbytes - CHECKSUM.size])
             if actual != expected:
@@ -295,7 +303,7 @@ class FrameExchange:
         e = expect
         if (kind, reduce, dtype, total, extra, their_phase) != (e.op, e.reduce, e.dtype, e.nbytes,
                                                                 e.extra | self.stage, phase):
-            theirs = Request(kind, reduce, dtype, total, extra & _OWN_MASK if extra & STAGE_BIT else extra)
+            theirs = Request(kind, reduce, dtype, total, extra & OWN_MASK if extra & STAGE_BIT else extra)
             theirs = staged_request(theirs, extra)
             request = staged_request(Request(request.op, request.reduce, request.dtype, request.nbytes,
                                              request.extra), request.extra | self.stage)
@@ -305,7 +313,7 @@ class FrameExchange:
         expected_seq = self.received[peer] & SEQ_MASK
         raise MismatchError(
             f"rank {rank}: out-of-step message from rank {peer} during {request.describe()}: got "
-            f"message #{seq} frame {index} with {nbytes - _HS - self.trailer} bytes, expected message "
+            f"message #{seq} frame {index} with {nbytes - HEADER_BYTES - self.trailer} bytes, expected message "
             f"#{expected_seq} frame {frame} with {want} bytes")
 
 

@@ -16,12 +16,12 @@ SEQ_MASK = 0xFFFFFFFF
 # but stage different operations of the group mismatch: bit 30 set, the operation from bit 26,
 # the root (mod 2**14) from bit 12, the leaders' own extra (a root among the hosts) below.
 STAGE_BIT, STAGE_SHIFT, DETAIL_SHIFT = 1 << 30, 26, 12
-_DETAIL_MASK, _OWN_MASK = (1 << 14) - 1, (1 << 12) - 1
+DETAIL_MASK, OWN_MASK = (1 << 14) - 1, (1 << 12) - 1
 _REDUCING = (OP_CODES["all_reduce"], OP_CODES["reduce_scatter"])
 
 
 def stage_tag(op_code: int, detail: int) -> int:
-    return STAGE_BIT | op_code << STAGE_SHIFT | (detail & _DETAIL_MASK) << DETAIL_SHIFT if op_code else 0
+    return STAGE_BIT | op_code << STAGE_SHIFT | (detail & DETAIL_MASK) << DETAIL_SHIFT if op_code else 0
 
 
 def staged_request(request: Request, extra: int) -> Request:
@@ -29,9 +29,9 @@ def staged_request(request: Request, extra: int) -> Request:
     if extra < 0 or not extra & STAGE_BIT:
         return request
     op = extra >> STAGE_SHIFT & 0xF
-    detail = extra >> DETAIL_SHIFT & _DETAIL_MASK
+    detail = extra >> DETAIL_SHIFT & DETAIL_MASK
     return Request(op, request.reduce if op in _REDUCING else 0, request.dtype, request.nbytes,
                    detail if op == OP_CODES["broadcast"] else 0)
 
 
-_HS = HEADER.size
+HEADER_BYTES = HEADER.size

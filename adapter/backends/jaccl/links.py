@@ -22,7 +22,7 @@ def transport_choice() -> str:
     return config.get("JACKLRING_JACCL_TRANSPORT")
 
 
-def _agree_on_transport(cfg: jaccl_config.JacclConfig, choice: str, side: SideChannel) -> str:
+def agree_on_transport(cfg: jaccl_config.JacclConfig, choice: str, side: SideChannel) -> str:
     """Every rank reports whether it can use its RDMA devices; all use RDMA or all use TCP."""
     if choice == "tcp":
         reason = f"{TRANSPORT_ENV}=tcp"
@@ -42,7 +42,7 @@ def _agree_on_transport(cfg: jaccl_config.JacclConfig, choice: str, side: SideCh
     return "tcp"
 
 
-def _build_transport(kind: str, rank: int, size: int, peers: list[int], device_row: list[list[str]],
+def build_transport(kind: str, rank: int, size: int, peers: list[int], device_row: list[list[str]],
                      host: str, exchange, token: int, deadline: float, job: auth.Auth,
                      watch=None) -> Transport:
     """Connect the transport; calls exchange exactly once on every rank.

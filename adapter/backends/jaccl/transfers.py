@@ -13,7 +13,7 @@ from ..base import ReduceOp
 from ..elements import reduce_many
 from ..protocol import CHECKSUM, Request, checksum
 from ..transport.slots import SEND
-from .frame_header import _HS, HEADER, SEQ_MASK
+from .frame_header import HEADER, HEADER_BYTES, SEQ_MASK
 
 if TYPE_CHECKING:
     from .exchange import FrameExchange
@@ -22,7 +22,7 @@ _EMPTY = memoryview(b"")
 RECENT_S = 1.0  # a stall report says "slow" when a frame completed this recently, else "stalled"
 
 
-class _Transfer:
+class Transfer:
     """Messages of several frames: `slots` frames in flight per peer and direction."""
 
     def __init__(self, link: FrameExchange, request: Request, expect: Request, phase: int,
@@ -62,21 +62,21 @@ class _Transfer:
         link = self.link
         started = time.monotonic()
         moved = 0
-        wake = link._first_wake(self.deadline)
+        wake = link.first_wake(self.deadline)
         while self._busy():
             try:
                 done = self.t.poll(wake)
             except CollectiveTimeout:
                 now = time.monotonic()
                 flowing = now - self.deadline + link.timeout < RECENT_S  # a frame completed recently
-                wake = link._late(self.request, self.deadline, self._pending(),
+                wake = link.late(self.request, self.deadline, self._pending(),
                                   moved / (now - started) if flowing else 0.0, self._waited())
                 continue
             if done:
                 # The deadline measures silence: each completed frame restarts it, so a slow link
                 # that keeps delivering is not mistaken for a dead peer.
                 self.deadline = time.monotonic() + link.timeout
-                wake = min(wake, self.deadline) if link._stalled_op != link.op_seq else self.deadline
+                wake = min(wake, self.deadline) if link.stalled_op != link.op_seq else self.deadline
             for c in done:
                 moved += c.nbytes
                 if c.kind == SEND:
@@ -119,7 +119,7 @@ class _Transfer:
         slot = frame % self.t.slots
         if self.into_targets:
             start = frame * self.payload
-            if self.t.post_recv_into(peer, slot, _HS, self.targets[peer][start:start + self.payload]):
+            if self.t.post_recv_into(peer, slot, HEADER_BYTES, self.targets[peer][start:start + self.payload]):
                 self.direct.add((peer, slot))
         else:
             self.t.post_recv(peer, slot)
@@ -136,10 +136,10 @@ class _Transfer:
         HEADER.pack_into(buf, 0, r.op | link.flag, r.reduce, r.dtype, self.phase, self.seq_out[peer] & SEQ_MASK,
                          frame, r.extra | link.stage, r.nbytes)
         if link.verify:   # the checksum goes in the slot after the header; the message ends with it
-            CHECKSUM.pack_into(buf, _HS, checksum(chunk, checksum(buf[:_HS])))
-            self.t.post_send_parts(peer, slot, _HS, chunk, CHECKSUM.size)
+            CHECKSUM.pack_into(buf, HEADER_BYTES, checksum(chunk, checksum(buf[:HEADER_BYTES])))
+            self.t.post_send_parts(peer, slot, HEADER_BYTES, chunk, CHECKSUM.size)
         else:
-            self.t.post_send_parts(peer, slot, _HS, chunk)
+            self.t.post_send_parts(peer, slot, HEADER_BYTES, chunk)
         self.next_send[peer] += 1
         self.unacked[peer] += 1
 
@@ -159,18 +159,18 @@ class _Transfer:
             buf = self.t.recv_buffer(peer, slot)
             offset = frame * payload
             want = min(payload, max(0, len(target) - offset))
-            link._check(self.request, self.expect, self.phase, peer, frame, buf, nbytes, want)
+            link.check_frame(self.request, self.expect, self.phase, peer, frame, buf, nbytes, want)
             if (peer, slot) in self.direct:
                 self.direct.discard((peer, slot))   # the data is already in place
             elif want > 0:
-                target[offset:offset + want] = buf[_HS:_HS + want]
+                target[offset:offset + want] = buf[HEADER_BYTES:HEADER_BYTES + want]
             self.next_recv[peer] += 1
             if self.next_post[peer] < self.total_in[peer]:
                 self._post_recv(peer)
 
 
-class _ReduceTransfer(_Transfer):
-    """A _Transfer whose received frames are reduced, not stored: frame f of every peer waits
+class ReduceTransfer(Transfer):
+    """A Transfer whose received frames are reduced, not stored: frame f of every peer waits
     in its receive slot until all peers' frame f is in, then op over them and this rank's part
     (in rank order, so every rank computes the same bits) goes straight into out, and the slots
     take the next frames. Memory stays at the slots, whatever the message size."""
@@ -214,8 +214,8 @@ class _ReduceTransfer(_Transfer):
                     parts.append(mine.copy() if self.own_later else mine)
                     continue
                 buf = t.recv_buffer(q, slot)
-                link._check(self.request, self.expect, self.phase, q, frame, buf, ready.pop((q, slot)), want)
-                parts.append(np.frombuffer(buf, np.uint8, want, _HS).view(self.dtype))
+                link.check_frame(self.request, self.expect, self.phase, q, frame, buf, ready.pop((q, slot)), want)
+                parts.append(np.frombuffer(buf, np.uint8, want, HEADER_BYTES).view(self.dtype))
             if want:
                 reduce_many(self.out[lo:hi], parts, self.op)
             self.frame += 1
@@ -225,7 +225,7 @@ class _ReduceTransfer(_Transfer):
                     self._post_recv(q)
 
 
-class _Relay(_Transfer):
+class Relay(Transfer):
     """Frame f goes on to the sink once frame f from the source is in buf: a message crosses a
     chain of ranks a frame behind the previous hop instead of a whole message behind."""
 

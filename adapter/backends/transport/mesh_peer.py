@@ -1,6 +1,6 @@
 """The TCP mesh's wire and connection state: every message is an 8-byte length and the bytes;
 a length with the notice bit set is a failing rank's last word instead (blame.py's rule). One
-_Peer per connection holds its slot buffers, read-ahead buffer, spill and queues of posted work."""
+MeshPeer per connection holds its slot buffers, read-ahead buffer, spill and queues of posted work."""
 from __future__ import annotations
 
 import select
@@ -13,18 +13,18 @@ from .spill import Spill
 
 # A length with this bit set is no message but a failing rank's last word: the rest is the
 # rank it blames (see notify_failure; the words and the rule are blame.py's, as the ring's).
-_NOTICE = 1 << 63
-_STUCK = 1 << 62  # a notice of _NOTICE | _STUCK: "this rank timed out too, waiting for another"
-# A notice of _NOTICE | _OUTER | q, on a leaders' mesh (local/staged.py): rank q of the whole
+NOTICE = 1 << 63
+STUCK = 1 << 62  # a notice of NOTICE | STUCK: "this rank timed out too, waiting for another"
+# A notice of NOTICE | OUTER | q, on a leaders' mesh (local/staged.py): rank q of the whole
 # group whose hosts the mesh links failed (see notify_outer).
-_OUTER = 1 << 61
-_LEN = struct.Struct("<Q")
-_LS = _LEN.size
-_INBUF_BYTES = 64 << 10
-_READ = select.POLLIN | select.POLLPRI
+OUTER = 1 << 61
+LEN = struct.Struct("<Q")
+LS = LEN.size
+INBUF_BYTES = 64 << 10
+READ = select.POLLIN | select.POLLPRI
 
 
-class _Peer:
+class MeshPeer:
     """One connection, its slot buffers and its queues of posted work, in posting order."""
 
     __slots__ = ("rank", "sock", "fd", "label", "sends", "recvs", "inbuf", "inview", "in_start", "in_end",
@@ -38,7 +38,7 @@ class _Peer:
         self.label = label
         self.sends: deque[list] = deque()      # [slot, memoryview (or list of them) still to send, nbytes]
         self.recvs: deque[int] = deque()       # slots waiting for the next message
-        self.inbuf = bytearray(_INBUF_BYTES)
+        self.inbuf = bytearray(INBUF_BYTES)
         self.inview = memoryview(self.inbuf)
         self.in_start = 0
         self.in_end = 0
@@ -59,14 +59,14 @@ class _Peer:
         self.body_into: memoryview | None = None   # the large body being read goes there
         self.body_head = 0
 
-def _peer_error(state: _Peer, why: str) -> PeerError:
+def peer_error(state: MeshPeer, why: str) -> PeerError:
     """A failure of this peer's connection, naming the peer (culprit: the rank to blame)."""
     exc = PeerError(why)
     exc.culprit = exc.peer = state.rank
     return exc
 
 
-def _unsent(parts: list[memoryview], sent: int) -> list[memoryview]:
+def unsent(parts: list[memoryview], sent: int) -> list[memoryview]:
     """What is left of a gathered send after `sent` bytes went out."""
     while parts and sent >= len(parts[0]):
         sent -= len(parts[0])

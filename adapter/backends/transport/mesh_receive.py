@@ -8,7 +8,7 @@ import select
 
 from ...errors import PeerError
 from .blame import relay_error
-from .mesh_peer import _INBUF_BYTES, _LEN, _LS, _NOTICE, _OUTER, _READ, _STUCK, _Peer, _peer_error
+from .mesh_peer import INBUF_BYTES, LEN, LS, NOTICE, OUTER, READ, STUCK, MeshPeer, peer_error
 from .slots import RECV, Completion
 
 _new = tuple.__new__
@@ -17,7 +17,7 @@ _new = tuple.__new__
 class MeshReceiving:
     """The receive half of TcpMeshTransport (a mixin: the state it reads is the transport's)."""
 
-    def _progress_recv(self, state: _Peer) -> None:
+    def _progress_recv(self, state: MeshPeer) -> None:
         """Complete as many posted receives as the bytes available allow and read ahead what
         fits in the buffer, without blocking."""
         recv_into = state.sock.recv_into
@@ -35,7 +35,7 @@ class MeshReceiving:
                             return
                         n = recv_into(view)
                         if n == 0:
-                            raise _peer_error(state, self._closed_text(state))
+                            raise peer_error(state, self._closed_text(state))
                         drained = n < len(view)
                     state.body_got += n
                     if state.body_got == state.body_len:
@@ -56,13 +56,13 @@ class MeshReceiving:
                     tail = state.in_end - state.in_start
                     state.inbuf[:tail] = state.inview[state.in_start:state.in_end]
                     state.in_start, state.in_end = 0, tail
-                space = _INBUF_BYTES - state.in_end
+                space = INBUF_BYTES - state.in_end
                 if not space or state.spill.chunks:
                     # Full and nobody waiting on this peer yet: keep reading into the spill, up to
                     # its limit, so a peer blocked sending to us can finish and read our messages
                     # (while the caller allows it: see read_ahead).
                     if state.spill.full() or not (self._spill_allowed or state.recvs):
-                        self._set_mask(state, state.mask & ~_READ)
+                        self._set_mask(state, state.mask & ~READ)
                         if not self._spill_allowed and state not in self._paused:
                             self._paused.append(state)
                         return
@@ -87,45 +87,45 @@ class MeshReceiving:
         except OSError as exc:
             self._connection_ended(state, f"receiving from {state.label} failed: {exc.strerror or exc}")
 
-    def _refill(self, state: _Peer) -> None:
+    def _refill(self, state: MeshPeer) -> None:
         """Move spilled bytes into the read-ahead buffer's free space (they come right after it)."""
         if state.in_start:
             tail = state.in_end - state.in_start
             state.inbuf[:tail] = state.inview[state.in_start:state.in_end]
             state.in_start, state.in_end = 0, tail
-        if state.in_end < _INBUF_BYTES:
+        if state.in_end < INBUF_BYTES:
             state.in_end += state.spill.take(state.inview[state.in_end:])
         if not state.spill.full() and not state.mask & select.POLLIN and state.gone is None:
-            self._set_mask(state, state.mask | _READ)
+            self._set_mask(state, state.mask | READ)
 
-    def _parse(self, state: _Peer) -> bool:
+    def _parse(self, state: MeshPeer) -> bool:
         """Take one message (or the start of a large one) out of the read-ahead buffer."""
         start = state.in_start
         have = state.in_end - start
-        if have < _LS:
+        if have < LS:
             return False
-        (length,) = _LEN.unpack_from(state.inbuf, start)
-        if length == _NOTICE | _STUCK:
+        (length,) = LEN.unpack_from(state.inbuf, start)
+        if length == NOTICE | STUCK:
             state.stuck = True  # not an end: whom it blames may follow (notify_failure)
-            state.in_start += _LS
+            state.in_start += LS
             return True
-        if length & _NOTICE and length & _OUTER:
-            outer = length & ~(_NOTICE | _OUTER)
+        if length & NOTICE and length & OUTER:
+            outer = length & ~(NOTICE | OUTER)
             exc = relay_error("", outer, state.rank, f"{state.label}, naming it by its rank in the group spanning the hosts")
             exc.outer_culprit = outer  # type: ignore[attr-defined]
             del exc.culprit  # no rank of this mesh: nothing to pass on to its other peers
             state.gone = str(exc)
             raise exc
-        if length & _NOTICE:
-            exc = relay_error("", length & ~_NOTICE, state.rank, state.label)
+        if length & NOTICE:
+            exc = relay_error("", length & ~NOTICE, state.rank, state.label)
             state.gone = str(exc)
             raise exc
         if length > self.frame_bytes:
             raise PeerError(f"{state.label} sent a {length}-byte message, larger than the "
                             f"{self.frame_bytes}-byte slot (different jacklring versions?)")
-        body = start + _LS
+        body = start + LS
         slot = state.recvs[0]
-        if have - _LS >= length:
+        if have - LS >= length:
             state.recvs.popleft()
             if state.divert[slot] is None:
                 state.recv_views[slot][:length] = state.inview[body:body + length]
@@ -140,7 +140,7 @@ class MeshReceiving:
                 state.in_start = end
             self._done.append(_new(Completion, (RECV, state.rank, slot, length)))
             return True
-        if length <= _INBUF_BYTES - _LS:
+        if length <= INBUF_BYTES - LS:
             return False  # a small message still arriving: read more into the buffer
         got = state.in_end - body
         if state.divert[slot] is not None:
@@ -151,14 +151,14 @@ class MeshReceiving:
         return True
 
     @staticmethod
-    def _take_divert(state: _Peer, slot: int, length: int) -> None:
+    def _take_divert(state: MeshPeer, slot: int, length: int) -> None:
         """The message for this slot has begun: use its diverted view if the length fits it."""
         head, into = state.divert[slot]
         state.divert[slot] = None
         state.body_into, state.body_head = (into, head) if length == head + len(into) else (None, 0)
 
     @staticmethod
-    def _dest(state: _Peer, slot: int, start: int, end: int) -> memoryview:
+    def _dest(state: MeshPeer, slot: int, start: int, end: int) -> memoryview:
         """Where the message's bytes [start, end) go: the slot, or past the head the diverted view
         (one of the two: the returned view may be shorter)."""
         into = state.body_into
@@ -169,7 +169,7 @@ class MeshReceiving:
             return state.recv_views[slot][start:min(end, head)]
         return into[start - head:end - head]
 
-    def _place(self, state: _Peer, slot: int, data: memoryview) -> None:
+    def _place(self, state: MeshPeer, slot: int, data: memoryview) -> None:
         """Copy the first len(data) bytes of a message to where they belong."""
         pos, n = 0, len(data)
         while pos < n:
@@ -177,18 +177,18 @@ class MeshReceiving:
             dest[:] = data[pos:pos + len(dest)]
             pos += len(dest)
 
-    def _finish_recv(self, state: _Peer, nbytes: int) -> None:
+    def _finish_recv(self, state: MeshPeer, nbytes: int) -> None:
         state.body_into = None
         self._done.append(_new(Completion, (RECV, state.rank, state.recvs.popleft(), nbytes)))
 
-    def _connection_ended(self, state: _Peer, why: str) -> None:
+    def _connection_ended(self, state: MeshPeer, why: str) -> None:
         """End of stream or a reset. An error only once a message from this peer is awaited: a
         peer that finished and closed while this rank talks to others is no failure."""
         state.gone = why
-        self._set_mask(state, state.mask & ~_READ)
+        self._set_mask(state, state.mask & ~READ)
         if state.recvs:
-            raise _peer_error(state, why)
+            raise peer_error(state, why)
 
     @staticmethod
-    def _closed_text(state: _Peer) -> str:
+    def _closed_text(state: MeshPeer) -> str:
         return f"{state.label} closed the connection (the process exited or failed)"

@@ -21,7 +21,7 @@ import time
 from ... import config
 from ...errors import CollectiveTimeout
 from . import tcp
-from .mesh_peer import _LEN, _LS, _NOTICE, _OUTER, _READ, _STUCK, _Peer, _peer_error, _unsent
+from .mesh_peer import LEN, LS, NOTICE, OUTER, READ, STUCK, MeshPeer, peer_error, unsent
 from .mesh_receive import MeshReceiving
 from .slots import RECV, SEND, BufferPool, Completion, Transport
 from .tcp import available_cpus, spin_seconds  # noqa: F401  (shared with the ring)
@@ -54,22 +54,22 @@ class TcpMeshTransport(MeshReceiving, Transport):
         self.slots = slots
         labels = labels or {}
         self.spill_limit = config.get("JACKLRING_P2P_SPILL_BYTES")
-        self._peers: list[_Peer | None] = [None] * size
+        self._peers: list[MeshPeer | None] = [None] * size
         for p, s in sockets.items():
             s.setblocking(False)
-            self._peers[p] = _Peer(p, s, labels.get(p, f"rank {p} (JACCL TCP mesh)"), slots, self.spill_limit)
+            self._peers[p] = MeshPeer(p, s, labels.get(p, f"rank {p} (JACCL TCP mesh)"), slots, self.spill_limit)
         self._by_fd = {state.fd: state for state in self._peers if state is not None}
         # Buffers carry 8 spare bytes in front so the length prefix and body go out in one send.
-        self._pool = BufferPool(frame_bytes, lambda n, key: bytearray(n + _LS))
+        self._pool = BufferPool(frame_bytes, lambda n, key: bytearray(n + LS))
         self._poller = select.poll()
         for state in self._by_fd.values():
-            self._set_mask(state, _READ)
+            self._set_mask(state, READ)
         self._done: list[Completion] = []
         self._closed = False
         self.posted_bytes = 0   # message bytes posted for sending (what an algorithm puts on the wire)
         self.spin_s = spin_seconds(size) if spin_s is None else spin_s
         self._spill_allowed = True
-        self._paused: list[_Peer] = []   # not read while read-ahead was off; read again when it is on
+        self._paused: list[MeshPeer] = []   # not read while read-ahead was off; read again when it is on
 
     def read_ahead(self, allowed: bool) -> None:
         """Whether bytes that no posted receive waits for may be read into the spill. A rank that
@@ -84,7 +84,7 @@ class TcpMeshTransport(MeshReceiving, Transport):
         if allowed:
             for state in self._paused:
                 if state.gone is None and not state.mask & select.POLLIN:
-                    self._set_mask(state, state.mask | _READ)
+                    self._set_mask(state, state.mask | READ)
             self._paused.clear()
 
     def peer_label(self, peer: int) -> str:
@@ -100,13 +100,13 @@ class TcpMeshTransport(MeshReceiving, Transport):
 
     # ---- buffers ---------------------------------------------------------------------------
 
-    def _make_send(self, state: _Peer, slot: int) -> memoryview:
+    def _make_send(self, state: MeshPeer, slot: int) -> memoryview:
         raw = memoryview(self._pool.get(state.rank, SEND, slot))
         state.send_raw[slot] = raw
-        view = state.send_views[slot] = raw[_LS:]
+        view = state.send_views[slot] = raw[LS:]
         return view
 
-    def _make_recv(self, state: _Peer, slot: int) -> memoryview:
+    def _make_recv(self, state: MeshPeer, slot: int) -> memoryview:
         view = state.recv_views[slot] = memoryview(self._pool.get(state.rank, RECV, slot))[:self.frame_bytes]
         return view
 
@@ -129,15 +129,15 @@ class TcpMeshTransport(MeshReceiving, Transport):
             self._make_send(state, slot)
             raw = state.send_raw[slot]
         self.posted_bytes += nbytes
-        _LEN.pack_into(raw, 0, nbytes)
-        view = raw[:_LS + nbytes]
+        LEN.pack_into(raw, 0, nbytes)
+        view = raw[:LS + nbytes]
         if not state.sends:  # the usual case: the whole message leaves in this one call
             try:
                 sent = state.sock.send(view)
             except (BlockingIOError, InterruptedError):
                 sent = 0
             except OSError as exc:
-                raise _peer_error(state, f"sending to {state.label} failed: {exc.strerror or exc}") from None
+                raise peer_error(state, f"sending to {state.label} failed: {exc.strerror or exc}") from None
             if sent == len(view):
                 self._done.append(_new(Completion, (SEND, peer, slot, nbytes)))
                 return
@@ -160,18 +160,18 @@ class TcpMeshTransport(MeshReceiving, Transport):
             self._make_send(state, slot)
             raw = state.send_raw[slot]
         self.posted_bytes += nbytes
-        _LEN.pack_into(raw, 0, nbytes)
-        parts = [raw[:_LS + head], data]
+        LEN.pack_into(raw, 0, nbytes)
+        parts = [raw[:LS + head], data]
         if tail:
-            parts.append(raw[_LS + head:_LS + head + tail])
+            parts.append(raw[LS + head:LS + head + tail])
         if not state.sends:
             try:
                 sent = state.sock.sendmsg(parts)
             except (BlockingIOError, InterruptedError):
                 sent = 0
             except OSError as exc:
-                raise _peer_error(state, f"sending to {state.label} failed: {exc.strerror or exc}") from None
-            parts = _unsent(parts, sent)
+                raise peer_error(state, f"sending to {state.label} failed: {exc.strerror or exc}") from None
+            parts = unsent(parts, sent)
             if not parts:
                 self._done.append(_new(Completion, (SEND, peer, slot, nbytes)))
                 return
@@ -202,9 +202,9 @@ class TcpMeshTransport(MeshReceiving, Transport):
                 pass
         if state.recvs:
             if state.gone is not None:
-                raise _peer_error(state, state.gone)
+                raise peer_error(state, state.gone)
             if not state.mask & select.POLLIN:
-                self._set_mask(state, state.mask | _READ)
+                self._set_mask(state, state.mask | READ)
 
     # ---- progress ----------------------------------------------------------------------------
 
@@ -256,7 +256,7 @@ class TcpMeshTransport(MeshReceiving, Transport):
                 parts.append(f"{state.label} to take {len(state.sends)} message(s)")
         return ", ".join(parts) or "nothing"
 
-    def _progress_send(self, state: _Peer) -> None:
+    def _progress_send(self, state: MeshPeer) -> None:
         sends = state.sends
         while sends:
             item = sends[0]
@@ -267,15 +267,15 @@ class TcpMeshTransport(MeshReceiving, Transport):
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:
-                raise _peer_error(state, f"sending to {state.label} failed: {exc.strerror or exc}") from None
-            item[1] = _unsent(pending, sent) if gather else pending[sent:]
+                raise peer_error(state, f"sending to {state.label} failed: {exc.strerror or exc}") from None
+            item[1] = unsent(pending, sent) if gather else pending[sent:]
             if len(item[1]):
                 return
             sends.popleft()
             self._done.append(_new(Completion, (SEND, state.rank, item[0], item[2])))
         self._set_mask(state, state.mask & ~select.POLLOUT)
 
-    def _set_mask(self, state: _Peer, mask: int) -> None:
+    def _set_mask(self, state: MeshPeer, mask: int) -> None:
         if mask == state.mask:
             return
         if state.mask == 0:
@@ -312,18 +312,18 @@ class TcpMeshTransport(MeshReceiving, Transport):
         (between exchanges, such as while a split forms; nothing is consumed)."""
         found = {}
         for state in self._by_fd.values():
-            if state.in_end - state.in_start >= _LS:
-                head = bytes(state.inview[state.in_start:state.in_start + _LS])
+            if state.in_end - state.in_start >= LS:
+                head = bytes(state.inview[state.in_start:state.in_start + LS])
             else:
                 try:
                     head = bytes(state.inview[state.in_start:state.in_end]) + state.sock.recv(
-                        _LS - (state.in_end - state.in_start), socket.MSG_PEEK | socket.MSG_DONTWAIT)
+                        LS - (state.in_end - state.in_start), socket.MSG_PEEK | socket.MSG_DONTWAIT)
                 except OSError:
                     continue
-            if len(head) == _LS:
-                (length,) = _LEN.unpack(head)
-                if length & _NOTICE and not length & (_STUCK | _OUTER):
-                    found[state.rank] = length & ~_NOTICE
+            if len(head) == LS:
+                (length,) = LEN.unpack(head)
+                if length & NOTICE and not length & (STUCK | OUTER):
+                    found[state.rank] = length & ~NOTICE
         return found
 
     def notify_failure(self, exc: BaseException) -> None:
@@ -335,18 +335,18 @@ class TcpMeshTransport(MeshReceiving, Transport):
         culprit = getattr(exc, "culprit", None)
         if culprit is None or not 0 <= culprit < self.size:
             return
-        self._notify_live_peers(_LEN.pack(_NOTICE | culprit), skip=(culprit, getattr(exc, "peer", None)))
+        self._notify_live_peers(LEN.pack(NOTICE | culprit), skip=(culprit, getattr(exc, "peer", None)))
 
     def notify_outer(self, culprit: int) -> None:
         """On a leaders' mesh (local/staged.py): tell every live peer, in band as notify_failure,
         that this rank gives up because of rank `culprit` of the whole group (none when < 0)."""
         if culprit >= 0:
-            self._notify_live_peers(_LEN.pack(_NOTICE | _OUTER | culprit))
+            self._notify_live_peers(LEN.pack(NOTICE | OUTER | culprit))
 
     def notify_stuck(self) -> None:
         """This rank's deadline passed: tell every live peer it is stuck too (in band, as
         notify_failure), so a peer waiting for it does not take it for the silent rank."""
-        self._notify_live_peers(_LEN.pack(_NOTICE | _STUCK))
+        self._notify_live_peers(LEN.pack(NOTICE | STUCK))
 
     def _notify_live_peers(self, notice: bytes, skip: tuple = ()) -> None:
         """Send a notice to every peer still connected with nothing queued for it (a notice must
