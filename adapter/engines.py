@@ -258,8 +258,8 @@ def _store_ring(store, rank: int, size: int, timeout: float | None, where: str,
     taken in by the members' grow() (rendezvous/store_grow.py)."""
     import torch.distributed as dist
 
-    from .rendezvous.store_grow import StoreSource, join_store_ring
-    from .rendezvous.store_ring import store_ring
+    from .rendezvous.store_grow import StoreSource
+    from .rendezvous.store_ring import join_store_ring, store_ring
 
     try:
         # Keys of our own: torch's groups on the same store never see ours, nor we theirs.

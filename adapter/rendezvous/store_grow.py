@@ -25,10 +25,9 @@ import os
 from dataclasses import dataclass
 from typing import Iterator
 
-from ..backends.base import Backend
 from ..backends.ring import lineage
 from ..backends.transport import auth, tcp
-from ..errors import ConfigError, DistributedError, IntegrityError
+from ..errors import DistributedError, IntegrityError
 from . import store_records
 
 log = logging.getLogger("jacklring.grow")
@@ -126,26 +125,3 @@ class StoreOrigin:
                     self._store.delete_key(book.key_name(slot))
         finally:
             listener.close()
-
-
-def join_store_ring(store, slot: int, size: int, timeout_s: float, scope: str, source: StoreSource) -> Backend:
-    """As the newcomer at `slot` of a group of `size` formed through `store` (under `scope`, as
-    store_ring was called): knock and wait up to JACKLRING_CONNECT_TIMEOUT to be taken in by
-    the members' grow(); the grown ring's backend. The caller has refused slot 0 of a store
-    served by rank 0 before opening it (engines: the store died with rank 0)."""
-    from ..backends.ring import grow
-    from ..config import connect_timeout
-    from .store_ring import formation_prefix, listen_host, store_auth
-
-    host = listen_host(store)
-    prefix = formation_prefix(scope, size)
-    wait_s = connect_timeout()
-    try:
-        job = store_auth(store, prefix, slot, min(timeout_s, wait_s), host, joining=True)
-        origin = StoreOrigin(store, prefix, job, size, host, source)
-    except (DistributedError, ConfigError):
-        raise
-    except Exception as exc:
-        raise DistributedError(f"slot {slot}: the store ({source.where}) closed while this newcomer read the job "
-                               f"key ({exc})") from None
-    return grow.join_ring(slot, origin, timeout_s, wait_s)

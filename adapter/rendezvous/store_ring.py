@@ -1,7 +1,8 @@
 """A ring formed through a key-value store (torch's TCPStore, under torchrun, Slurm or a torch
 process group): every rank publishes its listening address in an authenticated record and reads
 everyone's (store_records), under a key derived from a secret outsiders cannot read where the
-job gives one (store_secret). Needs a torch store object, not torch.distributed itself."""
+job gives one (store_secret). Needs a torch store object, not torch.distributed itself. A
+newcomer (JACKLRING_JOIN=1) joins such a ring with join_store_ring, through store_grow's origin."""
 from __future__ import annotations
 
 import ipaddress
@@ -157,3 +158,27 @@ def store_address(store) -> tuple[str, int] | None:
         store = getattr(store, "underlying_store", None)
         seen += 1
     return None
+
+
+def join_store_ring(store, slot: int, size: int, timeout_s: float, scope: str,
+                    source: "store_grow.StoreSource") -> Backend:
+    """As the newcomer at `slot` of a group of `size` formed through `store` (under `scope`, as
+    store_ring was called): knock and wait up to JACKLRING_CONNECT_TIMEOUT to be taken in by
+    the members' grow(); the grown ring's backend. The caller has refused slot 0 of a store
+    served by rank 0 before opening it (engines: the store died with rank 0)."""
+    from ..backends.ring import grow
+    from ..backends.ring.backend import RingBackend
+    from ..config import connect_timeout
+
+    host = listen_host(store)
+    prefix = formation_prefix(scope, size)
+    wait_s = connect_timeout()
+    try:
+        job = store_auth(store, prefix, slot, min(timeout_s, wait_s), host, joining=True)
+        origin = store_grow.StoreOrigin(store, prefix, job, size, host, source)
+    except (DistributedError, ConfigError):
+        raise
+    except Exception as exc:
+        raise DistributedError(f"slot {slot}: the store ({source.where}) closed while this newcomer read the job "
+                               f"key ({exc})") from None
+    return grow.join_ring(RingBackend, slot, origin, timeout_s, wait_s)

@@ -1,6 +1,7 @@
 """Imports point down the layers of docs/architecture.md: the table there is read, every module of
 adapter/, launcher/ and jacklring_shared/ is parsed, and an import of a higher layer fails the test. Imports inside
-functions count; imports under `if TYPE_CHECKING:` (type names only, never run) do not."""
+functions count; imports under `if TYPE_CHECKING:` (type names only, never run) do not. Within a layer
+(inside a package, too) no modules import each other in a circle."""
 from __future__ import annotations
 
 import ast
@@ -114,6 +115,104 @@ def test_the_walk_sees_upward_imports_and_skips_type_only_ones(tmp_path: Path) -
     assert [t for t, _ in found] == ["adapter.backends.ring", "adapter.ops"]
     height = layer_of("adapter.backends.transport.tcp", table)[0]
     assert all(layer_of(t, table)[0] > height for t, _ in found)
+
+
+def import_graph(sources: dict[str, Path]) -> dict[str, set[str]]:
+    """{module: the project modules it imports}, `from pkg import name` counting as an import of
+    pkg.name when that is a module (else of pkg itself), a module's imports of itself left out."""
+    graph = {}
+    for name, path in sources.items():
+        targets = set()
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        tree = ast.parse(path.read_text(), str(path))
+        skipped = _type_checking_only(tree)
+        for node in ast.walk(tree):
+            if id(node) in skipped:
+                continue
+            if isinstance(node, ast.Import):
+                targets.update(alias.name for alias in node.names if alias.name in sources)
+            elif isinstance(node, ast.ImportFrom):
+                base = package.split(".")[:len(package.split(".")) - node.level + 1] if node.level else []
+                target = ".".join(base + ([node.module] if node.module else []))
+                for alias in node.names:
+                    inner = f"{target}.{alias.name}"
+                    if inner in sources:
+                        targets.add(inner)
+                    elif target in sources:
+                        targets.add(target)
+        graph[name] = targets - {name}
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import circles: every strongly connected group of two or more modules (Tarjan's
+    algorithm, iterative), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph.get(child, ())))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                group = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    group.append(member)
+                    if member == node:
+                        break
+                if len(group) > 1:
+                    found.append(sorted(group))
+    return found
+
+
+def test_no_modules_import_each_other_in_a_circle() -> None:
+    """A circle (a.py imports b.py, which imports a.py, at the top or in a function) means neither
+    module can be read, tested or loaded without the other: pass what is needed in instead (a
+    constructor, a callable) or move the shared names down to a module both import."""
+    graph = import_graph({module_name(p): p for p in _sources()})
+    found = circles(graph)
+    text = ["  " + " <-> ".join(group) + ": " + "; ".join(
+        f"{a} imports {', '.join(sorted(graph[a] & set(group)))}" for a in group) for group in found]
+    assert not found, "import circles:\n" + "\n".join(text)
+
+
+def test_the_circle_check_sees_a_circle_inside_a_package(tmp_path: Path) -> None:
+    """The check itself can fail: two modules of one package that import each other (one of them
+    inside a function) are found; the same import under TYPE_CHECKING is no circle."""
+    package = tmp_path / "adapter" / "backends" / "ring"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "backend.py").write_text("from . import grow\nfrom .shrink import shrink_ring\n")
+    (package / "grow.py").write_text("def grow_ring():\n    from .backend import RingBackend\n")
+    (package / "shrink.py").write_text("from typing import TYPE_CHECKING\n"
+                                       "if TYPE_CHECKING:\n    from .backend import RingBackend\n")
+    prefix = "adapter.backends.ring"
+    sources = {f"{prefix}.{p.stem}" if p.stem != "__init__" else prefix: p for p in package.glob("*.py")}
+    graph = import_graph(sources)
+    assert graph[f"{prefix}.backend"] == {f"{prefix}.grow", f"{prefix}.shrink"}
+    assert circles(graph) == [[f"{prefix}.backend", f"{prefix}.grow"]]
 
 
 def _sources() -> list[Path]:

@@ -63,6 +63,7 @@ from .header import (
     PURPOSE_ABORT,
     PURPOSE_P2P,
     PURPOSE_RING,
+    PURPOSE_SHRINK,
     stage_tag,
 )
 from .plumbing import Plumbing
@@ -96,7 +97,7 @@ def create(timeout: float | None = None) -> "RingBackend":
         _witness_layout(addresses, _incarnations + 1)
         raise
     if config.get("JACKLRING_JOIN"):  # a replacement: the members take it in with grow()
-        return grow.join_ring(rank, lineage.HostfileOrigin(addresses), timeout, default_connect_timeout())
+        return grow.join_ring(RingBackend, rank, lineage.HostfileOrigin(addresses), timeout, default_connect_timeout())
     _incarnations += 1
     backend = RingBackend.from_addresses(rank, addresses, timeout=timeout, incarnation=_incarnations,
                                          layout_check=True)
@@ -384,7 +385,7 @@ class RingBackend(Backend):
         if not state.listeners:
             raise DistributedError(f"rank {state.rank}: this ring group was closed; it cannot shrink")
         seat = membership.Seat(state.rank, [a[0] for a in state.addresses], state.listeners[0], state.auth,
-                               state.token, shrink.PURPOSE_SHRINK)
+                               state.token, PURPOSE_SHRINK)
         return shrink.shrink_ring(self, seat, state.addresses, exclude, min_size, timeout)
 
     def grow(self, count: int | None, timeout: float) -> "RingBackend":

@@ -15,7 +15,7 @@ from ...errors import CollectiveTimeout, DistributedError, PeerError
 from ..transport import blame, integrity, layout, tcp
 from ..transport.auth import Auth
 from ..transport.stream_engine import Engine, Stream
-from . import origin, shrink, standby
+from . import origin, standby
 from .addresses import links_per_neighbour, ranks_on_this_host
 from .formation import FormationAbandoned, LayoutMismatch, Watch
 from .header import (
@@ -27,6 +27,8 @@ from .header import (
     PURPOSE_ABORT,
     PURPOSE_P2P,
     PURPOSE_RING,
+    PURPOSE_SHRINK,
+    admits_shrink,
     find_abort,
 )
 from .state import RingState
@@ -94,8 +96,8 @@ def admit(state: RingState, hello: tcp.Hello, listener: int, k: int) -> str | No
         if 0 <= hello.sender < size and hello.sender != rank and hello.channel == 0:
             return None
         return f"no rank {hello.sender} sends point-to-point here"
-    if hello.purpose == shrink.PURPOSE_SHRINK and listener == 0:
-        return shrink.admits(hello.sender, rank, size)
+    if hello.purpose == PURPOSE_SHRINK and listener == 0:
+        return admits_shrink(hello.sender, rank, size)
     if hello.purpose == PURPOSE_ABORT and listener == 0:
         if hello.sender in (prv, (rank + 1) % size) and hello.channel == 0:
             return None

@@ -33,6 +33,7 @@ from ..elastic import enrolment, shrinking
 from ..transport import tcp
 from ..transport.auth import Auth
 from . import lineage, shrink
+from .header import PURPOSE_SHRINK
 from .lineage import Lineage, Origin
 
 if TYPE_CHECKING:
@@ -51,8 +52,7 @@ def admit_invitation(hello: tcp.Hello) -> str | None:
 def grow_ring(old: "RingBackend", count: int | None, timeout: float) -> "RingBackend":
     """The ring of the members and `count` newcomers (default: one per vacant slot), as this
     member's new backend (see the module docstring)."""
-    from .backend import RingBackend  # the class of `old`; a lazy import keeps the modules apart
-
+    ring = type(old)  # the grown ring is of old's class: this module never imports the backend
     state = old.state
     me, size = state.rank, state.size
     lin = lineage.of(old)
@@ -100,11 +100,11 @@ def grow_ring(old: "RingBackend", count: int | None, timeout: float) -> "RingBac
     started = time.monotonic()
     listeners[0].hold()  # if the formation fails here, this rank's seat in the agreement after it
     try:
-        new = RingBackend(me, addresses, listeners, saved, connect_timeout=timeout + 5.0, incarnation=epoch,
+        new = ring(me, addresses, listeners, saved, connect_timeout=timeout + 5.0, incarnation=epoch,
                           job=key, decided=True)
     except DistributedError as exc:
         why = f"the group of {len(slots)} did not form after {time.monotonic() - started:.2f} s ({exc})"
-        return after_failure(f"rank {me}: grow epoch {epoch}", me, addresses, listeners[0], key, epoch, saved,
+        return after_failure(ring, f"rank {me}: grow epoch {epoch}", me, addresses, listeners[0], key, epoch, saved,
                              timeout, grown, old, why, culprit_of(exc))
     except BaseException:
         listeners[0].release()
@@ -119,18 +119,17 @@ def grow_ring(old: "RingBackend", count: int | None, timeout: float) -> "RingBac
     return new
 
 
-def after_failure(where: str, rank: int, addresses: list[list[str]], listener: tcp.Listener, key: Auth, epoch: int,
-                  op_timeout: float | None, timeout: float, grown: Lineage, old: "RingBackend | None",
+def after_failure(ring: "type[RingBackend]", where: str, rank: int, addresses: list[list[str]],
+                  listener: tcp.Listener, key: Auth, epoch: int, op_timeout: float | None, timeout: float,
+                  grown: Lineage, old: "RingBackend | None",
                   why: str, culprit: int | None = None) -> "RingBackend":
     """The grown ring (rank `rank` of `addresses`, epoch `epoch`, key `key`) did not form on this
     rank, a member or a newcomer: the agreement after it (shrinking.after_grow_failure, at its
-    first listener `listener`, held), and the ring of its outcome, which this rank returns."""
-    from .backend import RingBackend
-
-    token = RingBackend.context_token(addresses, epoch)
-    seat = shrinking.unformed_seat(rank, [a[0] for a in addresses], listener, key, token, shrink.PURPOSE_SHRINK,
-                                   epoch)
-    parts = shrink.ring_parts(addresses[rank], min(len(a) for a in addresses), op_timeout)
+    first listener `listener`, held), and the ring (of class `ring`) of its outcome, which this
+    rank returns."""
+    token = ring.context_token(addresses, epoch)
+    seat = shrinking.unformed_seat(rank, [a[0] for a in addresses], listener, key, token, PURPOSE_SHRINK, epoch)
+    parts = shrink.ring_parts(ring, addresses[rank], min(len(a) for a in addresses), op_timeout)
     new, members = shrinking.after_grow_failure(where, seat, len(addresses), parts, old,
                                                 None if old is None else old.break_links, timeout, epoch, why,
                                                 culprit)
@@ -201,12 +200,11 @@ def _recruit(old: "RingBackend", lin: Lineage, vacant: list[int], want: int, mem
     return decision
 
 
-def join_ring(slot: int, origin: Origin, timeout: float | None, connect_timeout: float) -> "RingBackend":
+def join_ring(ring: "type[RingBackend]", slot: int, origin: Origin, timeout: float | None,
+              connect_timeout: float) -> "RingBackend":
     """As a newcomer at `slot` of `origin` (lineage.py: the hostfile, or the store): wait up to
-    connect_timeout to be taken in by a grow(), then form the grown ring; returns this
-    process's backend in it."""
-    from .backend import RingBackend
-
+    connect_timeout to be taken in by a grow(), then form the grown ring (of class `ring`, passed
+    in so that this module never imports the backend); returns this process's backend in it."""
     logs.apply_verbose_setting()  # MLX_RING_VERBOSE: the knock and the wait are logged too, not only the ring's forming
     auth, token = origin.auth(), origin.token()
     listeners: list[tcp.Listener] = []
@@ -230,11 +228,11 @@ def join_ring(slot: int, origin: Origin, timeout: float | None, connect_timeout:
     started = time.monotonic()
     listeners[0].hold()  # if the formation fails here, this rank's seat in the agreement after it
     try:
-        new = RingBackend(rank, addresses, listeners, timeout, connect_timeout=grow_timeout + 5.0,
+        new = ring(rank, addresses, listeners, timeout, connect_timeout=grow_timeout + 5.0,
                           incarnation=epoch, job=key, decided=True)
     except DistributedError as exc:
         why = f"the group of {len(slots)} did not form after {time.monotonic() - started:.2f} s ({exc})"
-        new = after_failure(f"slot {slot}: grow epoch {epoch}", rank, addresses, listeners[0], key, epoch, timeout,
+        new = after_failure(ring, f"slot {slot}: grow epoch {epoch}", rank, addresses, listeners[0], key, epoch, timeout,
                             grow_timeout, grown, None, why, culprit_of(exc))
         log.info("slot %d: joined as rank %d of %d (after grow epoch %d lost a rank)", slot, new.rank(), new.size(),
                  epoch)

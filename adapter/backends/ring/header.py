@@ -31,6 +31,12 @@ ABORT_LAYOUT = 2
 PURPOSE_RING = 1
 PURPOSE_P2P = 2
 PURPOSE_ABORT = 3  # a rank that gave up forming tells a ring neighbour it had no connection with yet
+PURPOSE_SHRINK = 5  # shrink's agreement (ring/shrink.py, elastic/membership.py) at a formed ring's first listener
+
+
+def admits_shrink(sender: int, rank: int, size: int) -> str | None:
+    """Who may open a shrink connection to this rank's first listener: any other old member."""
+    return None if 0 <= sender < size and sender != rank else f"no rank {sender} shrinks here"
 
 # The header's extra field of a leaders' collective: the group's operation from bit 48, its
 # detail (a broadcast's root) from bit 16, the leaders' own extra (a reduce op, a root among

@@ -14,20 +14,13 @@ from . import lineage
 if TYPE_CHECKING:
     from .backend import RingBackend
 
-PURPOSE_SHRINK = 5    # 1-4: the ring's own connections, the formation's aborts, origin's notices
-
 epoch_of, record_epoch = shrinking.epoch_of, shrinking.record_epoch  # grow numbers its groups on
-
-
-def admits(sender: int, rank: int, size: int) -> str | None:
-    """Who may open a shrink connection to this rank's first listener: any other old member."""
-    return None if 0 <= sender < size and sender != rank else f"no rank {sender} shrinks here"
 
 
 def shrink_ring(old: "RingBackend", seat: membership.Seat, addresses: list[list[str]], exclude: Sequence[int],
                 min_size: int | None, timeout: float) -> "RingBackend":
     """The ring of the survivors, as this rank's new backend (see the module docstring)."""
-    listen, form, token = ring_parts(addresses[seat.rank], min(len(a) for a in addresses), old.timeout)
+    listen, form, token = ring_parts(type(old), addresses[seat.rank], min(len(a) for a in addresses), old.timeout)
     new, members = shrinking.shrink(old, seat, len(addresses), listen, form, token, old.break_links, exclude,
                                     min_size, timeout)
     origin = lineage.of(old)
@@ -38,24 +31,23 @@ def shrink_ring(old: "RingBackend", seat: membership.Seat, addresses: list[list[
     return new
 
 
-def ring_parts(mine: list[str], k: int, op_timeout: float) -> tuple:
+def ring_parts(ring: "type[RingBackend]", mine: list[str], k: int, op_timeout: float) -> tuple:
     """shrinking's listen, form and token for a ring: fresh listeners on the hosts of this rank's
-    first k addresses `mine`, and the ring a decision names on them (operations under op_timeout)."""
-    from .backend import RingBackend  # the class that formed `old`; a lazy import keeps the modules apart
-
+    first k addresses `mine`, and the ring (of class `ring`, passed in so that this module need not
+    import the backend that calls it) a decision names on them (operations under op_timeout)."""
     hosts = [tcp.parse_address(a)[0] for a in mine[:k]]
 
     def listen() -> list[tcp.Listener]:
         return [tcp.Listener(host, 0) for host in hosts]
 
     def form(seat: membership.Seat, decision: membership.Decision, members: list[int], listeners: list[tcp.Listener],
-             connect_timeout: float) -> RingBackend:
-        return RingBackend(decision.members.index(seat.rank), addresses_of(decision), listeners, op_timeout,
+             connect_timeout: float) -> "RingBackend":
+        return ring(decision.members.index(seat.rank), addresses_of(decision), listeners, op_timeout,
                            connect_timeout=connect_timeout, incarnation=decision.epoch, job=decision.key(seat.auth),
                            decided=True)
 
     def token(seat: membership.Seat, decision: membership.Decision) -> int:
-        return RingBackend.context_token(addresses_of(decision), decision.epoch)
+        return ring.context_token(addresses_of(decision), decision.epoch)
 
     return listen, form, token
 
