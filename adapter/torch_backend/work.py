@@ -35,7 +35,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from ..errors import CULPRIT_MARK, CollectiveTimeout, DistributedError, culprit_of
+from ..errors import CULPRIT_MARK, CollectiveTimeout, DistributedError, culprit_of, failure_of, with_failure
 
 
 class JacklringWork(dist.Work):
@@ -728,9 +728,7 @@ def wrap_error(rank: int, group: str, what: str, exc: BaseException,
     except TypeError:
         wrapped = torch_flavoured(DistributedError)(message)
     wrapped.__cause__ = exc
-    for attr in ("culprit", "peer"):  # the rank blamed and the link that failed
-        if hasattr(exc, attr):
-            setattr(wrapped, attr, getattr(exc, attr))
-    if culprit is not None:
-        wrapped.culprit = culprit
-    return wrapped
+    # The cause's failure record (the rank blamed, the link that failed), with the culprit found
+    # along its chain.
+    record = failure_of(exc)
+    return with_failure(wrapped, record, culprit=record.culprit if culprit is None else culprit)

@@ -32,7 +32,7 @@ from typing import Iterator, NamedTuple, Sequence
 import numpy as np
 
 from ... import config
-from ...errors import ConfigError, DistributedError, PeerError, blaming
+from ...errors import ConfigError, DistributedError, PeerError, blaming, failure_of
 from ..base import Backend, ReduceOp, split_members
 from ..elastic import membership, shrinking
 from ..local import staged
@@ -115,7 +115,7 @@ def create(timeout: float | None = None) -> "Backend":
     except Exception as exc:
         blaming(exc, getattr(exc, "mesh_rank", None))  # the mesh numbers ranks as the group does
         # rank 0 tells the others why, and whom it blames (no-op elsewhere)
-        side.abort(f"{type(exc).__name__}: {exc}", culprit=getattr(exc, "culprit", None))
+        side.abort(f"{type(exc).__name__}: {exc}", culprit=failure_of(exc).culprit)
         raise
     finally:
         side.close()
@@ -362,7 +362,7 @@ class JacclBackend(Backend):
             mesh_rank = getattr(exc, "mesh_rank", None)  # by the sub-group's numbering: the parent's here
             if mesh_rank is not None and 0 <= mesh_rank < len(members):
                 blaming(exc, members[mesh_rank])
-            culprit = getattr(exc, "culprit", None)
+            culprit = failure_of(exc).culprit
             # Tell the parent members whom this rank blames before its connections close, or the
             # ones waiting on it (the other sub-group's, in the closing barrier) blame it.
             notify = getattr(self._transport, "notify_failure", None)
@@ -413,8 +413,9 @@ class JacclBackend(Backend):
                 transport.close()
             gone = self._ended_parent_peers()
             ended = ", ".join(self._member_text(p, colors, keys) for p in gone)
-            culprit = getattr(exc, "culprit", None)
-            relayed = culprit is not None and culprit != getattr(exc, "peer", culprit)  # a notice named it
+            failure = failure_of(exc)
+            culprit = failure.culprit
+            relayed = culprit is not None and failure.peer is not None and culprit != failure.peer  # a notice named it
             raise blaming(PeerError(f"rank {self.rank()}: split(color={color}): the sub-groups did not form on "
                                     f"every rank ({'ended: ' + ended if ended else 'no connection ended'}): {exc}"),
                           culprit if relayed or not gone else gone[0]) from None

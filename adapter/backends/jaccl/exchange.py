@@ -26,7 +26,17 @@ import time
 
 import numpy as np
 
-from ...errors import CollectiveTimeout, MismatchError, PeerError, blaming
+from ...errors import (
+    DEADLINE,
+    NO_FAILURE,
+    CollectiveTimeout,
+    DistributedError,
+    MismatchError,
+    PeerError,
+    blaming,
+    failure_of,
+    with_failure,
+)
 from ..base import GroupFailure, ReduceOp
 from ..protocol import CHECKSUM, Request, checksum, checksum_error, mismatch_message
 from ..transport.blame import RELAY_WAIT_S, STUCK_WAIT_S, silence_text, silent_rank
@@ -140,12 +150,13 @@ class FrameExchange:
                 notify(exc)
             wrapped = PeerError(f"rank {self.rank}: {request.label(self.op_seq)}: {exc}"
                                 + ("" if earlier is None else f"; {earlier}"))
-            for name in ("culprit", "peer", "outer_culprit") if earlier is None else ():  # the peer is no culprit then
-                if hasattr(exc, name):
-                    setattr(wrapped, name, getattr(exc, name))
-            raise wrapped from None
+            # The link's record, in this operation (with `earlier`, the peer is no culprit: none).
+            raise with_failure(wrapped, failure_of(exc) if earlier is None else NO_FAILURE, operation=request.describe(),
+                               sequence=self.op_seq) from None
         except BaseException as exc:
             self.failure.mark(f"{type(exc).__name__}: {exc}")
+            if isinstance(exc, DistributedError) and failure_of(exc).sequence is None:
+                with_failure(exc, operation=request.describe(), sequence=self.op_seq)
             notify = getattr(self.t, "notify_failure", None)
             if isinstance(exc, CollectiveTimeout) and notify is not None:
                 notify(exc)  # whom the deadline blamed, for the peers stuck behind this rank
@@ -260,9 +271,10 @@ class FrameExchange:
             except CollectiveTimeout:
                 pass
             except PeerError as exc:  # a verdict: the notice of whom a stuck peer blames
-                culprit = getattr(exc, "culprit", None)
+                failure = failure_of(exc)
+                culprit = failure.culprit
                 if culprit is not None and culprit != self.rank:
-                    return _named(timeout, culprit, f"{exc}", peer=getattr(exc, "peer", culprit))
+                    return _named(timeout, culprit, f"{exc}", peer=failure.peer)
                 return blaming(timeout, waited[0])
 
     # ---- checks ------------------------------------------------------------------------------
@@ -319,5 +331,5 @@ class FrameExchange:
 
 def _named(timeout: CollectiveTimeout, culprit: int, why: str, peer: int | None = None) -> CollectiveTimeout:
     named = CollectiveTimeout(f"{timeout}; {why}")
-    named.culprit, named.peer = culprit, culprit if peer is None else peer  # type: ignore[attr-defined]
-    return named
+    return with_failure(named, culprit=culprit, peer=culprit if peer is None else peer,  # type: ignore[return-value]
+                        how=DEADLINE)

@@ -43,7 +43,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
-from ...errors import CollectiveTimeout, ConfigError, DistributedError
+from ...errors import CollectiveTimeout, ConfigError, DistributedError, failure_of
 from ..elastic import enrolment, shrinking
 from ..transport import auth, mesh_forming, tcp
 from . import knock, shrink
@@ -238,7 +238,7 @@ def _form(rank: int, where: str, decision: dict, grown: Lineage, listener: tcp.L
 
         new, members = shrinking.after_grow_failure(where, seat, size, shrink.mesh_parts(host, reform), old,
                                                     None if old is None else old.break_links, timeout, epoch, why,
-                                                    getattr(exc, "culprit", getattr(exc, "mesh_rank", None)))
+                                                    _culprit_or_mesh_rank(exc))
         log.info("%s: the group of %d did not form here; its ranks %s carry on as a group of %d", where, size,
                  members, new.size())
         return new, False
@@ -283,3 +283,9 @@ def join_mesh(slot: int, origin: Origin, connect_timeout: float, build: Build):
         shrinking.record_epoch(new, epoch)
     log.info("slot %d: joined as rank %d of %d (grow epoch %d)", slot, new.rank(), new.size(), epoch)
     return new
+
+
+def _culprit_or_mesh_rank(exc: BaseException) -> int | None:
+    """The rank a failed formation blames, else the one its mesh connected to or waited for."""
+    culprit = failure_of(exc).culprit
+    return culprit if culprit is not None else getattr(exc, "mesh_rank", None)

@@ -30,7 +30,7 @@ import socket
 import struct
 import time
 
-from ...errors import ConfigError, DistributedError, PeerError, blaming
+from ...errors import ABORT, ConfigError, DistributedError, PeerError, blaming, failure_of, with_failure
 from ..transport import layout, tcp
 
 PURPOSE_SIDE_CHANNEL = 0x4A43  # "JC": rejects connections meant for other backends
@@ -59,7 +59,7 @@ class LayoutMismatch(ConfigError):
     def __init__(self, text: str, culprit: int) -> None:
         super().__init__(text)
         if culprit >= 0:
-            self.culprit = culprit
+            with_failure(self, culprit=culprit, how=ABORT)
 
 
 class SideChannel:
@@ -89,13 +89,14 @@ class SideChannel:
                 self.close()
                 raise
             except PeerError as exc:
-                self.abort(str(exc), culprit=getattr(exc, "culprit", None))
+                culprit = failure_of(exc).culprit
+                self.abort(str(exc), culprit=culprit)
                 if not isinstance(exc, _Died):
                     self.close()
                     raise
-                self._tell_latecomers(listener, str(exc), getattr(exc, "culprit", None))
+                self._tell_latecomers(listener, str(exc), culprit)
                 self.close()
-                raise blaming(PeerError(str(exc)), getattr(exc, "culprit", None)) from None
+                raise blaming(PeerError(str(exc)), culprit) from None
             finally:
                 listener.close()
         else:
@@ -139,7 +140,7 @@ class SideChannel:
             try:
                 self.watch()
             except PeerError as exc:
-                raise blaming(_Died(str(exc)), getattr(exc, "culprit", None)) from None
+                raise blaming(_Died(str(exc)), failure_of(exc).culprit) from None
             # Every connection waiting now (one readiness wake-up may stand for several).
             while (taken := listener.take(lambda h: h.sender not in self._peers, time.monotonic(), None)) is not None:
                 self._peers[taken[1].sender] = taken[0]

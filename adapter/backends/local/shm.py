@@ -43,7 +43,7 @@ from typing import Callable
 
 import numpy as np
 
-from ...errors import CollectiveTimeout, MismatchError, PeerError
+from ...errors import DEADLINE, SHARED, CollectiveTimeout, MismatchError, PeerError, with_failure
 from . import atomic_words, futex
 from .atomic_words import ACQUIRE, SEQ_CST, AtomicWords
 
@@ -378,8 +378,8 @@ class SharedGroup:
 
     def _peer_error(self, text: str, culprit: int) -> PeerError:
         exc = PeerError(f"rank {self.names[self.rank]}: {self.what}: {text}")
-        exc.culprit = culprit  # the backend passes it on (mark_broken) so every survivor names the same rank
-        return exc
+        # The backend passes the culprit on (mark_broken) so every survivor names the same rank.
+        return with_failure(exc, culprit=culprit, how=SHARED)  # type: ignore[return-value]
 
     def _wait(self, q: int, step: int) -> None:
         plain, index = self.words.plain, self._counter_word[q]
@@ -426,8 +426,7 @@ class SharedGroup:
                         f"but has not reached step {step} (it is at {v}) of this collective (shared memory)")
                     # The rank waited for is to blame, not this one: passed on by mark_broken, so
                     # the peers this rank's exit fails name the stalled rank too, never this live one.
-                    late.culprit = self.names[q]
-                    raise late
+                    raise with_failure(late, culprit=self.names[q], how=DEADLINE)
                 wait = min(self.deadline, check_at) - now
                 if stall_at is not None:
                     if now >= stall_at:

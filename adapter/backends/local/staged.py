@@ -35,7 +35,7 @@ from typing import Callable, Protocol
 
 import numpy as np
 
-from ...errors import DistributedError, PeerError
+from ...errors import DistributedError, PeerError, failure_of, with_failure
 from ..base import Backend, ReduceOp
 from ..protocol import OP_CODES
 from . import algorithms as shm_algorithms
@@ -100,10 +100,9 @@ class Staging:
             leaders.set_stage(0, 0)  # type: ignore[attr-defined]
 
     def _reworded(self, exc: DistributedError) -> DistributedError:
-        outer = getattr(exc, "outer_culprit", None)
-        culprit = getattr(exc, "culprit", -1)
-        if culprit is None:
-            culprit = -1
+        failure = failure_of(exc)
+        outer = failure.outer_culprit
+        culprit = -1 if failure.culprit is None else failure.culprit
         if outer is not None:
             culprit = outer
         elif 0 <= culprit < len(self.leader_ranks):
@@ -115,15 +114,14 @@ class Staging:
             new = PeerError(f"rank {self.rank}: rank {culprit} died or failed, as seen between hosts in {where}: {exc}")
         else:
             new = type(exc)(f"rank {self.rank}: between hosts, in {where}: {exc}")
-        new.culprit = culprit  # type: ignore[attr-defined]
+        with_failure(new, culprit=culprit)
         new.from_leaders = True  # type: ignore[attr-defined]
         return new
 
     def fail(self, exc: BaseException) -> None:
         """This rank's collective failed: tell its host's ranks and the other leaders now."""
-        culprit = getattr(exc, "culprit", -1)
-        if culprit is None:
-            culprit = -1
+        culprit = failure_of(exc).culprit
+        culprit = -1 if culprit is None else culprit
         if self.local is not None:
             self.local.mark_broken(culprit)
         leaders = self.leaders

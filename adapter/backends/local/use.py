@@ -13,6 +13,7 @@ import os
 from typing import Callable
 
 from ... import config
+from ...errors import failure_of
 from . import shm
 
 log = logging.getLogger("jacklring.shm")
@@ -75,5 +76,6 @@ def run(group: shm.SharedGroup, deadline: float, what: object, body: Callable, *
     try:
         body(group, *args)
     except BaseException as exc:
-        group.mark_broken(getattr(exc, "culprit", -1))  # whom the peers should blame
+        culprit = failure_of(exc).culprit
+        group.mark_broken(-1 if culprit is None else culprit)  # whom the peers should blame
         raise

@@ -31,7 +31,7 @@ import numpy as np
 from ... import config, logs
 from ...config import connect_timeout as default_connect_timeout
 from ...config import env_rank, op_timeout
-from ...errors import ConfigError, DistributedError, PeerError, blaming
+from ...errors import ABORT, ConfigError, DistributedError, PeerError, blaming
 from ..base import Backend, ReduceOp
 from ..elastic import membership, shrinking
 from ..elements import byte_view, split_evenly
@@ -215,9 +215,9 @@ class RingBackend(Backend):
                 self._forming.give_up(exc, tell_unlinked=watch is None)
                 self.close()  # the listeners, so a failed formation leaves no fd behind
                 if watch is None and isinstance(exc, LayoutMismatch):
-                    raise blaming(ConfigError(str(exc)), exc.culprit) from None
+                    raise blaming(ConfigError(str(exc)), exc.culprit, how=ABORT) from None
                 if watch is None and isinstance(exc, FormationAbandoned):
-                    raise blaming(PeerError(str(exc)), exc.culprit) from None
+                    raise blaming(PeerError(str(exc)), exc.culprit, how=ABORT) from None
                 raise blaming(exc, getattr(exc, "missing_rank", None))
 
     @staticmethod

@@ -21,7 +21,7 @@ import socket
 import time
 from typing import Callable
 
-from ...errors import ConfigError, PeerError
+from ...errors import ABORT, ConfigError, PeerError, with_failure
 from ..transport import tcp
 from .header import find_layout_abort, layout_abort_header
 
@@ -34,7 +34,7 @@ class FormationAbandoned(PeerError):
 
     def __init__(self, culprit: int, text: str, missing: bool = False) -> None:
         super().__init__(text)
-        self.culprit = culprit
+        with_failure(self, culprit=culprit, how=ABORT)
         self.missing = missing
 
 

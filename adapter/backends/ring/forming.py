@@ -11,7 +11,7 @@ import time
 from typing import Callable
 
 from ... import config
-from ...errors import CollectiveTimeout, DistributedError, PeerError
+from ...errors import CollectiveTimeout, DistributedError, PeerError, failure_of
 from ..transport import blame, integrity, layout, tcp
 from ..transport.auth import Auth
 from ..transport.stream_engine import Engine, Stream
@@ -359,11 +359,12 @@ class Forming:
         except FormationAbandoned:
             raise
         except DistributedError as exc:
-            peer = getattr(exc, "peer", -1)
+            failure = failure_of(exc)
+            peer = -1 if failure.peer is None else failure.peer
             # A member whose listener did not answer (plumbing), or past the grace the rank this
             # one waited for: it said nothing at all.
-            silent = getattr(exc, "culprit", None) if isinstance(exc, CollectiveTimeout) else None
-            waited = getattr(exc, "waiting_on", None)
+            silent = failure.culprit if isinstance(exc, CollectiveTimeout) else None
+            waited = failure.waiting_on
             if silent is None and peer < 0 and waited:
                 silent = waited[0]
             if silent is not None and silent >= 0:

@@ -27,7 +27,16 @@ import socket
 import threading
 import time
 
-from ...errors import CollectiveTimeout, DistributedError, MismatchError, PeerError
+from ...errors import (
+    DEADLINE,
+    NOTICE,
+    CollectiveTimeout,
+    DistributedError,
+    MismatchError,
+    PeerError,
+    failure_of,
+    with_failure,
+)
 from ..transport import blame as rule
 from ..transport import tcp
 from ..transport.blame import MISMATCH, MISMATCH_SPAN, OUTER, RELAY_WAIT_S, STUCK_WAIT_S
@@ -54,20 +63,22 @@ def admits(sender: int, receiver: int, size: int) -> bool:
 def from_ring_links(exc: BaseException) -> bool:
     """Whether a failure came from the ring's socket links (the stream engine marks its errors),
     also in a group that otherwise runs over shared memory (a split's records cross the links)."""
-    return hasattr(exc, "waiting_on") or (isinstance(exc, PeerError) and hasattr(exc, "peer")
-                                          and not hasattr(exc, "culprit"))
+    failure = failure_of(exc)
+    return failure.waiting_on is not None or (isinstance(exc, PeerError) and failure.peer is not None
+                                              and failure.culprit is None)
 
 
 def blame(ring: RingState, exc: BaseException) -> BaseException:
     """The error to raise for a failed collective: when a neighbour's connection failed, it
     names the rank that neighbour blamed; at a deadline, the rank that went silent. Sets
-    `culprit` on the error (the rank blamed)."""
-    if isinstance(exc, CollectiveTimeout) and not hasattr(exc, "culprit"):
+    the culprit in the error's failure record (the rank blamed)."""
+    failure = failure_of(exc)
+    if isinstance(exc, CollectiveTimeout) and failure.culprit is None:
         neighbours = {link.peer for link in ring.right + ring.left}
-        return blame_silence(ring, exc, getattr(exc, "waiting_on", ()), neighbours)
-    if hasattr(exc, "culprit") or not isinstance(exc, PeerError):
+        return blame_silence(ring, exc, failure.waiting_on or (), neighbours)
+    if failure.culprit is not None or not isinstance(exc, PeerError):
         return exc
-    peer = getattr(exc, "peer", None)  # the link that failed (set by the stream engine)
+    peer = failure.peer  # the link that failed (set by the stream engine)
     if peer is None or peer == ring.rank:
         return exc
     notice = _notice_from(ring, peer)
@@ -78,15 +89,12 @@ def blame(ring: RingState, exc: BaseException) -> BaseException:
         relayed = PeerError(f"rank {ring.rank}: {ring.what}: rank {outer} of the group that this ring links "
                             f"the hosts of died or failed (reported by rank {peer}, which closed its connection "
                             f"to this rank after that)")
-        relayed.culprit, relayed.peer, relayed.outer_culprit = peer, peer, outer
-        return relayed
+        return with_failure(relayed, culprit=peer, peer=peer, outer_culprit=outer, how=NOTICE)
     if notice is None or notice == peer:
-        exc.culprit = peer  # it died, or could not say why it left
-        return exc
+        return with_failure(exc, culprit=peer)  # it died, or could not say why it left
     if notice < 0 or notice == ring.rank:
         own = PeerError(f"{exc}; rank {peer} reported that it gave up after an error of its own")
-        own.culprit, own.peer = peer, peer
-        return own
+        return with_failure(own, culprit=peer, peer=peer, how=NOTICE)
     return rule.relay_error(f"rank {ring.rank}: {ring.what}: ", notice, peer)
 
 
@@ -160,7 +168,7 @@ def blame_p2p(ring: RingState, exc: BaseException, peer: int, partners: set[int]
     """A send to / recv from `peer` failed: the error names the rank at fault (peer, or the rank
     peer blamed before it gave up, or the silent rank behind a deadline), and the ranks this one
     exchanges messages with are told, since they may be waiting for it."""
-    if hasattr(exc, "culprit") or not isinstance(exc, (PeerError, CollectiveTimeout)):
+    if failure_of(exc).culprit is not None or not isinstance(exc, (PeerError, CollectiveTimeout)):
         return exc
     # Who may wait for this rank: those it exchanges messages with, `partners` (telling all
     # n - 1 ranks costs a handshake each, too slow for the deadline's window on a loaded host).
@@ -173,13 +181,13 @@ def blame_p2p(ring: RingState, exc: BaseException, peer: int, partners: set[int]
         named = blaming_text(exc, peer, f"{exc}; rank {peer} is the rank that went silent: its process answered "
                                         f"no connection for the whole deadline (it is stopped, or starved of CPU)")
     else:
-        exc.peer = peer  # type: ignore[attr-defined]
-        named = blame(ring, exc)
-    culprit = getattr(named, "culprit", None)
+        named = blame(ring, with_failure(exc, peer=peer))
+    failure = failure_of(named)
+    culprit = failure.culprit
     if culprit is not None:
-        outer = getattr(named, "outer_culprit", None)
+        outer = failure.outer_culprit
         _send_notices(ring, culprit if outer is None else OUTER - outer,
-                      {culprit, getattr(named, "peer", None), ring.rank}, partners,
+                      {culprit, failure.peer, ring.rank}, partners,
                       heard=getattr(named, "heard", None))
     return named
 
@@ -204,11 +212,8 @@ def blaming_text(exc: BaseException, culprit: int, text: str, peer: int | None =
         named = type(exc)(text)
     except TypeError:
         named = CollectiveTimeout(text)
-    named.culprit = culprit  # type: ignore[attr-defined]
-    named.peer = culprit if peer is None else peer  # type: ignore[attr-defined]
-    if outer is not None:
-        named.outer_culprit = outer  # type: ignore[attr-defined]
-    return named
+    return with_failure(named, culprit=culprit, peer=culprit if peer is None else peer, outer_culprit=outer,
+                        how=DEADLINE if isinstance(named, CollectiveTimeout) else NOTICE)
 
 
 def mismatch(rank: int, other: int, text: str) -> MismatchError:
@@ -223,21 +228,21 @@ def _mismatch_seen(ring: RingState, exc: BaseException, code: int, peer: int) ->
     seen = MismatchError(f"rank {ring.rank}: {ring.what}: ranks {a} and {b} called different collectives "
                          f"(a collective mismatch, reported by rank {peer}, which gave up after that; "
                          f"their MismatchErrors name both requests)")
-    seen.between, seen.peer = (a, b), peer  # type: ignore[attr-defined]
+    seen.between = (a, b)  # type: ignore[attr-defined]
     seen.__cause__ = exc
-    return seen
+    return with_failure(seen, peer=peer, how=NOTICE)  # type: ignore[return-value]
 
 
 def notify(ring: RingState, exc: BaseException) -> None:
     """Tell the live neighbours whom this rank blames, before its links close."""
     between = getattr(exc, "between", None)
     if between is not None and max(between) < MISMATCH_SPAN:
-        _send_notices(ring, rule.mismatch_code(*between),
-                      {ring.rank, getattr(exc, "peer", None)})
+        _send_notices(ring, rule.mismatch_code(*between), {ring.rank, failure_of(exc).peer})
         return
-    culprit = getattr(exc, "culprit", -1)
-    skip = {culprit, getattr(exc, "peer", None), ring.rank}  # the dead, and who told us
-    outer = getattr(exc, "outer_culprit", None)
+    failure = failure_of(exc)
+    culprit = -1 if failure.culprit is None else failure.culprit
+    skip = {culprit, failure.peer, ring.rank}  # the dead, and who told us
+    outer = failure.outer_culprit
     _send_notices(ring, culprit if outer is None else OUTER - outer, skip, heard=getattr(exc, "heard", None))
 
 

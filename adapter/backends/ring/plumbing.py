@@ -12,7 +12,7 @@ from typing import Callable
 import numpy as np
 
 from ... import config
-from ...errors import CollectiveTimeout, DistributedError, MismatchError, PeerError
+from ...errors import CollectiveTimeout, DistributedError, MismatchError, PeerError, failure_of, with_failure
 from ..base import ReduceOp
 from ..elements import DTYPE_CODES, byte_view, dtype_code, reduce_many, split_evenly
 from ..protocol import mismatch_message
@@ -88,22 +88,21 @@ class Plumbing:
                     self.close_links()
                     raise PeerError(f"{exc}; {earlier}") from None
                 if state.abandon_on_failure:  # a formation's closing barrier: pass the verdict on first
-                    if isinstance(exc, CollectiveTimeout) and not hasattr(exc, "culprit"):
+                    if isinstance(exc, CollectiveTimeout) and failure_of(exc).culprit is None:
                         exc = self._unresponsive_member(exc)
                     elif isinstance(exc, PeerError) and not isinstance(exc, FormationAbandoned):
                         # A link broke: a neighbour that gave up wrote why before it closed, and
                         # what it wrote may still wait unread here; it names the rank at fault.
                         exc = self._verdict_on_links() or exc
-                    abandon(state, self._words, exc.culprit if isinstance(exc, FormationAbandoned)
-                            else getattr(exc, "culprit", getattr(exc, "peer", (getattr(exc, "waiting_on", None)
-                                                                                or [-1])[0])),
-                            getattr(exc, "missing", False),
+                    abandon(state, self._words, failure_of(exc).suspect(-1), getattr(exc, "missing", False),
                             exc.frame() if isinstance(exc, LayoutMismatch) else None)
                 # Name the rank that failed first, not the neighbour that passed the failure on,
                 # and tell the other neighbour before the links close (origin.py).
                 on_sockets = state.shm is None or origin.from_ring_links(exc)  # a split's records go so
                 by_ring = on_sockets and state.hier is None and not state.abandon_on_failure
                 named = origin.blame(state, exc) if by_ring else exc
+                if isinstance(named, DistributedError) and failure_of(named).sequence is None:
+                    with_failure(named, operation=str(state.what), sequence=state.seq)  # the record's where
                 state.failure.mark(f"{type(named).__name__}: {named}")
                 if by_ring and isinstance(named, Exception):
                     origin.notify(state, named)

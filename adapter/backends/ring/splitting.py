@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ...errors import ConfigError, DistributedError, PeerError, blaming
+from ...errors import ConfigError, DistributedError, PeerError, blaming, failure_of
 from ..base import split_members
 from ..elements import byte_view, dtype_code
 from ..transport import tcp
@@ -100,7 +100,7 @@ def split(ring: "RingBackend", state: RingState, words: Wording, plumbing: Plumb
         sub.close()
         neighbours = "; ".join(words.describe_member(p) for p in sorted({link.peer for link in state.right}
                                                                         | {link.peer for link in state.left}))
-        blamed = getattr(exc, "culprit", getattr(exc, "peer", (getattr(exc, "waiting_on", None) or [None])[0]))
+        blamed = failure_of(exc).suspect(None)
         raise blaming(PeerError(f"{what}: the sub-groups did not form on every rank: {exc} "
                                 f"(this rank's parent neighbours: {neighbours})"), blamed) from None
     finally:

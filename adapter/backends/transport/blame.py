@@ -28,7 +28,7 @@ import threading
 import time
 from typing import Callable, Sequence
 
-from ...errors import PeerError
+from ...errors import NOTICE, PeerError, with_failure
 from . import tcp
 from .handshake import ALIVE, CHALLENGE, CHALLENGE_MAGIC, PURPOSE_PROBE, Hello
 
@@ -60,8 +60,7 @@ def relay_text(culprit: int, reporter: str) -> str:
 def relay_error(prefix: str, culprit: int, reporter: int, reporter_label: str | None = None) -> PeerError:
     """The PeerError of a relayed verdict: culprit `culprit`, peer `reporter`."""
     error = PeerError(prefix + relay_text(culprit, reporter_label or f"rank {reporter}"))
-    error.culprit, error.peer = culprit, reporter  # type: ignore[attr-defined]
-    return error
+    return with_failure(error, culprit=culprit, peer=reporter, how=NOTICE)  # type: ignore[return-value]
 
 
 def silent_rank(waited: Sequence[int], stuck: set[int]) -> int | None:

@@ -8,7 +8,7 @@ import socket
 import struct
 from collections import deque
 
-from ...errors import PeerError
+from ...errors import LINK, PeerError, with_failure
 from .spill import Spill
 
 # A length with this bit set is no message but a failing rank's last word: the rest is the
@@ -61,9 +61,7 @@ class MeshPeer:
 
 def peer_error(state: MeshPeer, why: str) -> PeerError:
     """A failure of this peer's connection, naming the peer (culprit: the rank to blame)."""
-    exc = PeerError(why)
-    exc.culprit = exc.peer = state.rank
-    return exc
+    return with_failure(PeerError(why), culprit=state.rank, peer=state.rank, how=LINK)  # type: ignore[return-value]
 
 
 def unsent(parts: list[memoryview], sent: int) -> list[memoryview]:

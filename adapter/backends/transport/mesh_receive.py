@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import select
 
-from ...errors import PeerError
+from ...errors import PeerError, with_failure
 from .blame import relay_error
 from .mesh_peer import INBUF_BYTES, LEN, LS, NOTICE, OUTER, READ, STUCK, MeshPeer, peer_error
 from .slots import RECV, Completion
@@ -112,8 +112,8 @@ class MeshReceiving:
         if length & NOTICE and length & OUTER:
             outer = length & ~(NOTICE | OUTER)
             exc = relay_error("", outer, state.rank, f"{state.label}, naming it by its rank in the group spanning the hosts")
-            exc.outer_culprit = outer  # type: ignore[attr-defined]
-            del exc.culprit  # no rank of this mesh: nothing to pass on to its other peers
+            # No rank of this mesh is at fault: nothing to pass on to its other peers.
+            with_failure(exc, culprit=None, outer_culprit=outer)
             state.gone = str(exc)
             raise exc
         if length & NOTICE:

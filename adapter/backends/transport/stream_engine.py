@@ -15,7 +15,7 @@ import time
 from collections import deque
 from typing import Callable, Iterable
 
-from ...errors import CollectiveTimeout, IntegrityError, PeerError
+from ...errors import DEADLINE, LINK, CollectiveTimeout, IntegrityError, PeerError, failure_of, with_failure
 from .integrity import CRC, Integrity, crc_update
 
 crc_unpack = CRC.unpack
@@ -188,8 +188,8 @@ class Engine:
                         progressed = True
             except PeerError as exc:
                 self._drain_others(links, what)
-                if not hasattr(exc, "peer"):
-                    exc.peer = link.peer  # which connection failed (the ring names a split's culprit)
+                if failure_of(exc).peer is None:  # which connection failed (the ring names a split's culprit)
+                    with_failure(exc, peer=link.peer, how=failure_of(exc).how or LINK)
                 raise
             # A callback may have posted work on any link, not only the ones still busy.
             links = [link for link in all_links if link.sendq or link.recvq]
@@ -211,8 +211,7 @@ class Engine:
                 # The peers it waits for (those it still expects bytes from, else those that
                 # do not take its bytes): the ring asks them why (ring/origin.py).
                 waited = [l.peer for l in links if l.recvq] or [l.peer for l in links]
-                timeout.waiting_on = sorted(set(waited))  # type: ignore[attr-defined]
-                raise timeout
+                raise with_failure(timeout, how=DEADLINE, waiting_on=tuple(sorted(set(waited))))
             wait = last_move + silence - now
             if stall_at is not None:
                 if now >= stall_at:

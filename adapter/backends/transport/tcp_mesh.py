@@ -19,7 +19,7 @@ import socket
 import time
 
 from ... import config
-from ...errors import CollectiveTimeout
+from ...errors import CollectiveTimeout, failure_of
 from . import tcp
 from .mesh_peer import LEN, LS, NOTICE, OUTER, READ, STUCK, MeshPeer, peer_error, unsent
 from .mesh_receive import MeshReceiving
@@ -332,10 +332,11 @@ class TcpMeshTransport(MeshReceiving, Transport):
         than this one. In band: an 8-byte notice where a message length would come, sent only on
         connections with no message half-sent (the peer then expects a length there), without
         blocking. Best effort: a connection in mid-message just closes as before."""
-        culprit = getattr(exc, "culprit", None)
+        failure = failure_of(exc)
+        culprit = failure.culprit
         if culprit is None or not 0 <= culprit < self.size:
             return
-        self._notify_live_peers(LEN.pack(NOTICE | culprit), skip=(culprit, getattr(exc, "peer", None)))
+        self._notify_live_peers(LEN.pack(NOTICE | culprit), skip=(culprit, failure.peer))
 
     def notify_outer(self, culprit: int) -> None:
         """On a leaders' mesh (local/staged.py): tell every live peer, in band as notify_failure,
