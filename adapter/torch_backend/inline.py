@@ -9,7 +9,7 @@ arrays.call_view's, which keep no memory alive: each op ends before its function
 the caller holds the tensors until then. Each function
 returns the finished Work, or None (nothing done) when the call is anything else or an op of the
 group is queued or running (the executor's run_inline): then the general path takes it, with
-its checks and its messages. Ordering and the Work contract are the executor's (work.py).
+its checks and its messages. Ordering and the Work contract are the executor's (executors.py).
 """
 from __future__ import annotations
 

@@ -5,15 +5,12 @@ a process group (DDP's reducer, broadcast_coalesced, the coalescing manager) rea
 methods below through pybind11 trampolines, and torch.distributed's Python functions call
 them directly. Both the torch 2.13 names and the older ones are provided.
 
-Argument errors raise in the caller; communication runs on the executors (work.py) and
+Argument errors raise in the caller; communication runs on the executors (executors.py) and
 its errors surface from Work.wait() / the future, naming rank, group and operation.
 """
 from __future__ import annotations
 
-import datetime
-import functools
 import logging
-import sys
 import threading
 import time
 from typing import Any, Sequence
@@ -22,20 +19,20 @@ import torch
 import torch.distributed as dist
 
 from ..backends.base import Backend
-from ..errors import CollectiveTimeout, DistributedError
+from ..errors import DistributedError
 from ..group import DEFAULT_SHRINK_TIMEOUT_S
-from . import cpp_handles, inline, ops, shrink
-from .work import AnySource, Completer, Executor, Inbox, JacklringWork, PeerExecutors, PostedRecv, torch_flavoured, wrap_error
+from . import cpp_handles, dynamo, inline, ops, shrink
+from .executors import Completer, Executor, PeerExecutors
+from .inbox import Inbox
+from .p2p import PointToPoint
+from .torch_errors import wrap_error
+from .work import JacklringWork
 
 log = logging.getLogger("jacklring.torch")
 cpp_handles.install()  # DDP join's forward-pass Work outlives its Python object (cpp_handles.py)
 
 BACKEND_NAME = "jacklring"
 _STOP_TIMEOUT_S = 5.0
-# Reserved tags of monitored_barrier's messages (users' tags are >= 0): the n-th barrier of a
-# group uses MONITORED_BARRIER_TAG - n, so a late rank's message of a barrier that timed out can
-# never be taken for one of a later barrier.
-MONITORED_BARRIER_TAG = -0x4A4C4D42
 
 
 def _as_list(tensors: Any) -> list[torch.Tensor]:
@@ -55,21 +52,11 @@ def _op_name(opts: Any, default: str = "SUM") -> str:
     return ops.reduce_op_name(op)
 
 
-def _barrier_seconds(opts: Any, default: float) -> float:
-    """A monitored barrier's timeout from BarrierOptions, a timedelta or seconds; torch's
-    "unset" (negative) means the group's deadline."""
-    timeout = getattr(opts, "timeout", opts)
-    if timeout is None:
-        return default
-    seconds = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else float(timeout)
-    return default if seconds < 0 else seconds
-
-
 def _root(opts: Any, attr: str = "rootRank") -> int:
     return int(getattr(opts, attr, opts if isinstance(opts, int) else 0))
 
 
-class JacklringProcessGroup(dist.ProcessGroup):
+class JacklringProcessGroup(PointToPoint, dist.ProcessGroup):
     """One torch process group; `comm` is the adapter Backend of exactly its ranks."""
 
     def __init__(self, store: Any, rank: int, size: int, comm: Backend, timeout_s: float,
@@ -388,154 +375,6 @@ class JacklringProcessGroup(dist.ProcessGroup):
                 return work
         return self._collective("barrier", [], self._comm.barrier, opts)
 
-    def monitored_barrier(self, opts: Any = None, wait_all_ranks: bool = False) -> None:
-        """gloo's monitored barrier: every rank reports to rank 0, which waits for each in turn
-        until the deadline and raises naming the first rank that did not arrive (every such
-        rank with wait_all_ranks), else releases them all. Runs over tagged point-to-point
-        messages, so it works while a collective is stuck. opts: a BarrierOptions or a timeout
-        (timedelta or seconds); by default the group's deadline.
-
-        A barrier that fails leaves the group usable: its receives that got nothing are
-        withdrawn, and each barrier has a tag of its own, so a late rank's message of a failed
-        one is dropped when it comes instead of passing (or starving) a later barrier."""
-        self._check_open("monitored_barrier")
-        seconds = _barrier_seconds(opts, self._timeout_s)
-        if self._size == 1:
-            return
-        self._monitored_barriers += 1
-        tag = MONITORED_BARRIER_TAG - self._monitored_barriers
-        deadline = time.monotonic() + seconds
-        ms = f"{seconds * 1000:.0f} ms"
-        token = torch.zeros(1, dtype=torch.uint8)
-        if self._rank != 0:
-            # gloo's wording for a rank that arrived but was not released: rank 0 names the culprit.
-            failure = (f"Rank {self._rank} successfully reached monitoredBarrier, but received errors while waiting "
-                       f"for send/recv from rank 0. Please check rank 0 logs for faulty rank")
-            self._monitored_step(self.send([token], 0, tag), deadline, f"{failure} (it could not report to rank 0)")
-            release = self.recv([torch.zeros(1, dtype=torch.uint8)], 0, tag)
-            try:
-                self._monitored_step(release, deadline, f"{failure} (not released within {ms}: another rank is "
-                                     f"missing or rank 0 is stuck)")
-            finally:
-                self._withdraw(0, release)
-            return
-        arrivals = {q: self.recv([torch.zeros(1, dtype=torch.uint8)], q, tag) for q in range(1, self._size)}
-        try:
-            self._await_arrivals(arrivals, seconds, deadline, wait_all_ranks)
-        finally:
-            for q, work in arrivals.items():
-                self._withdraw(q, work)
-        for q in range(1, self._size):
-            self._monitored_step(self.send([token], q, tag), deadline,
-                                 f"Rank 0 could not release rank {q} in monitoredBarrier")
-
-    def _await_arrivals(self, arrivals: dict[int, JacklringWork], seconds: float, deadline: float,
-                        wait_all_ranks: bool) -> None:
-        """Rank 0's half of monitored_barrier: raise naming the ranks whose report did not come."""
-        ms = f"{seconds * 1000:.0f} ms"
-        missing: list[int] = []
-        reasons: list[str] = []
-        passed: list[int] = []
-        for q, work in arrivals.items():
-            if wait_all_ranks:  # as gloo: each rank gets the whole timeout, so all late ones are named
-                deadline = time.monotonic() + seconds
-            elif time.monotonic() >= deadline:  # gloo's wording when rank 0 itself has no time left
-                done = ", ".join(str(p) for p in passed) or "none"
-                raise torch_flavoured(CollectiveTimeout)(
-                    f"rank 0: jacklring monitored_barrier (group {self._group_id or 'default'!r}): Rank 0 timed out "
-                    f"in monitoredBarrier after {ms} (no time left to wait for rank {q}; ranks that arrived: {done})")
-            try:
-                work.wait(max(deadline - time.monotonic(), 1e-3))
-                passed.append(q)
-            except Exception as exc:
-                missing.append(q)
-                reasons.append(f"rank {q}: {str(exc).splitlines()[0]}")
-                if not wait_all_ranks:
-                    break
-        if missing:
-            who = (f"Rank {missing[0]}" if len(missing) == 1
-                   else "Ranks " + ", ".join(str(q) for q in missing))
-            raise torch_flavoured(CollectiveTimeout)(
-                f"rank 0: jacklring monitored_barrier (group {self._group_id or 'default'!r}): {who} failed to pass "
-                f"monitoredBarrier in {ms} (Timed out waiting {ms} for them; {'; '.join(reasons)})")
-
-    def _withdraw(self, src: int, work: JacklringWork) -> None:
-        """A monitored barrier's recv from src that it stopped waiting for: taken back, its
-        message dropped if it still comes (a no-op once the recv completed)."""
-        if not work.is_completed():
-            self._inbox(src).abandon(work, f"rank {self._rank}: jacklring monitored_barrier stopped waiting for "
-                                           f"rank {src} (the barrier timed out)")
-
-    @staticmethod
-    def _monitored_step(work: JacklringWork, deadline: float, failure: str) -> None:
-        try:
-            work.wait(max(deadline - time.monotonic(), 1e-3))
-        except Exception as exc:
-            raise torch_flavoured(CollectiveTimeout if isinstance(exc, TimeoutError) else DistributedError)(
-                f"{failure}: {str(exc).splitlines()[0]}") from exc
-
-    # ---- point to point ---------------------------------------------------------------------
-
-    def send(self, tensors: Any, dst: int, tag: int = 0) -> JacklringWork:
-        tensor = self._single_tensor("send", tensors)
-        self._check_peer("send to", dst)
-        self._check_open("send")
-        what = f"send to rank {dst} (tag {tag})"
-        staged = ops.view(tensor)  # copied now: the caller may reuse a non-contiguous source at once
-
-        def run() -> None:
-            ops.send_tagged(self._comm, staged.array, dst, tag)
-        return self._p2p.get(dst, "send").submit(JacklringWork(what, [tensor]), run)
-
-    def recv(self, tensors: Any, src: int, tag: int = 0) -> JacklringWork:
-        tensor = self._single_tensor("recv", tensors)
-        self._check_peer("recv from", src)
-        self._check_open("recv")
-        staged = ops.view(tensor, fill=False)
-        work = JacklringWork(f"recv from rank {src} (tag {tag})", [tensor], source_rank=src)
-        return self._inbox(src).post(work, tag, staged.array, staged.write_back)
-
-    def _inbox(self, src: int) -> Inbox:
-        with self._close_lock:
-            inbox = self._inboxes.get(src)
-            if inbox is None:
-                comm, rank = self._comm, self._rank
-                inbox = Inbox(f"jacklring-r{rank}-{self._group_id or 'pg'}-recv-{src}", src,
-                              lambda: ops.recv_envelope(comm, src),
-                              lambda env, into: ops.recv_payload(comm, src, env, into),
-                              lambda env, array, tag: ops.check_envelope(rank, src, env, array, tag),
-                              self._completer, self._error)
-                self._inboxes[src] = inbox
-            return inbox
-
-    @staticmethod
-    def _single_tensor(what: str, tensors: Any) -> torch.Tensor:
-        tensors = _as_list(tensors)
-        if len(tensors) != 1:
-            raise ValueError(f"jacklring {what}: expected a single tensor, got {len(tensors)} (as gloo)")
-        return tensors[0]
-
-    def recv_anysource(self, tensors: Any, tag: int = 0) -> JacklringWork:
-        """The first message with `tag` from any peer; work.source_rank() names that peer."""
-        tensor = self._single_tensor("recv", tensors)
-        self._check_open("recv")
-        if self._size == 1:
-            raise ValueError(f"jacklring: rank {self._rank} cannot recv from any source in a group of one")
-        staged = ops.view(tensor, fill=False)
-        work = JacklringWork(f"recv from any source (tag {tag})", [tensor])
-        entry = PostedRecv(work, tag, staged.array, staged.write_back, AnySource())
-        outcomes = []
-        for peer in range(self._size):
-            if peer != self._rank:
-                outcome = self._inbox(peer).post_any(entry)
-                outcomes.append(outcome)
-                if outcome == "taken":
-                    break
-        if outcomes and all(o == "broken" for o in outcomes):
-            self._inbox((self._rank + 1) % self._size).finish(
-                entry, DistributedError("the connection from every peer failed earlier"))
-        return work
-
     # ---- lifecycle --------------------------------------------------------------------------
 
     supports_shrinking = True  # dist.shrink_group works on these groups (shrink.py)
@@ -585,23 +424,13 @@ class JacklringProcessGroup(dist.ProcessGroup):
         if not 0 <= root < self._size:
             raise ValueError(f"jacklring {what}: root {root} is out of range for a group of {self._size}")
 
-    def _check_peer(self, what: str, peer: int) -> None:
-        if not 0 <= peer < self._size or peer == self._rank:
-            raise ValueError(f"jacklring: rank {self._rank} cannot {what} rank {peer} "
-                             f"(group of {self._size})")
-
     def _check_multiple(self, what: str, big: int, small: int) -> None:
         if big != small * self._size:
             raise ValueError(f"jacklring {what}: the larger tensor has {big} elements, expected "
                              f"{self._size} x {small} (world size x smaller tensor)")
 
 
-# The operations torch calls on a process group. Dynamo (torch.compile) sees a process group as
-# an opaque object: tracing into one of these Python methods fails at the first attribute it
-# reads (torch.compile(DDP(model)) broke in the broadcast of DDP's bucket rebuild). Marked as
-# disabled for Dynamo, they are called, not traced, as c10d's own C++ methods are. Importing
-# torch._dynamo takes seconds, so torch.compiler.disable is applied only once Dynamo is loaded
-# (it is whenever something is being compiled); until then the marked method calls straight on.
+# The operations torch calls on a process group, opaque to Dynamo (dynamo.py).
 _OPERATIONS = (
     "allreduce", "allreduce_coalesced", "reduce", "reduce_scatter", "reduce_scatter_single", "_reduce_scatter_base",
     "reduce_scatter_single_coalesced", "reduce_scatter_tensor_coalesced", "allgather", "allgather_coalesced",
@@ -609,22 +438,5 @@ _OPERATIONS = (
     "broadcast", "gather", "scatter", "alltoall", "all_to_all_single", "alltoall_base", "barrier",
     "monitored_barrier", "send", "recv", "recv_anysource", "shutdown", "abort",
 )
-
-
-def _opaque_to_dynamo(method: Any) -> Any:
-    disabled: list = []
-
-    @functools.wraps(method)
-    def operation(*args: Any, **kwargs: Any) -> Any:
-        if "torch._dynamo" not in sys.modules:
-            return method(*args, **kwargs)
-        if not disabled:
-            disabled.append(torch.compiler.disable(method, recursive=True))
-        return disabled[0](*args, **kwargs)
-    operation._torchdynamo_disable = True  # Dynamo's mark: never inline this function
-    return operation
-
-
-for _name in _OPERATIONS:
-    setattr(JacklringProcessGroup, _name, _opaque_to_dynamo(getattr(JacklringProcessGroup, _name)))
+dynamo.make_opaque(JacklringProcessGroup, _OPERATIONS)
 shrink.install(JacklringProcessGroup)  # dist.shrink_group on these groups (shrink.py)

@@ -278,7 +278,7 @@ def test_the_words_after_a_deadline_need_no_handshake(tmp_path, phase):
 # does not probe its left neighbour, nor tell it), so its right connection to rank 1 must carry
 # the verdict.
 LATE_TAKE = """
-from adapter.backends.transport import handshake, tcp as tcp_
+from adapter.backends.transport import acceptor, handshake, tcp as tcp_
 from adapter.backends.ring import forming
 from adapter.backends.ring.header import PURPOSE_RING
 MARKS = "MARKS_"
@@ -296,14 +296,14 @@ def connect_in_order(addr, hello, *args, **kwargs):
 tcp_.connect_with_hello = connect_in_order
 
 if r == 1:
-    real_acceptor_send = handshake.Acceptor._send
+    real_acceptor_send = acceptor.Acceptor._send
 
     def late_queue(item, frame):
         sent = real_acceptor_send(item, frame)
         if frame[:4] == handshake.ACK_MAGIC and item.hello is not None and item.hello.purpose == PURPOSE_RING:
             time.sleep(0.6)
         return sent
-    handshake.Acceptor._send = staticmethod(late_queue)
+    acceptor.Acceptor._send = staticmethod(late_queue)
 if r == 0:
     forming.LEFT_PROBE_S = 100.0
     forming.Forming._notify = lambda self, *args: None  # rank 3, never taken, has left: no 1 s of retries

@@ -14,7 +14,7 @@ handshake is refused as any stranger's. Without a configured secret there is no 
 job's key is then derived from public facts): no layout is compared and the ranks wait for the
 connect deadline as before.
 
-The acceptor thread answers the check (handshake.Acceptor), whatever the rank's main thread is
+The acceptor thread answers the check (acceptor.Acceptor), whatever the rank's main thread is
 doing, and records a differing layout for the forming ring to raise (ring/forming.py).
 """
 from __future__ import annotations

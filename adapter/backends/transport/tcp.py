@@ -20,11 +20,10 @@ from typing import Callable
 from ... import config
 from ...errors import CollectiveTimeout, ConfigError, PeerError
 from . import layout
+from .acceptor import Acceptor, Admit
 from .auth import Auth
 from .handshake import (  # noqa: F401  (Hello is part of this module's interface)
     MAX_CLOSED_RETRIES,
-    Acceptor,
-    Admit,
     HandshakeRetry,
     Hello,
     OtherJob,
