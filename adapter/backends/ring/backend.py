@@ -34,7 +34,6 @@ from ...config import env_rank, op_timeout
 from ...errors import ABORT, ConfigError, DistributedError, PeerError, blaming
 from ..base import Backend, ReduceOp
 from ..elastic import membership, shrinking
-from ..elements import byte_view, split_evenly
 from ..local import staged
 from ..local.segment import SharedGroup
 from ..protocol import REDUCE_CODES
@@ -299,11 +298,7 @@ class RingBackend(Backend):
             return
         if self._staged(header, staged.all_reduce, src, dst, op):
             return
-        if plumbing.one_pass(src.nbytes):
-            self._collective(header, plumbing.small_all_reduce, header, src, dst, op)
-            return
-        blocks = split_evenly(src.size, self._size)
-        self._collective(header, plumbing.large, header, src, dst, blocks, op, True)
+        plumbing.all_reduce(header, src, dst, op)
 
     def reduce_scatter(self, src: np.ndarray, dst: np.ndarray, op: ReduceOp) -> None:
         if self._size == 1:
@@ -314,16 +309,7 @@ class RingBackend(Backend):
             return
         if self._staged(header, staged.reduce_scatter, src, dst, op):
             return
-        n = self._size
-        if plumbing.one_pass(src.nbytes):
-            def run() -> None:
-                full = plumbing.buffer("rs-small", src.dtype, src.size)
-                plumbing.small_all_reduce(header, src, full, op)
-                dst[...] = full[self._rank * dst.size:(self._rank + 1) * dst.size]
-            self._collective(header, run)
-            return
-        blocks = [(i * dst.size, (i + 1) * dst.size) for i in range(n)]
-        self._collective(header, plumbing.large, header, src, dst, blocks, op, False)
+        plumbing.reduce_scatter(header, src, dst, op)
 
     def set_timeout(self, seconds: float) -> None:
         self.timeout = config.check_seconds(float(seconds), "timeout")
@@ -337,14 +323,7 @@ class RingBackend(Backend):
             return
         if self._staged(header, staged.all_gather, src, dst):
             return
-        if src.nbytes <= plumbing.small_limit:
-            def run() -> None:
-                parts = plumbing.small_gather(header, byte_view(src))
-                for q, part in enumerate(parts):
-                    dst[q * src.size:(q + 1) * src.size] = np.frombuffer(part, src.dtype)
-            self._collective(header, run)
-            return
-        self._collective(header, plumbing.large_gather, header, src, dst)
+        plumbing.all_gather(header, src, dst)
 
     def broadcast(self, buf: np.ndarray, root: int) -> None:
         if not 0 <= root < self._size:
@@ -357,7 +336,7 @@ class RingBackend(Backend):
             return
         if self._staged(header, staged.broadcast, buf, root):
             return
-        self._collective(header, plumbing.broadcast, header, buf, root)
+        plumbing.broadcast(header, buf, root)
 
     def barrier(self) -> None:
         if self._size == 1:
@@ -367,7 +346,7 @@ class RingBackend(Backend):
             return
         if self._staged(header, staged.barrier):
             return
-        self._collective(header, self._plumbing.small_gather, header, memoryview(b""))
+        self._plumbing.barrier(header)
 
     def send(self, buf: np.ndarray, dst: int) -> None:
         self._p2p.send(buf, dst)

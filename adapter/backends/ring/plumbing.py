@@ -1,7 +1,8 @@
 """What every collective of a ring group runs on: its header (checked against the neighbours'),
-one collective at a time under a deadline, failure handling (origin.py names the rank that
-failed first), scratch memory, and the socket paths: the one-pass small path and the
-reduce-scatter / all-gather / broadcast over every channel (algorithms.py)."""
+one collective at a time under a deadline (running()), failure handling (origin.py names the
+rank that failed first), scratch memory, and the socket paths, one method per collective with
+named parameters (all_reduce, reduce_scatter, all_gather, broadcast, barrier): the one-pass
+small path and the reduce-scatter / all-gather / broadcast over every channel (algorithms.py)."""
 from __future__ import annotations
 
 import socket
@@ -67,49 +68,99 @@ class Plumbing:
         state = self._state
         return HEADER.pack(HEADER_MAGIC, op, code, state.seq, arr.nbytes, extra + state.stage)
 
+    def running(self, header: bytes) -> "_Running":
+        """`with plumbing.running(header):` runs one collective: serialised, sequence-numbered,
+        under the deadline, and fatal to the group on error (the links are closed so the
+        neighbours fail fast instead of waiting for the deadline; _failed names the culprit)."""
+        return _Running(self, header)
+
     def collective(self, header: bytes, body: Callable, *args) -> None:
-        """Run one collective, body(*args): serialised, sequence-numbered, and fatal to the group
-        on error (the links are closed so the neighbours fail fast instead of waiting for the
-        deadline)."""
+        """body(*args) as one collective (shared memory's paths and a split's records; the socket
+        paths below call running() themselves)."""
+        with self.running(header):
+            body(*args)
+
+    # ---- the socket paths, one collective each ----------------------------------------------
+
+    def all_reduce(self, header: bytes, src: np.ndarray, dst: np.ndarray, op: ReduceOp) -> None:
+        """dst = op over every rank's src: the one pass when it is small, else reduce-scatter +
+        all-gather over every channel."""
+        with self.running(header):
+            if self.one_pass(src.nbytes):
+                self.small_all_reduce(header, src, dst, op)
+            else:
+                self.large(header, src, dst, split_evenly(src.size, self._state.size), op, True)
+
+    def reduce_scatter(self, header: bytes, src: np.ndarray, dst: np.ndarray, op: ReduceOp) -> None:
+        """dst = this rank's block of op over every rank's src."""
+        rank, n = self._state.rank, self._state.size
+        with self.running(header):
+            if self.one_pass(src.nbytes):
+                full = self.buffer("rs-small", src.dtype, src.size)
+                self.small_all_reduce(header, src, full, op)
+                dst[...] = full[rank * dst.size:(rank + 1) * dst.size]
+            else:
+                self.large(header, src, dst, [(i * dst.size, (i + 1) * dst.size) for i in range(n)], op, False)
+
+    def all_gather(self, header: bytes, src: np.ndarray, dst: np.ndarray) -> None:
+        """dst = every rank's src, in rank order."""
+        with self.running(header):
+            if src.nbytes <= self.small_limit:
+                for q, part in enumerate(self.small_gather(header, byte_view(src))):
+                    dst[q * src.size:(q + 1) * src.size] = np.frombuffer(part, src.dtype)
+            else:
+                self.large_gather(header, src, dst)
+
+    def broadcast(self, header: bytes, buf: np.ndarray, root: int) -> None:
+        """buf = root's buf, down a chain on every channel."""
+        with self.running(header):
+            self._broadcast(header, buf, root)
+
+    def barrier(self, header: bytes) -> None:
+        """Every rank has reached the barrier (an empty gather)."""
+        with self.running(header):
+            self.small_gather(header, memoryview(b""))
+
+    def _start(self, header: bytes) -> None:
         state = self._state
-        with self._lock:
-            state.failure.check()
-            state.seq += 1
-            state.deadline = time.monotonic() + state.timeout
-            state.what = Described(header)
-            try:
-                body(*args)
-            except BaseException as caught:
-                exc = caught
-                earlier = state.failure.why
-                if earlier is not None and isinstance(exc, DistributedError) and not state.abandon_on_failure:
-                    # Another thread gave the group up while this collective ran (break_links: a
-                    # shrink, dist.shrink_group's SHRINK_ABORT): say why, not just what broke.
-                    self.close_links()
-                    raise PeerError(f"{exc}; {earlier}") from None
-                if state.abandon_on_failure:  # a formation's closing barrier: pass the verdict on first
-                    if isinstance(exc, CollectiveTimeout) and failure_of(exc).culprit is None:
-                        exc = self._unresponsive_member(exc)
-                    elif isinstance(exc, PeerError) and not isinstance(exc, FormationAbandoned):
-                        # A link broke: a neighbour that gave up wrote why before it closed, and
-                        # what it wrote may still wait unread here; it names the rank at fault.
-                        exc = self._verdict_on_links() or exc
-                    abandon(state, self._words, failure_of(exc).suspect(-1), getattr(exc, "missing", False),
-                            exc.frame() if isinstance(exc, LayoutMismatch) else None)
-                # Name the rank that failed first, not the neighbour that passed the failure on,
-                # and tell the other neighbour before the links close (origin.py).
-                on_sockets = state.shm is None or origin.from_ring_links(exc)  # a split's records go so
-                by_ring = on_sockets and state.hier is None and not state.abandon_on_failure
-                named = origin.blame(state, exc) if by_ring else exc
-                if isinstance(named, DistributedError) and failure_of(named).sequence is None:
-                    with_failure(named, operation=str(state.what), sequence=state.seq)  # the record's where
-                state.failure.mark(f"{type(named).__name__}: {named}")
-                if by_ring and isinstance(named, Exception):
-                    origin.notify(state, named)
-                self.close_links()
-                if named is caught:
-                    raise
-                raise named from None
+        state.failure.check()
+        state.seq += 1
+        state.deadline = time.monotonic() + state.timeout
+        state.what = Described(header)
+
+    def _failed(self, caught: BaseException) -> None:
+        """A collective failed with `caught`: give the group up and raise what names the rank at
+        fault (returns only when that is `caught` itself, which then propagates as it is)."""
+        state = self._state
+        exc = caught
+        earlier = state.failure.why
+        if earlier is not None and isinstance(exc, DistributedError) and not state.abandon_on_failure:
+            # Another thread gave the group up while this collective ran (break_links: a
+            # shrink, dist.shrink_group's SHRINK_ABORT): say why, not just what broke.
+            self.close_links()
+            raise PeerError(f"{exc}; {earlier}") from None
+        if state.abandon_on_failure:  # a formation's closing barrier: pass the verdict on first
+            if isinstance(exc, CollectiveTimeout) and failure_of(exc).culprit is None:
+                exc = self._unresponsive_member(exc)
+            elif isinstance(exc, PeerError) and not isinstance(exc, FormationAbandoned):
+                # A link broke: a neighbour that gave up wrote why before it closed, and
+                # what it wrote may still wait unread here; it names the rank at fault.
+                exc = self._verdict_on_links() or exc
+            abandon(state, self._words, failure_of(exc).suspect(-1), getattr(exc, "missing", False),
+                    exc.frame() if isinstance(exc, LayoutMismatch) else None)
+        # Name the rank that failed first, not the neighbour that passed the failure on,
+        # and tell the other neighbour before the links close (origin.py).
+        on_sockets = state.shm is None or origin.from_ring_links(exc)  # a split's records go so
+        by_ring = on_sockets and state.hier is None and not state.abandon_on_failure
+        named = origin.blame(state, exc) if by_ring else exc
+        if isinstance(named, DistributedError) and failure_of(named).sequence is None:
+            with_failure(named, operation=str(state.what), sequence=state.seq)  # the record's where
+        state.failure.mark(f"{type(named).__name__}: {named}")
+        if by_ring and isinstance(named, Exception):
+            origin.notify(state, named)
+        self.close_links()
+        if named is not caught:
+            raise named from None
 
     def _unresponsive_member(self, exc: CollectiveTimeout) -> BaseException:
         """A formation's closing barrier passed its deadline: the members started apart, so the
@@ -304,7 +355,7 @@ class Plumbing:
             ring_all_gather(ch, n, chunks, seg)
         self._run()
 
-    def broadcast(self, header: bytes, buf: np.ndarray, root: int) -> None:
+    def _broadcast(self, header: bytes, buf: np.ndarray, root: int) -> None:
         state = self._state
         n = state.size
         channels = self._channels()
@@ -316,3 +367,31 @@ class Plumbing:
             root_pos = root if ci < n_forward else n - 1 - root
             chain_broadcast(ch, n, root_pos, buf[plo:phi], seg)
         self._run()
+
+
+class _Running:
+    """One collective in progress (Plumbing.running): the lock held, the sequence advanced, the
+    deadline set; on the way out a failure gives the group up (Plumbing._failed)."""
+
+    __slots__ = ("plumbing", "header")
+
+    def __init__(self, plumbing: Plumbing, header: bytes) -> None:
+        self.plumbing = plumbing
+        self.header = header
+
+    def __enter__(self) -> None:
+        lock = self.plumbing._lock
+        lock.acquire()
+        try:
+            self.plumbing._start(self.header)
+        except BaseException:
+            lock.release()
+            raise
+
+    def __exit__(self, kind: type | None, caught: BaseException | None, trace: object) -> bool:
+        try:
+            if caught is not None:
+                self.plumbing._failed(caught)
+        finally:
+            self.plumbing._lock.release()
+        return False
