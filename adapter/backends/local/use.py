@@ -14,6 +14,7 @@ from typing import Callable
 
 from ... import config
 from . import shm
+from .segment import PAGE, SharedGroup
 
 log = logging.getLogger("jacklring.shm")
 
@@ -48,7 +49,7 @@ def attach(rank: int, size: int, gather: Callable[[bytes], list[bytes]], describ
     exchanges shm.RECORD_BYTES-byte records among all ranks). placement.shared is False, with no
     segment anywhere, when the group uses its sockets only."""
     mode = config.get("JACKLRING_LOCAL_TRANSPORT")
-    chunk = -(-config.get("JACKLRING_SHM_CHUNK_BYTES") // shm.PAGE) * shm.PAGE
+    chunk = -(-config.get("JACKLRING_SHM_CHUNK_BYTES") // PAGE) * PAGE
     placement = shm.form(rank, size, gather, chunk, wanted=mode in ("auto", "shm"), describe=describe,
                          mismatch=mismatch)
     if not placement.shared:
@@ -69,7 +70,7 @@ def attach(rank: int, size: int, gather: Callable[[bytes], list[bytes]], describ
     return placement
 
 
-def run(group: shm.SharedGroup, deadline: float, what: object, body: Callable, *args) -> None:
+def run(group: SharedGroup, deadline: float, what: object, body: Callable, *args) -> None:
     """Run one collective, body(group, *args), with this deadline and description (what: its
     str() names the collective in errors); on any error tell the peers at once, so those waiting
     for this rank fail now instead of at the deadline."""
