@@ -31,6 +31,16 @@ static void stall_report(void *arg, int32_t peer) {
     PyGILState_Release(gil);
 }
 
+/* A signal woke a wait: run Python's handlers now (a raised KeyboardInterrupt stays set and
+ * ends the call), as the Python engine's loop did between its sleeps. */
+static int interrupted(void *arg) {
+    (void)arg;
+    PyGILState_STATE gil = PyGILState_Ensure();
+    int raised = PyErr_CheckSignals() < 0;
+    PyGILState_Release(gil);
+    return raised;
+}
+
 static PyObject *status_tuple(const jl_status *st) {
     return Py_BuildValue("iiiiiKKy#", st->code, st->peer, st->culprit, st->fd, st->sys_errno,
                          (unsigned long long)st->step, (unsigned long long)st->peer_step,
@@ -84,6 +94,8 @@ static int int_arg(PyObject *obj, int *out) {
 static PyObject *result(int rc, const jl_status *st) {
     if (rc == JL_OK)
         Py_RETURN_NONE;
+    if (rc == JL_INTERRUPTED && PyErr_Occurred())
+        return NULL; /* the signal handler's exception */
     return status_tuple(st);
 }
 
@@ -262,6 +274,7 @@ static int settings_arg(Segment *self, PyObject *args) {
     self->settings.stall_report_ns = stall;
     self->settings.stall_report = stall_report;
     self->settings.stall_arg = self;
+    self->settings.interrupted = interrupted;
     return 0;
 }
 

@@ -27,7 +27,7 @@ except ImportError as exc:  # installed without it (JACKLRING_NO_NATIVE=1) or a 
     _WHY = f"the native shared-memory engine is not installed ({exc})"
 
 # Status codes (csrc/shm/engine.h jl_code).
-OK, MISMATCH, PEER_LEFT, PEER_EXITED, LINK_CLOSED, TIMEOUT, SELF_BROKEN, INVALID, SYSTEM = range(9)
+OK, MISMATCH, PEER_LEFT, PEER_EXITED, LINK_CLOSED, TIMEOUT, SELF_BROKEN, INVALID, SYSTEM, INTERRUPTED = range(10)
 
 _warned = False
 
