@@ -21,7 +21,7 @@ import torch.distributed as dist
 from ..backends.base import Backend
 from ..errors import DistributedError
 from ..group import DEFAULT_SHRINK_TIMEOUT_S
-from . import cpp_handles, dynamo, inline, ops, shrink
+from . import cpp_backend, cpp_handles, dynamo, inline, ops, shrink
 from .executors import Completer, Executor, PeerExecutors
 from .inbox import Inbox
 from .p2p import PointToPoint
@@ -439,4 +439,4 @@ _OPERATIONS = (
     "monitored_barrier", "send", "recv", "recv_anysource", "shutdown", "abort",
 )
 dynamo.make_opaque(JacklringProcessGroup, _OPERATIONS)
-shrink.install(JacklringProcessGroup)  # dist.shrink_group on these groups (shrink.py)
+shrink.install(JacklringProcessGroup, cpp_backend.python_group)  # dist.shrink_group on these groups (shrink.py)
