@@ -229,8 +229,7 @@ class JacclBackend(Backend):
         except BaseException:
             self.close()
             raise
-        self._local = SharedCollectives(group, staging, self._timeout, self.failure, self._busy, self._busy_error,
-                                        config.get("JACKLRING_SHM_SMALL_BYTES"))
+        self._local = SharedCollectives(group, staging, self._timeout, self.failure, self._busy, self._busy_error)
 
     def _leaders_can_link(self, leaders: list[int]) -> bool:
         """Whether the hosts' first ranks can form a group of their own: in RDMA ring mode only

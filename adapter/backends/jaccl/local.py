@@ -1,6 +1,6 @@
 """JACCL's collectives over shared memory: when every rank of a JACCL group is on this host (and
 JACKLRING_LOCAL_TRANSPORT is auto or shm), all_reduce, reduce_scatter, all_gather, broadcast and
-barrier run through local/algorithms.py over one segment formed with the group; send/recv stay
+barrier run through local/SharedGroup.py over one segment formed with the group; send/recv stay
 on the mesh (TCP or RDMA), whose connections the segment also watches.
 
 When the group spans hosts and some host has several of its ranks, those collectives run in
@@ -27,8 +27,9 @@ import numpy as np
 from ...errors import DistributedError
 from ..base import GroupFailure, ReduceOp
 from ..elements import DTYPE_CODES, dtype_code
-from ..local import algorithms, staged, use
-from ..local.shm import Placement, SharedGroup
+from ..local import staged, use
+from ..local.segment import SharedGroup
+from ..local.shm import Placement
 from ..local.staged import Staging
 from ..protocol import OP_CODES, REDUCE_CODES, Request, mismatch_message
 from ..transport.slots import Transport
@@ -90,14 +91,13 @@ class SharedCollectives:
     time (the group's lock), numbered, under the group's timeout, fatal to the group on error."""
 
     def __init__(self, group: SharedGroup | None, staging: Staging | None, timeout: float, failure: GroupFailure,
-                 busy: threading.Lock, refuse: Callable[[str], DistributedError], small_bytes: int) -> None:
+                 busy: threading.Lock, refuse: Callable[[str], DistributedError]) -> None:
         self.group = group
         self.staging = staging
         self.timeout = timeout
         self._failure = failure
         self._busy = busy
         self._refuse = refuse
-        self._small = small_bytes
         self._seq = 0
         self._size = group.size if group is not None else len(staging.host_of)  # type: ignore[union-attr]
         self._rank = group.rank if group is not None else staging.rank  # type: ignore[union-attr]
@@ -127,30 +127,26 @@ class SharedCollectives:
             self._busy.release()
 
     def all_reduce(self, src: np.ndarray, dst: np.ndarray, op: ReduceOp) -> None:
-        body = staged.all_reduce if self.staging is not None else algorithms.all_reduce
-        self._run("all_reduce", ALL_REDUCE, REDUCE_CODES[op], src, 0, body, src, dst, op, self._small)
+        body = staged.all_reduce if self.staging is not None else SharedGroup.all_reduce
+        self._run("all_reduce", ALL_REDUCE, REDUCE_CODES[op], src, 0, body, src, dst, op)
 
     def reduce_scatter(self, src: np.ndarray, dst: np.ndarray, op: ReduceOp) -> None:
-        if self.staging is not None:
-            self._run("reduce_scatter", REDUCE_SCATTER, REDUCE_CODES[op], src, 0, staged.reduce_scatter,
-                      src, dst, op, self._small)
-        else:
-            self._run("reduce_scatter", REDUCE_SCATTER, REDUCE_CODES[op], src, 0, algorithms.reduce_scatter,
-                      src, dst, op)
+        body = staged.reduce_scatter if self.staging is not None else SharedGroup.reduce_scatter
+        self._run("reduce_scatter", REDUCE_SCATTER, REDUCE_CODES[op], src, 0, body, src, dst, op)
 
     def all_gather(self, src: np.ndarray, dst: np.ndarray) -> None:
-        body = staged.all_gather if self.staging is not None else algorithms.all_gather
+        body = staged.all_gather if self.staging is not None else SharedGroup.all_gather
         self._run("all_gather", ALL_GATHER, 0, src, 0, body, src, dst)
 
     def broadcast(self, buf: np.ndarray, root: int) -> None:
         if not 0 <= root < self._size:
             raise DistributedError(f"rank {self._rank}: broadcast root {root} is not a rank of this group "
                                    f"of size {self._size}")
-        body = staged.broadcast if self.staging is not None else algorithms.broadcast
+        body = staged.broadcast if self.staging is not None else SharedGroup.broadcast
         self._run("broadcast", BROADCAST, 0, buf, root, body, buf, root)
 
     def barrier(self) -> None:
-        self._run("barrier", BARRIER, 0, None, 0, staged.barrier if self.staging is not None else algorithms.barrier)
+        self._run("barrier", BARRIER, 0, None, 0, staged.barrier if self.staging is not None else SharedGroup.barrier)
 
     def break_links(self) -> None:
         """A shared-memory wait sleeps on the segment, not the links: mark it broken (and, staged,

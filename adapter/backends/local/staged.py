@@ -38,7 +38,6 @@ import numpy as np
 from ...errors import DistributedError, PeerError
 from ..base import Backend, ReduceOp
 from ..protocol import OP_CODES
-from . import algorithms as shm_algorithms
 from .shm import Placement, SharedGroup
 
 OP_ALL_REDUCE, OP_ALL_GATHER, OP_REDUCE_SCATTER, OP_BROADCAST, OP_BARRIER = (
@@ -175,24 +174,22 @@ def run(h: Staging, deadline: float, timeout: float, what: object, body: Callabl
         raise
 
 
-def all_reduce(h: Staging, header: bytes, src: np.ndarray, dst: np.ndarray, op: ReduceOp,
-               small_bytes: int) -> None:
+def all_reduce(h: Staging, header: bytes, src: np.ndarray, dst: np.ndarray, op: ReduceOp) -> None:
     if h.local is not None:
-        shm_algorithms.all_reduce(h.local, header, src, dst, op, small_bytes)
+        h.local.all_reduce(header, src, dst, op)
     else:
         dst[...] = src
     if h.leaders is not None:
         h.between_hosts(OP_ALL_REDUCE, 0, lambda leaders: leaders.all_reduce(dst, dst, op))
     if h.local is not None:
-        shm_algorithms.broadcast(h.local, None, dst, 0)
+        h.local.broadcast(None, dst, 0)
 
 
-def reduce_scatter(h: Staging, header: bytes, src: np.ndarray, dst: np.ndarray, op: ReduceOp,
-                   small_bytes: int) -> None:
+def reduce_scatter(h: Staging, header: bytes, src: np.ndarray, dst: np.ndarray, op: ReduceOp) -> None:
     m, k = dst.size, len(h.members)
     full = h.buffer("reduce_scatter full", src.dtype, src.size)
     if h.local is not None:
-        shm_algorithms.all_reduce(h.local, header, src, full, op, small_bytes)
+        h.local.all_reduce(header, src, full, op)
     else:
         full[...] = src
     # The leaders reduce-scatter blocks laid out host by host (each host `widest` blocks, the
@@ -207,7 +204,7 @@ def reduce_scatter(h: Staging, header: bytes, src: np.ndarray, dst: np.ndarray, 
             laid_out[at + len(members) * m:at + h.widest * m] = 0
         h.between_hosts(OP_REDUCE_SCATTER, 0, lambda leaders: leaders.reduce_scatter(laid_out, ours, op))
     if h.local is not None:
-        shm_algorithms.broadcast(h.local, None, ours[:k * m], 0)
+        h.local.broadcast(None, ours[:k * m], 0)
     j = h.members.index(h.rank)
     dst[...] = ours[j * m:(j + 1) * m]
 
@@ -219,7 +216,7 @@ def all_gather(h: Staging, header: bytes, src: np.ndarray, dst: np.ndarray) -> N
     host_blocks = h.buffer("all_gather host", src.dtype, h.widest * m)
     host_blocks[k * m:] = 0
     if h.local is not None:
-        shm_algorithms.all_gather(h.local, header, src, host_blocks[:k * m])
+        h.local.all_gather(header, src, host_blocks[:k * m])
     else:
         host_blocks[:m] = src
     if h.leaders is not None:
@@ -230,24 +227,24 @@ def all_gather(h: Staging, header: bytes, src: np.ndarray, dst: np.ndarray) -> N
                 at = (host * h.widest + j) * m
                 dst[q * m:(q + 1) * m] = table[at:at + m]
     if h.local is not None:
-        shm_algorithms.broadcast(h.local, None, dst, 0)
+        h.local.broadcast(None, dst, 0)
 
 
 def broadcast(h: Staging, header: bytes, buf: np.ndarray, root: int) -> None:
     root_host = h.host_of[root]
     on_root_host = h.host == root_host
     if h.local is not None and on_root_host:
-        shm_algorithms.broadcast(h.local, header, buf, h.members.index(root))
+        h.local.broadcast(header, buf, h.members.index(root))
     if h.leaders is not None:
         h.between_hosts(OP_BROADCAST, root, lambda leaders: leaders.broadcast(buf, root_host))
     if h.local is not None and not on_root_host:
-        shm_algorithms.broadcast(h.local, header, buf, 0)
+        h.local.broadcast(header, buf, 0)
 
 
 def barrier(h: Staging, header: bytes) -> None:
     if h.local is not None:
-        shm_algorithms.barrier(h.local, header)
+        h.local.barrier(header)
     if h.leaders is not None:
         h.between_hosts(OP_BARRIER, 0, lambda leaders: leaders.barrier())
     if h.local is not None:
-        h.local.exchange()
+        h.local.barrier()

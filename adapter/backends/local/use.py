@@ -14,9 +14,11 @@ from typing import Callable
 
 from ... import config
 from . import shm
+from .segment import PAGE, SharedGroup
 
 log = logging.getLogger("jacklring.shm")
 
+SPIN_US = 1.0                  # pause-instruction spin before yielding, unless JACKLRING_SPIN_US
 YIELD_US = 1000.0              # checking while yielding, unless the host is oversubscribed (below)
 OVERSUBSCRIBED_YIELD_US = 0.0  # sleep at once (see docs/shared-memory.md, "Waiting")
 YIELDING_RANKS_PER_CPU = 2     # up to this many ranks of the segment per CPU, waiters still yield
@@ -47,7 +49,7 @@ def attach(rank: int, size: int, gather: Callable[[bytes], list[bytes]], describ
     exchanges shm.RECORD_BYTES-byte records among all ranks). placement.shared is False, with no
     segment anywhere, when the group uses its sockets only."""
     mode = config.get("JACKLRING_LOCAL_TRANSPORT")
-    chunk = -(-config.get("JACKLRING_SHM_CHUNK_BYTES") // shm.PAGE) * shm.PAGE
+    chunk = -(-config.get("JACKLRING_SHM_CHUNK_BYTES") // PAGE) * PAGE
     placement = shm.form(rank, size, gather, chunk, wanted=mode in ("auto", "shm"), describe=describe,
                          mismatch=mismatch)
     if not placement.shared:
@@ -57,16 +59,18 @@ def attach(rank: int, size: int, gather: Callable[[bytes], list[bytes]], describ
         return placement
     group = placement.group
     if group is not None:
-        # Checking while yielding the CPU costs a system call per check (well under a microsecond)
-        # and never keeps a peer that waits for this CPU off it, whatever else the host runs; pure
-        # busy-spinning measured several times slower on a loaded host, so it is off unless asked for.
-        group.spin_s = (config.get("JACKLRING_SPIN_US") or 0.0) * 1e-6
-        group.yield_s = yield_seconds(group.size)
-        group.stall_report_s = config.get("JACKLRING_STALL_REPORT")
+        # A microsecond of pause instructions catches a peer that is running right now; then
+        # checking while yielding the CPU (a system call per check, well under a microsecond) never
+        # keeps a peer that waits for this CPU off it; pure busy-spinning measured several times
+        # slower on a loaded host, so longer spins are off unless asked for.
+        spin = config.get("JACKLRING_SPIN_US")
+        group.configure(spin_s=(SPIN_US if spin is None else spin) * 1e-6, yield_s=yield_seconds(group.size),
+                        stall_report_s=config.get("JACKLRING_STALL_REPORT"),
+                        small_bytes=config.get("JACKLRING_SHM_SMALL_BYTES"))
     return placement
 
 
-def run(group: shm.SharedGroup, deadline: float, what: object, body: Callable, *args) -> None:
+def run(group: SharedGroup, deadline: float, what: object, body: Callable, *args) -> None:
     """Run one collective, body(group, *args), with this deadline and description (what: its
     str() names the collective in errors); on any error tell the peers at once, so those waiting
     for this rank fail now instead of at the deadline."""

@@ -35,8 +35,8 @@ from ...errors import ConfigError, DistributedError, PeerError, blaming
 from ..base import Backend, ReduceOp
 from ..elastic import membership, shrinking
 from ..elements import byte_view, split_evenly
-from ..local import algorithms as shm_algorithms
 from ..local import staged
+from ..local.segment import SharedGroup
 from ..protocol import REDUCE_CODES
 from ..transport import auth, layout, tcp
 from ..transport.stream_engine import Engine, Stream
@@ -292,11 +292,11 @@ class RingBackend(Backend):
         state = self._state
         if state.shm is not None and src.nbytes <= self._shm_one_step and not state.abandon_on_failure:
             # The small-message hot path: what _shared does, one call shorter.
-            self._collective(header, shared.run, state, shm_algorithms.small_all_reduce, header, src, dst, op)
+            self._collective(header, shared.run, state, SharedGroup.all_reduce, header, src, dst, op)
             return
-        if self._shared(header, shm_algorithms.all_reduce, src, dst, op, self._shm_small):
+        if self._shared(header, SharedGroup.all_reduce, src, dst, op):
             return
-        if self._staged(header, staged.all_reduce, src, dst, op, self._shm_small):
+        if self._staged(header, staged.all_reduce, src, dst, op):
             return
         if plumbing.one_pass(src.nbytes):
             self._collective(header, plumbing.small_all_reduce, header, src, dst, op)
@@ -309,9 +309,9 @@ class RingBackend(Backend):
             return _copy(src, dst)
         plumbing = self._plumbing
         header = plumbing.header(OP_REDUCE_SCATTER, src, REDUCE_CODES[op])
-        if self._shared(header, shm_algorithms.reduce_scatter, src, dst, op):
+        if self._shared(header, SharedGroup.reduce_scatter, src, dst, op):
             return
-        if self._staged(header, staged.reduce_scatter, src, dst, op, self._shm_small):
+        if self._staged(header, staged.reduce_scatter, src, dst, op):
             return
         n = self._size
         if plumbing.one_pass(src.nbytes):
@@ -332,7 +332,7 @@ class RingBackend(Backend):
             return _copy(src, dst)
         plumbing = self._plumbing
         header = plumbing.header(OP_ALL_GATHER, src, 0)
-        if self._shared(header, shm_algorithms.all_gather, src, dst):
+        if self._shared(header, SharedGroup.all_gather, src, dst):
             return
         if self._staged(header, staged.all_gather, src, dst):
             return
@@ -352,7 +352,7 @@ class RingBackend(Backend):
             return
         plumbing = self._plumbing
         header = plumbing.header(OP_BROADCAST, buf, root)
-        if self._shared(header, shm_algorithms.broadcast, buf, root):
+        if self._shared(header, SharedGroup.broadcast, buf, root):
             return
         if self._staged(header, staged.broadcast, buf, root):
             return
@@ -362,7 +362,7 @@ class RingBackend(Backend):
         if self._size == 1:
             return
         header = HEADER.pack(HEADER_MAGIC, OP_BARRIER, 0, self._state.seq, 0, 0)
-        if self._shared(header, shm_algorithms.barrier):
+        if self._shared(header, SharedGroup.barrier):
             return
         if self._staged(header, staged.barrier):
             return

@@ -19,7 +19,7 @@ they are stuck, a rank nearer the silent one names it soon after, and that name 
 
 The notice has a connection of its own, never bytes in the ring's streams: bytes appended to a
 stream could complete a message the neighbour still expects and be read as data. Groups on one
-host pass the culprit in shared memory instead (local/shm.py, mark_broken).
+host pass the culprit in shared memory instead (local/segment.py, mark_broken).
 """
 from __future__ import annotations
 

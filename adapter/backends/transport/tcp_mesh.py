@@ -519,7 +519,7 @@ class TcpMeshTransport(Transport):
 
     def links(self) -> list[tuple[int, str, int]]:
         """(file descriptor, label, peer) of every connection, for a watcher that must notice a
-        peer hanging up (shared memory's wait: local/shm.py SharedGroup.watch)."""
+        peer hanging up (shared memory's wait: local/segment.py SharedGroup.watch)."""
         return [(state.fd, state.label, state.rank) for state in self._by_fd.values()]
 
     def closed_peers(self) -> list[int]:
