@@ -22,6 +22,7 @@ import importlib.util
 import logging
 import os
 import platform
+import shutil
 import stat
 import sys
 from pathlib import Path
@@ -30,7 +31,9 @@ from types import ModuleType
 log = logging.getLogger("jacklring.torch")
 
 SOURCE_DIR = Path(__file__).resolve().parents[2] / "csrc" / "torch"
-SOURCES = ("module.cpp", "backend.cpp", "delegated_work.cpp", "floor.cpp")
+SOURCES = ("module.cpp", "backend.cpp", "delegated_work.cpp", "floor.cpp", "native.cpp")
+ENGINE_HEADER = SOURCE_DIR.parent / "shm" / "engine.h"  # the engine's C interface, compiled in
+MODULE = "jacklring_torch"
 CFLAGS = ("-O3", "-Wall", "-Wextra", "-Werror")  # at -O2 GCC 12 left the reduction loops scalar
 BUILD_HINT = "python -m adapter.torch_backend.native (scripts/setup.sh runs it)"
 
@@ -54,9 +57,9 @@ def _torch_identity() -> str:
 def build_key(source_dir: Path = SOURCE_DIR) -> str:
     """Hash of the torch build, this Python and every source (headers included)."""
     digest = hashlib.sha256(_torch_identity().encode())
-    for path in sorted(source_dir.iterdir()):
-        if path.suffix in (".cpp", ".h"):
-            digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    paths = [p for p in sorted(source_dir.iterdir()) if p.suffix in (".cpp", ".h")]
+    for path in paths + ([ENGINE_HEADER] if ENGINE_HEADER.exists() else []):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()[:16]
 
 
@@ -68,7 +71,18 @@ def build_dir(key: str, root: Path | None = None) -> Path:
 
 
 def module_name(key: str) -> str:
-    return f"jacklring_torch_{key}"
+    """The library's file name (without .so) in the build's directory; the module inside is
+    always MODULE (one build is loaded per process)."""
+    return f"{MODULE}_{key}"
+
+
+def _work_dir(root: Path) -> Path:
+    """Where ninja compiles, one per torch version: an edited source recompiles only its own
+    file. The finished library is copied to the build's keyed directory."""
+    import torch
+
+    version = "".join(c if c.isalnum() or c in ".-" else "_" for c in torch.__version__)
+    return root / f"{version}-objects"
 
 
 def check_private(path: Path) -> None:
@@ -104,12 +118,18 @@ def build(root: Path | None = None, verbose: bool = False, source_dir: Path = SO
     root = root or cache_root()
     key = build_key(source_dir)
     directory = build_dir(key, root)
+    work = _work_dir(root)
     _private_dirs(directory, root)
+    _private_dirs(work, root)
     library = directory / f"{module_name(key)}.so"
     if not library.exists():
-        cpp_extension.load(module_name(key), [str(source_dir / s) for s in SOURCES], extra_cflags=list(CFLAGS),
-                           build_directory=str(directory), verbose=verbose)
-    library.chmod(0o700)
+        cpp_extension.load(MODULE, [str(source_dir / s) for s in SOURCES], extra_cflags=list(CFLAGS),
+                           extra_include_paths=[str(source_dir.parent)], build_directory=str(work),
+                           verbose=verbose)
+        partial = directory / f".{module_name(key)}.so.{os.getpid()}"
+        shutil.copyfile(work / f"{MODULE}.so", partial)
+        partial.chmod(0o700)
+        os.replace(partial, library)  # whole or absent: a job never sees half a library
     check_private(library)
     return library
 
@@ -131,7 +151,7 @@ def load(root: Path | None = None, source_dir: Path = SOURCE_DIR) -> tuple[Modul
             return None, _missing(root, directory)
         for path in (root.parent, root, directory, library):
             check_private(path)
-        spec = importlib.util.spec_from_file_location(module_name(key), library)
+        spec = importlib.util.spec_from_file_location(MODULE, library)
         if spec is None or spec.loader is None:
             return None, f"{library} is not a loadable module"
         module = importlib.util.module_from_spec(spec)

@@ -100,6 +100,11 @@ class JacklringProcessGroup(PointToPoint, dist.ProcessGroup):
         """The adapter backend doing the work (ring, mpi, ...)."""
         return self._comm.name
 
+    @property
+    def timeout_s(self) -> float:
+        """The per-operation deadline, in seconds."""
+        return self._timeout_s
+
     def description(self) -> str:
         return (f"jacklring process group {self._group_id or '(default)'}: rank {self._rank} of {self._size} "
                 f"over the {self._comm.name} backend "
@@ -374,6 +379,38 @@ class JacklringProcessGroup(PointToPoint, dist.ProcessGroup):
             if work is not None:
                 return work
         return self._collective("barrier", [], self._comm.barrier, opts)
+
+    # ---- the C++ Backend's calls (cpp_backend.py, csrc/torch/backend.cpp) --------------------
+
+    def shared_memory(self) -> Any:
+        """The shared-memory segment of the whole group when its communicator has one (a ring
+        whose ranks are all on this host), else None."""
+        probe = getattr(self._comm, "whole_group_segment", None)
+        return probe() if callable(probe) and not self._closed else None
+
+    def wait_collectives_idle(self) -> None:
+        """Return once no collective of this group is queued or running (the C++ Backend calls
+        this before a native op that follows ops it handed over: issue order)."""
+        try:
+            self._collectives.wait_idle(self._timeout_s)
+        except TimeoutError as exc:
+            raise self._error("a native collective waiting for the earlier ones", exc) from None
+
+    def native_failure(self, what: str, op: int, status: tuple, header: bytes) -> None:
+        """Raise what this group raises for the engine's status (the one conversion place,
+        local/engine.py), named as the Python path names the op."""
+        from ..backends.local import engine
+        from .cpp_backend import ENGINE_OP_NAMES
+
+        segment = self.shared_memory()
+        name = f"{what}({ENGINE_OP_NAMES[op]})"
+        if segment is None:
+            raise self._error(name, DistributedError(f"the shared-memory engine failed (status {status[0]})"))
+        segment.what = name
+        try:
+            engine.raise_status(segment, tuple(status), header)
+        except Exception as exc:
+            raise self._error(name, exc)  # noqa: B904  (wrap_error chains exc as the cause)
 
     # ---- lifecycle --------------------------------------------------------------------------
 

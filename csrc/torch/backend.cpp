@@ -2,6 +2,7 @@
 #include "backend.h"
 
 #include "delegated_work.h"
+#include "done_work.h"
 
 #include <torch/csrc/utils/pybind.h>
 
@@ -26,9 +27,77 @@ JacklringBackend::~JacklringBackend() {
 
 template <typename... Args>
 c10::intrusive_ptr<c10d::Work> JacklringBackend::delegated(c10d::OpType op, const char* method, Args&&... args) {
+  delegated_since_idle_.store(true, std::memory_order_relaxed);
   py::gil_scoped_acquire gil;
   py::object work = delegate_.attr(method)(std::forward<Args>(args)...);
   return c10::make_intrusive<DelegatedWork>(getRank(), op, std::move(work));
+}
+
+void JacklringBackend::enable_native(py::capsule api, py::capsule ctx, py::object keepalive, double timeout_s,
+                                     const HeaderCodes& codes) {
+  const auto* table = static_cast<const jl_api*>(api.get_pointer());
+  if (table == nullptr || table->abi_version != JL_ABI_VERSION || table->struct_size < sizeof(jl_api)) {
+    throw std::runtime_error("jacklring: the shared-memory engine's C interface is another version than the "
+                             "C++ torch backend was built for: rebuild it (python -m adapter.torch_backend.native)");
+  }
+  std::lock_guard<std::mutex> lock(native_mutex_);
+  keepalive_ = std::move(keepalive);
+  native_ = std::make_unique<NativeEngine>(table, static_cast<jl_ctx*>(ctx.get_pointer()),
+                                           static_cast<int64_t>(timeout_s * 1e9), codes);
+}
+
+void JacklringBackend::disable_native() {
+  std::unique_ptr<NativeEngine> gone;
+  {
+    py::gil_scoped_release nogil;  // a native op in flight may need the GIL to report its error
+    std::lock_guard<std::mutex> lock(native_mutex_);
+    gone = std::move(native_);
+  }
+  keepalive_ = py::object();
+}
+
+bool JacklringBackend::native_enabled() const {
+  std::lock_guard<std::mutex> lock(native_mutex_);
+  return native_ != nullptr;
+}
+
+bool JacklringBackend::native_all_reduce(at::Tensor& tensor, const c10d::ReduceOp& op) {
+  if (!tensor.device().is_cpu() || tensor.is_sparse()) {
+    return false;
+  }
+  const int dtype = NativeEngine::dtype_of(tensor);
+  const int code = dtype < 0 ? -1 : NativeEngine::op_of(op, dtype);
+  if (code < 0) {
+    return false;
+  }
+  if (delegated_since_idle_.load(std::memory_order_relaxed)) {
+    // An op handed to the Python group may still be queued: it goes first, on every rank.
+    py::gil_scoped_acquire gil;
+    delegate_.attr("wait_collectives_idle")();
+    delegated_since_idle_.store(false, std::memory_order_relaxed);
+  }
+  unsigned char header[JL_HEADER_BYTES];
+  jl_status status{};
+  int result;
+  {
+    std::lock_guard<std::mutex> lock(native_mutex_);
+    if (native_ == nullptr) {
+      return false;
+    }
+    result = native_->all_reduce(tensor, dtype, code, header, &status);
+  }
+  if (result != JL_OK) {
+    // The Python group words the status as its own path does and raises it (pybind11 carries
+    // that exception to the caller unchanged).
+    py::gil_scoped_acquire gil;
+    py::tuple st = py::make_tuple(status.code, status.peer, status.culprit, status.fd, status.sys_errno,
+                                  status.step, status.peer_step,
+                                  py::bytes(reinterpret_cast<const char*>(status.header), JL_HEADER_BYTES));
+    delegate_.attr("native_failure")("allreduce", code, st,
+                                     py::bytes(reinterpret_cast<const char*>(header), JL_HEADER_BYTES));
+    throw std::runtime_error("jacklring: native_failure returned instead of raising");
+  }
+  return true;
 }
 
 c10::intrusive_ptr<c10d::Work> JacklringBackend::broadcast(std::vector<at::Tensor>& tensors,
@@ -38,6 +107,11 @@ c10::intrusive_ptr<c10d::Work> JacklringBackend::broadcast(std::vector<at::Tenso
 
 c10::intrusive_ptr<c10d::Work> JacklringBackend::allreduce(std::vector<at::Tensor>& tensors,
                                                            const c10d::AllreduceOptions& opts) {
+  // Synchronous calls (async_op=False) run here; asynchronous ones (DDP's bucket all-reduces)
+  // go to the Python group's communication thread, so backward keeps overlapping them.
+  if (!opts.asyncOp && tensors.size() == 1 && native_all_reduce(tensors[0], opts.reduceOp)) {
+    return c10::make_intrusive<DoneWork>(getRank(), c10d::OpType::ALLREDUCE, tensors);
+  }
   return delegated(c10d::OpType::ALLREDUCE, "allreduce", tensors, opts);
 }
 
@@ -144,11 +218,13 @@ void JacklringBackend::monitoredBarrier(const c10d::BarrierOptions& opts, bool w
 
 void JacklringBackend::shutdown() {
   py::gil_scoped_acquire gil;
+  disable_native();  // before the Python group closes the segment
   delegate_.attr("shutdown")();
 }
 
 void JacklringBackend::abort() {
   py::gil_scoped_acquire gil;
+  disable_native();
   delegate_.attr("abort")();
 }
 

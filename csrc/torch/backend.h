@@ -9,8 +9,13 @@
 #include <pybind11/pybind11.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
+#include <atomic>
+#include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
+
+#include "native.h"
 
 namespace jacklring {
 
@@ -23,6 +28,13 @@ class __attribute__((visibility("hidden"))) JacklringBackend : public c10d::Back
 
   const std::string getBackendName() const override { return "jacklring"; }
   pybind11::object delegate() const { return delegate_; }
+
+  // Run synchronous all-reduces natively from now on, on the engine context ctx (keepalive:
+  // the Python object that owns it). disable_native() stops it (before the segment closes).
+  void enable_native(pybind11::capsule api, pybind11::capsule ctx, pybind11::object keepalive, double timeout_s,
+                     const HeaderCodes& codes);
+  void disable_native();
+  bool native_enabled() const;
 
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
                                            const c10d::BroadcastOptions& opts) override;
@@ -75,7 +87,18 @@ class __attribute__((visibility("hidden"))) JacklringBackend : public c10d::Back
   template <typename... Args>
   c10::intrusive_ptr<c10d::Work> delegated(c10d::OpType op, const char* method, Args&&... args);
 
+  bool native_all_reduce(at::Tensor& tensor, const c10d::ReduceOp& op);
+
   pybind11::object delegate_;  // touched only with the GIL held
+  pybind11::object keepalive_;  // owns the engine context; GIL held
+  // The native path's state; native_mutex_ serialises native collectives with each other and
+  // with disable_native (a context runs one collective at a time).
+  mutable std::mutex native_mutex_;
+  std::unique_ptr<NativeEngine> native_;
+  // Set when an operation was handed to the Python group: it may still be queued or running on
+  // its communication thread, so the next native op first waits for that thread to be idle
+  // (issue order). Relaxed: only the thread issuing ops reads and writes it in a correct program.
+  std::atomic<bool> delegated_since_idle_{false};
 };
 
 }  // namespace jacklring

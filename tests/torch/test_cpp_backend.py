@@ -111,9 +111,18 @@ def built() -> None:
 
 
 @pytest.mark.timeout(240)
-def test_the_cpp_backend_matches_gloo_and_delegates_the_rest(built):
+def test_native_all_reduce_on_shared_memory_matches_gloo(built):
+    """Same-host ranks: synchronous all-reduces run in C++ on the engine (no Python call), in
+    order with the operations handed to the Python group; a mismatch raises the Python path's error."""
     harness.assert_all_ok(harness.run(2, "cpp_backend.py", timeout=200,
                                       env=harness.clean_env(JACKLRING_TORCH_NATIVE="1")))
+
+
+@pytest.mark.timeout(240)
+def test_without_shared_memory_everything_is_delegated(built):
+    harness.assert_all_ok(harness.run(2, "cpp_backend.py", "no-shm", timeout=200,
+                                      env=harness.clean_env(JACKLRING_TORCH_NATIVE="1",
+                                                            JACKLRING_LOCAL_TRANSPORT="tcp")))
 
 
 @pytest.mark.timeout(200)

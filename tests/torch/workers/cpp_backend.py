@@ -4,13 +4,33 @@ behave for Python and for torch's C++ (DDP)."""
 from __future__ import annotations
 
 import datetime
+import sys
 
 import torch
 import torch.distributed as dist
-from common import init
+from common import extra, init
 
+import adapter
+import adapter.torch_backend
 from adapter.torch_backend.cpp_backend import python_group
 from adapter.torch_backend.process_group import JacklringProcessGroup
+
+
+def python_calls(call) -> int:
+    """Python functions of adapter/ entered during call()."""
+    here = adapter.__file__.rsplit("/", 1)[0]
+    count = 0
+
+    def profile(frame, event, arg):
+        nonlocal count
+        if event == "call" and frame.f_code.co_filename.startswith(here):
+            count += 1
+    sys.setprofile(profile)
+    try:
+        call()
+    finally:
+        sys.setprofile(None)
+    return count
 
 
 def main() -> None:
@@ -20,6 +40,12 @@ def main() -> None:
     assert type(backend).__name__ == "JacklringBackend", type(backend)
     assert isinstance(python_group(pg), JacklringProcessGroup)
     gloo = dist.new_group(backend="gloo")
+    native = backend.native  # the ranks share memory: synchronous all-reduces run in C++
+    assert native == (extra() != ["no-shm"]), (native, extra())
+    if native:
+        t = torch.ones(5)
+        assert python_calls(lambda: dist.all_reduce(t)) == 0, "the native all-reduce ran Python code"
+        assert torch.equal(t, torch.full((5,), float(world)))
 
     def both(fn):  # the same call on the jacklring group and on gloo: bit-identical results
         ours, theirs = fn(None), fn(gloo)
@@ -61,6 +87,17 @@ def main() -> None:
     expected = float(sum(range(1, world + 1)))
     assert all(torch.equal(t, torch.full_like(t, expected)) for t in tensors), tensors
 
+    # Issue order across the two paths: a queued asynchronous all-reduce (Python's thread)
+    # completes before a synchronous one on the same tensor (native) starts.
+    t = torch.ones(1000)
+    work = dist.all_reduce(t, async_op=True)
+    dist.all_reduce(t)
+    work.wait()
+    assert torch.equal(t, torch.full_like(t, float(world * world))), t[:4]
+    strided = torch.arange(12.0).reshape(3, 4).t()  # not contiguous
+    dist.all_reduce(strided, op=dist.ReduceOp.MAX)
+    assert torch.equal(strided, torch.arange(12.0).reshape(3, 4).t()), strided
+
     # Point to point and the barrier go to the Python group too.
     if rank == 0:
         dist.send(torch.arange(3.0), dst=1, tag=7)
@@ -69,7 +106,7 @@ def main() -> None:
         dist.recv(got, src=0, tag=7)
         assert torch.equal(got, torch.arange(3.0)), got
     dist.barrier()
-    dist.monitored_barrier(timeout=datetime.timedelta(seconds=30))
+    adapter.torch_backend.monitored_barrier(timeout=datetime.timedelta(seconds=30))  # routed to the Python group
 
     # Argument errors are the Python group's own, with its message.
     try:
@@ -88,6 +125,14 @@ def main() -> None:
     mine = grads.clone()
     dist.broadcast(grads, src=0)
     assert torch.equal(grads, mine), "DDP's gradients differ between ranks"
+    if native:  # the last check: a mismatch breaks the group, as on the Python path
+        try:
+            dist.all_reduce(torch.ones(4 + rank))
+        except dist.DistBackendError as exc:
+            assert f"rank {rank}" in str(exc) and "allreduce(SUM)" in str(exc), exc
+            assert "mismatch" in str(exc) or "left the group" in str(exc), exc
+        else:
+            raise AssertionError("a mismatch was not detected")
     dist.destroy_process_group()
     print("ALL OK")
 
