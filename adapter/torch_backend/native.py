@@ -63,11 +63,15 @@ def build_key(source_dir: Path = SOURCE_DIR) -> str:
     return digest.hexdigest()[:16]
 
 
-def build_dir(key: str, root: Path | None = None) -> Path:
+def _version_tag() -> str:
+    """torch's version as a file name (2.13.0+cpu -> 2.13.0_cpu)."""
     import torch
 
-    version = "".join(c if c.isalnum() or c in ".-" else "_" for c in torch.__version__)
-    return (root or cache_root()) / f"{version}-{key}"
+    return "".join(c if c.isalnum() or c == "." else "_" for c in torch.__version__)
+
+
+def build_dir(key: str, root: Path | None = None) -> Path:
+    return (root or cache_root()) / f"{_version_tag()}-{key}"
 
 
 def module_name(key: str) -> str:
@@ -79,10 +83,7 @@ def module_name(key: str) -> str:
 def _work_dir(root: Path) -> Path:
     """Where ninja compiles, one per torch version: an edited source recompiles only its own
     file. The finished library is copied to the build's keyed directory."""
-    import torch
-
-    version = "".join(c if c.isalnum() or c in ".-" else "_" for c in torch.__version__)
-    return root / f"{version}-objects"
+    return root / f"{_version_tag()}-objects"
 
 
 def check_private(path: Path) -> None:
@@ -165,8 +166,10 @@ def load(root: Path | None = None, source_dir: Path = SOURCE_DIR) -> tuple[Modul
 def _missing(root: Path, directory: Path) -> str:
     import torch
 
-    others = sorted(p.name for p in root.iterdir()) if root.is_dir() else []
-    if others and not any(name.startswith(f"{torch.__version__}-") for name in others):
+    # Finished builds (a directory with a library in it), whatever torch they were made for.
+    others = sorted(p.name for p in root.iterdir() if any(p.glob("*.so"))) if root.is_dir() else []
+    version = directory.name.rsplit("-", 1)[0]
+    if others and not any(name.startswith(f"{version}-") for name in others):
         return (f"the C++ torch backend was built for another torch ({', '.join(others)}), torch is now "
                 f"{torch.__version__}: rebuild with {BUILD_HINT}")
     return f"no C++ torch backend is built for this torch ({torch.__version__}) in {directory.parent}: build it with {BUILD_HINT}"

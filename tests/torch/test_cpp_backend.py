@@ -67,6 +67,8 @@ def test_a_symlinked_cache_is_refused(tmp_path):
 def test_a_torch_upgrade_finds_no_build_and_says_so(tmp_path):
     root = tmp_path / "jacklring" / "torch"
     (root / "2.12.0-0123456789abcdef").mkdir(parents=True)
+    (root / "2.12.0-0123456789abcdef" / "jacklring_torch_0123456789abcdef.so").write_bytes(b"old")
+    (root / "2.12.0-objects").mkdir()  # the older torch's objects: not a build
     module, why = native.load(root)
     assert module is None
     assert "built for another torch (2.12.0-0123456789abcdef)" in why and torch.__version__ in why, why
