@@ -22,8 +22,10 @@ is then not interleaved with the others). --api adds numpy-api (adapter.all_sum(
 default group, what the backend column does through the user's call), tensor-api (the same
 call on torch tensors over src and dst) and torch-api (dist.all_reduce
 in place on a tensor over dst, jacklring group; timed without refilling it, so its column has no copy
-the others lack). A second table gives rank 0's CPU time per call (time.process_time: every core
-it kept busy, spinning included), which load on the machine inflates far less than wall time.
+the others lack), with torch-floor beside it: the same call on a C++ c10d Backend that does
+nothing (csrc/torch/floor.h, built by scripts/setup.sh), torch's own cost per call. A second
+table gives rank 0's CPU time per call (time.process_time: every core it kept busy, spinning
+included), which load on the machine inflates far less than wall time.
 """
 from __future__ import annotations
 
@@ -54,6 +56,8 @@ OURS = ("ring", *RING_VARIANTS, "jaccl", *JACCL_VARIANTS, "mpi-adapter")
 OTHERS = ("gloo", "mpi-sm", "mpi-tcp", "mlx")
 # --api: the user-facing calls over the configured group, beside the backend's own all_reduce.
 APIS = {"numpy": "numpy-api", "tensor": "tensor-api", "torch": "torch-api"}
+# Beside torch-api: torch's own cost per call, a C++ c10d Backend that does nothing (csrc/torch/floor.h).
+FLOOR = "torch-floor"
 MPI_BTLS = {"mpi-sm": "self,sm", "mpi-tcp": "self,tcp"}
 
 
@@ -98,6 +102,7 @@ class Runner:
     def __init__(self, name: str, rank: int, size: int) -> None:
         self.name = name
         self.check: Callable | None = None  # the correctness call, when the timed one differs
+        self.checked = True  # whether its result is checked (the ok column)
         if name in ("ring", "jaccl", "mpi-adapter"):
             import adapter
             from adapter.backends.base import ReduceOp
@@ -139,10 +144,10 @@ class Runner:
                     entry = over[(id(src), id(dst))] = (src, dst, torch.from_numpy(src), torch.from_numpy(dst))
                 adapter.all_sum(entry[2], out=entry[3])
             self.fn = tensor_all_sum
-        elif name in ("gloo", "torch-api"):
+        elif name in ("gloo", "torch-api", FLOOR):
             import torch
             import torch.distributed as dist
-            group = _torch_group("gloo" if name == "gloo" else "jacklring", rank, size)
+            group = _torch_group({"gloo": "gloo", "torch-api": "jacklring", FLOOR: "jacklring_floor"}[name], rank, size)
             over: dict = {}
 
             def torch_all_reduce(src, dst):  # in place on a tensor over dst, as a training step does
@@ -156,6 +161,7 @@ class Runner:
                 dst[...] = src
                 torch_all_reduce(src, dst)
             self.fn, self.check = torch_all_reduce, check
+            self.checked = name != FLOOR  # the floor computes nothing: no result to check
         elif name in MPI_BTLS:
             from mpi4py import MPI
             comm = MPI.COMM_WORLD
@@ -190,6 +196,11 @@ def _numpy_api_all_sum(adapter) -> Callable:
 def _torch_group(backend: str, rank: int, size: int):
     """The default group when it is of this backend (formed here if none), else a new one."""
     import torch.distributed as dist
+    if backend == "jacklring_floor":
+        from adapter.torch_backend import cpp_backend
+        why = cpp_backend.register_floor()
+        if why:
+            raise SystemExit(f"bench: no {FLOOR} column: {why}")
     if backend == "jacklring":
         import adapter
         import adapter.torch_backend  # noqa: F401  registers the backend
@@ -228,7 +239,8 @@ def worker(args: argparse.Namespace) -> None:
         iters = max(1, min(args.iters, int(args.budget_bytes // max(nbytes, 1))))
         for r in runners:  # warm-up and correctness
             (r.check or r.fn)(src, dst)
-            results.setdefault((nbytes, r.name), {"times": [], "cpu": [], "ok": bool(np.array_equal(dst, expected))})
+            ok = bool(np.array_equal(dst, expected)) if r.checked else None
+            results.setdefault((nbytes, r.name), {"times": [], "cpu": [], "ok": ok})
         for _ in range(args.rounds):
             for r in runners:
                 r.fn(src, dst)  # re-align the ranks before timing
@@ -242,7 +254,7 @@ def worker(args: argparse.Namespace) -> None:
     if rank == 0:
         with open(args.results, "w") as f:
             json.dump([[nbytes, name, res["times"], res["ok"], res["cpu"]] for (nbytes, name), res in results.items()], f)
-    if any(r.name in ("gloo", "torch-api") for r in runners):
+    if any(r.name in ("gloo", "torch-api", FLOOR) for r in runners):
         import torch.distributed as dist
         dist.destroy_process_group()
 
@@ -268,7 +280,7 @@ def report(args: argparse.Namespace, results: dict, n: int, link_rate: float | N
             line += f" | {t * 1e6:>14.1f} {alg:>7.3f} {alg * factor:>7.3f}"
             if link_rate:
                 line += f" {alg * factor * 1e9 / link_rate:>5.2f}"
-            line += f" {'yes' if res['ok'] else 'NO':>3}"
+            line += f" {'-' if res['ok'] is None else 'yes' if res['ok'] else 'NO':>3}"
         print(line)
     if len(names) > 1:
         base = names[0]
@@ -278,6 +290,11 @@ def report(args: argparse.Namespace, results: dict, n: int, link_rate: float | N
             t0 = pick(results[(nbytes, base)]["times"])
             print(f"{human(nbytes):>8} | " + " | ".join(
                 f"{pick(results[(nbytes, name)]['times']) / t0:>10.2f}" for name in names[1:]))
+    if FLOOR in names and "torch-api" in names:
+        print(f"\n# torch-api / {FLOOR}: how far above torch's own cost per call the jacklring group runs")
+        for nbytes in args.sizes:
+            floor = pick(results[(nbytes, FLOOR)]["times"])
+            print(f"{human(nbytes):>8} | {pick(results[(nbytes, 'torch-api')]['times']) / floor:>10.2f}")
     if all(results[(nbytes, name)].get("cpu") for nbytes in args.sizes for name in names):
         print(f"\n# CPU time per call, rank 0, us ({args.stat} of rounds)")
         print(f"{'bytes':>8} | " + " | ".join(f"{name:>10}" for name in names))
@@ -428,9 +445,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     names = (args.only.split(",") if args.only
              else args.backend.split(",") + [APIS[a] for a in apis] + args.compare.split(","))
     names = [v for b in names if b for v in (("mpi-sm", "mpi-tcp") if b == "mpi" else (b,))]
+    if "torch-api" in names and not args.only:
+        names.append(FLOOR)  # every torch table shows torch's own cost beside ours
     args.backends = list(dict.fromkeys(names))
     for b in args.backends:
-        if b not in OURS + OTHERS + tuple(APIS.values()):
+        if b not in OURS + OTHERS + tuple(APIS.values()) + (FLOOR,):
             ap.error(f"unknown backend {b!r}; choose from {', '.join(OURS + OTHERS)}")
     return args
 

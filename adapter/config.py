@@ -212,6 +212,10 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
     # torch process group
     Setting("JACKLRING_TORCH_BACKEND", choice("auto", "ring", "jaccl", "mpi", "nccl"), "auto",
             "what the torch process group runs on; auto: the launcher's backend, else a ring formed through the store"),
+    Setting("JACKLRING_TORCH_NATIVE", choice("auto", "0", "1"), "auto",
+            "the torch process group's C++ c10d Backend (built by scripts/setup.sh): auto where its ranks share "
+            "memory (synchronous all-reduces then run in C++), 1 whenever its cached build loads, 0 never "
+            "(the Python group)"),
     Setting("JACKLRING_TORCH_HOST", text, None,
             "address the torch process group's ring listens on; default the address that reaches MASTER_ADDR"),
     # engines (adapter/engines.py)

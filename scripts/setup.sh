@@ -60,4 +60,11 @@ fi
 # per process here, and the test suite starts thousands of them.
 install -e ".[all]" --config-settings editable_mode=compat
 .venv/bin/python -c "import adapter, torch, mpi4py, fabric, sklearn" 
+# The torch process group's C++ c10d Backend (csrc/torch/), compiled against this torch into the
+# user's private cache (adapter/torch_backend/native.py); training jobs never compile it. Without
+# a compiler (or ninja) it is not built and the torch process group runs in Python.
+command -v ninja >/dev/null || [ -x .venv/bin/ninja ] || install ninja
+if ! PATH="$PWD/.venv/bin:$PATH" .venv/bin/python -m adapter.torch_backend.native; then
+    echo "setup: the C++ torch backend did not build (above: why); the torch process group runs in Python" >&2
+fi
 echo "setup: ready (.venv)"

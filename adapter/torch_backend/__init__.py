@@ -69,6 +69,7 @@ def _create_process_group(common: Any, pg_options: Any) -> Any:
     """torch's creator (extended API): common carries store, group_rank, group_size, timeout,
     group_id and global_ranks_in_group; pg_options is what the user passed to
     init_process_group / new_group."""
+    from . import cpp_backend
     from .process_group import JacklringProcessGroup
     from .rendezvous import backend_choice, create_backend, deadline_seconds
 
@@ -78,8 +79,8 @@ def _create_process_group(common: Any, pg_options: Any) -> Any:
     is_default = not list(common.global_ranks_in_group or [])
     group_id = str(common.group_id or "")
     comm, origin = create_backend(common.store, rank, size, timeout_s, choice, is_default, group_id)
-    return JacklringProcessGroup(common.store, rank, size, comm, timeout_s, group_id=group_id,
-                                 rendezvous=origin)
+    group = JacklringProcessGroup(common.store, rank, size, comm, timeout_s, group_id=group_id, rendezvous=origin)
+    return cpp_backend.choose(group)  # the group itself, or the C++ Backend over it
 
 
 def monitored_barrier(group: Any = None, timeout: Any = None, wait_all_ranks: bool = False) -> None:
@@ -90,11 +91,12 @@ def monitored_barrier(group: Any = None, timeout: Any = None, wait_all_ranks: bo
     Groups of other backends are handed to torch's own monitored_barrier."""
     import torch.distributed as dist
 
-    from .process_group import JacklringProcessGroup
+    from .cpp_backend import python_group
 
     pg = group if group is not None else dist.distributed_c10d._get_default_group()
-    if isinstance(pg, JacklringProcessGroup):
-        pg.monitored_barrier(timeout, wait_all_ranks=wait_all_ranks)
+    jacklring_group = python_group(pg)  # the group itself, or the Python group behind its C++ Backend
+    if jacklring_group is not None:
+        jacklring_group.monitored_barrier(timeout, wait_all_ranks=wait_all_ranks)
     else:
         torch_own = _torch_monitored_barrier or dist.monitored_barrier
         torch_own(group=pg, timeout=timeout, wait_all_ranks=wait_all_ranks)

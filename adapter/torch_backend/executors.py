@@ -269,6 +269,21 @@ class Executor:
                 finally:
                     work = None
 
+    def wait_idle(self, timeout: float) -> None:
+        """Return once nothing is queued or running (an op another thread submits meanwhile may
+        start later); TimeoutError after timeout seconds."""
+        deadline = time.monotonic() + timeout
+        while True:
+            if not self._busy.acquire(timeout=max(deadline - time.monotonic(), 0.0)):
+                raise TimeoutError(f"{self._name}: operations still running after {timeout:g} s")
+            self._busy.release()
+            with self._cond:
+                if not self._queue:
+                    return
+                self._cond.wait(0.001)  # the thread is about to take it
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"{self._name}: operations still queued after {timeout:g} s")
+
     def stop(self, timeout: float) -> None:
         with self._cond:
             self._stopped = True

@@ -21,7 +21,7 @@ import torch.distributed as dist
 from ..backends.base import Backend
 from ..errors import DistributedError
 from ..group import DEFAULT_SHRINK_TIMEOUT_S
-from . import cpp_handles, dynamo, inline, ops, shrink
+from . import cpp_backend, cpp_handles, dynamo, inline, ops, shrink
 from .executors import Completer, Executor, PeerExecutors
 from .inbox import Inbox
 from .p2p import PointToPoint
@@ -99,6 +99,11 @@ class JacklringProcessGroup(PointToPoint, dist.ProcessGroup):
     def underlying_backend(self) -> str:
         """The adapter backend doing the work (ring, mpi, ...)."""
         return self._comm.name
+
+    @property
+    def timeout_s(self) -> float:
+        """The per-operation deadline, in seconds."""
+        return self._timeout_s
 
     def description(self) -> str:
         return (f"jacklring process group {self._group_id or '(default)'}: rank {self._rank} of {self._size} "
@@ -375,6 +380,38 @@ class JacklringProcessGroup(PointToPoint, dist.ProcessGroup):
                 return work
         return self._collective("barrier", [], self._comm.barrier, opts)
 
+    # ---- the C++ Backend's calls (cpp_backend.py, csrc/torch/backend.cpp) --------------------
+
+    def shared_memory(self) -> Any:
+        """The shared-memory segment of the whole group when its communicator has one (a ring
+        whose ranks are all on this host), else None."""
+        probe = getattr(self._comm, "whole_group_segment", None)
+        return probe() if callable(probe) and not self._closed else None
+
+    def wait_collectives_idle(self) -> None:
+        """Return once no collective of this group is queued or running (the C++ Backend calls
+        this before a native op that follows ops it handed over: issue order)."""
+        try:
+            self._collectives.wait_idle(self._timeout_s)
+        except TimeoutError as exc:
+            raise self._error("a native collective waiting for the earlier ones", exc) from None
+
+    def native_failure(self, what: str, op: int, status: tuple, header: bytes) -> None:
+        """Raise what this group raises for the engine's status (the one conversion place,
+        local/engine.py), named as the Python path names the op."""
+        from ..backends.local import engine
+        from .cpp_backend import ENGINE_OP_NAMES
+
+        segment = self.shared_memory()
+        name = f"{what}({ENGINE_OP_NAMES[op]})"
+        if segment is None:
+            raise self._error(name, DistributedError(f"the shared-memory engine failed (status {status[0]})"))
+        segment.what = name
+        try:
+            engine.raise_status(segment, tuple(status), header)
+        except Exception as exc:
+            raise self._error(name, exc)  # noqa: B904  (wrap_error chains exc as the cause)
+
     # ---- lifecycle --------------------------------------------------------------------------
 
     supports_shrinking = True  # dist.shrink_group works on these groups (shrink.py)
@@ -439,4 +476,4 @@ _OPERATIONS = (
     "monitored_barrier", "send", "recv", "recv_anysource", "shutdown", "abort",
 )
 dynamo.make_opaque(JacklringProcessGroup, _OPERATIONS)
-shrink.install(JacklringProcessGroup)  # dist.shrink_group on these groups (shrink.py)
+shrink.install(JacklringProcessGroup, cpp_backend.python_group)  # dist.shrink_group on these groups (shrink.py)

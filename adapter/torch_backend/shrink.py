@@ -17,7 +17,7 @@ works queued behind it fail the same way when torch destroys the old group.
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, Callable
 
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
@@ -29,8 +29,10 @@ _HELPERS = ("_validate_shrink_inputs", "_prepare_shrink_target_group", "_validat
             "_register_pg_in_world", "_update_default_pg")
 
 
-def install(group_type: type) -> None:
-    """Wrap dist.shrink_group (torch >= 2.10) so that groups of group_type shrink through jacklring."""
+def install(group_type: type, resolve: Callable[[Any], Any] | None = None) -> None:
+    """Wrap dist.shrink_group (torch >= 2.10) so that groups of group_type shrink through jacklring,
+    and groups for which resolve() names one (a torch group over jacklring's C++ Backend) through
+    that one; the shrunk group is then a Python one."""
     global _installed
     original = getattr(c10d, "shrink_group", None)
     if _installed or original is None:
@@ -41,7 +43,10 @@ def install(group_type: type) -> None:
                      pg_options: Any = None) -> Any:
         target = group if group is not None else c10d._get_default_group()
         if isinstance(target, group_type):
-            return _shrink(target, ranks_to_exclude, shrink_flags)
+            return _shrink(target, target, ranks_to_exclude, shrink_flags)
+        behind = resolve(target) if resolve is not None else None  # the Python group behind a C++ Backend
+        if behind is not None:
+            return _shrink(target, behind, ranks_to_exclude, shrink_flags)
         return original(ranks_to_exclude, group, shrink_flags, pg_options)
 
     c10d.shrink_group = shrink_group
@@ -50,7 +55,8 @@ def install(group_type: type) -> None:
     _installed = True
 
 
-def _shrink(target: Any, ranks_to_exclude: list[int], shrink_flags: int) -> Any:
+def _shrink(target: Any, group: Any, ranks_to_exclude: list[int], shrink_flags: int) -> Any:
+    """target: the group torch knows; group: the jacklring (Python) group that runs it."""
     missing = [name for name in _HELPERS if not hasattr(c10d, name)]
     if missing:
         raise TypeError(f"rank {target.rank()}: dist.shrink_group on a jacklring group needs torch's "
@@ -64,8 +70,8 @@ def _shrink(target: Any, ranks_to_exclude: list[int], shrink_flags: int) -> Any:
     metadata = c10d._extract_group_metadata(target)
     name = metadata["new_group_name"]
     if shrink_flags == getattr(c10d, "SHRINK_ABORT", 1):
-        _abort_in_flight(target, excluded)
-    new_pg = target.shrunk(excluded, c10d.PrefixStore(f"{name}/", metadata["store"]), name)
+        _abort_in_flight(group, excluded)
+    new_pg = group.shrunk(excluded, c10d.PrefixStore(f"{name}/", metadata["store"]), name)
     if is_default:
         c10d._destroy_all_other_groups(exclude_group=target)
     c10d._cleanup_original_group(target, is_default)  # shuts the old group down (its communicator too)

@@ -398,6 +398,15 @@ class RingBackend(Backend):
         if state.shm is not None:
             self._shm_one_step = min(self._shm_small, state.shm.chunk_bytes)
 
+    def whole_group_segment(self) -> "SharedGroup | None":
+        """The segment that the whole group shares (every rank on this host), else None: what a
+        native caller (the torch C++ Backend) may run whole collectives on, for as long as this
+        group is open."""
+        state = self._state
+        if state.shm is None or state.hier is not None or state.abandon_on_failure or state.shm.size != self._size:
+            return None
+        return state.shm
+
     def _shared(self, header: bytes, body, *args) -> bool:
         """Run a collective over shared memory when this group has it (else return False).
         A split's closing barrier stays on the ring: its failure handling passes the verdict on

@@ -1,0 +1,110 @@
+"""Which process group torch gets: the C++ c10d Backend (csrc/torch/) or the Python one.
+
+JACKLRING_TORCH_NATIVE chooses: 0 always the Python group (today's path, for comparison and
+bisecting); 1 the C++ Backend whenever its cached build loads (native.py), else the Python
+group with one warning naming why; auto (the default) the C++ Backend only where it has a
+native fast path to offer: a group whose ranks all share one segment of the shared-memory
+engine. There its synchronous all-reduces run in C++ (csrc/torch/native.cpp); everything else
+is handed to the Python group, which costs a C++ -> Python hop more than the Python group alone,
+so elsewhere auto stays on the Python group.
+
+Either way the Python JacklringProcessGroup exists: the C++ Backend delegates to it what it does
+not run itself, in issue order on the same executors.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from .. import config
+
+log = logging.getLogger("jacklring.torch")
+
+_warned: set[str] = set()
+
+
+def _say_once(level: int, why: str) -> None:
+    if why not in _warned:
+        _warned.add(why)
+        log.log(level, "jacklring: %s; the torch process group runs in Python", why)
+
+
+# The engine's reductions (csrc/shm/engine.h jl_op) by code, as the Python path names them.
+ENGINE_OP_NAMES = ("SUM", "PRODUCT", "MAX", "MIN", "BAND", "BOR", "BXOR")
+
+
+def native_fast_path_available(group: Any) -> bool:
+    """Whether the C++ Backend can run this group's collectives natively: its ranks share one
+    segment of the shared-memory engine (every rank on this host, a ring group)."""
+    return group.shared_memory() is not None
+
+
+def choose(group: Any) -> Any:
+    """What the creator hands torch for the Python process group `group`: the group itself or a
+    C++ Backend delegating to it (and running its synchronous all-reduces natively where the
+    group shares memory)."""
+    mode = config.get("JACKLRING_TORCH_NATIVE")
+    if mode == "0" or (mode == "auto" and not native_fast_path_available(group)):
+        return group
+    from . import native
+
+    module, why = native.load()
+    if module is None:
+        _say_once(logging.WARNING if mode == "1" else logging.INFO, why)
+        return group
+    backend = module.JacklringBackend(group.rank(), group.size(), group)
+    segment = group.shared_memory()
+    if segment is not None:
+        _enable_native(backend, segment, group.timeout_s)
+    return backend
+
+
+def _enable_native(backend: Any, segment: Any, timeout_s: float) -> None:
+    """Hand the C++ Backend the engine's function table, the segment's context and the ring's
+    header codes (the same headers as the Python path: a mismatch is found either way)."""
+    from ..backends.local import _engine
+    from ..backends.local.segment import OP_CODES
+    from ..backends.protocol import REDUCE_CODES
+    from ..backends.ring.header import HEADER_MAGIC, OP_ALL_REDUCE
+
+    by_engine_code = {code: op for op, code in OP_CODES.items()}
+    reduce = [REDUCE_CODES[by_engine_code[code]] for code in range(len(ENGINE_OP_NAMES))]
+    backend.enable_native(_engine.API, segment.context(), segment, timeout_s, HEADER_MAGIC, OP_ALL_REDUCE, reduce)
+
+
+def python_group(pg: Any) -> Any:
+    """The Python JacklringProcessGroup behind a torch process group (itself, or the delegate of
+    its C++ Backend); None for any other group."""
+    from .process_group import JacklringProcessGroup
+
+    if isinstance(pg, JacklringProcessGroup):
+        return pg
+    try:
+        import torch
+
+        backend = pg._get_backend(torch.device("cpu"))
+    except (AttributeError, RuntimeError, ValueError):
+        return None
+    delegate = getattr(backend, "delegate", None)
+    return delegate if isinstance(delegate, JacklringProcessGroup) else None
+
+
+FLOOR_NAME = "jacklring_floor"
+
+
+def register_floor() -> str:
+    """Register the torch backend "jacklring_floor": the do-nothing C++ Backend of the cached
+    build, torch's own cost per call (adapter.bench's torch-floor column). "" once registered,
+    else why it cannot be."""
+    from . import native
+
+    module, why = native.load()
+    if module is None:
+        return why
+    import torch.distributed as dist
+
+    if FLOOR_NAME.upper() not in dist.Backend._plugins:
+        def create(common: Any, _options: Any) -> Any:
+            return module.FloorBackend(int(common.group_rank), int(common.group_size))
+        dist.Backend.register_backend(FLOOR_NAME, create, extended_api=True, devices=["cpu"])
+    return ""

@@ -1,0 +1,38 @@
+// The Python module of jacklring's torch backend: the classes Python makes and registers
+// (adapter/torch_backend/native.py loads it from the per-user build cache).
+#include <torch/csrc/utils/pybind.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "backend.h"
+#include "floor.h"
+
+namespace py = pybind11;
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  py::module_::import("torch.distributed");  // c10d's Backend must be registered before ours
+  py::class_<jacklring::JacklringBackend, c10d::Backend, c10::intrusive_ptr<jacklring::JacklringBackend>>(
+      m, "JacklringBackend")
+      .def(py::init<int, int, py::object>(), py::arg("rank"), py::arg("size"), py::arg("delegate"))
+      .def_property_readonly("delegate", &jacklring::JacklringBackend::delegate)
+      .def(
+          "enable_native",
+          [](jacklring::JacklringBackend& self, py::capsule api, py::capsule ctx, py::object keepalive,
+             double timeout_s, int magic, int all_reduce, std::vector<int64_t> reduce) {
+            jacklring::HeaderCodes codes;
+            if (reduce.size() != codes.reduce.size()) {
+              throw py::value_error("reduce: one ring code per engine reduction expected");
+            }
+            codes.magic = static_cast<uint16_t>(magic);
+            codes.all_reduce = static_cast<uint8_t>(all_reduce);
+            std::copy(reduce.begin(), reduce.end(), codes.reduce.begin());
+            self.enable_native(std::move(api), std::move(ctx), std::move(keepalive), timeout_s, codes);
+          },
+          py::arg("api"), py::arg("ctx"), py::arg("keepalive"), py::arg("timeout_s"), py::arg("magic"),
+          py::arg("all_reduce"), py::arg("reduce"))
+      .def("disable_native", &jacklring::JacklringBackend::disable_native)
+      .def_property_readonly("native", &jacklring::JacklringBackend::native_enabled);
+  py::class_<jacklring::FloorBackend, c10d::Backend, c10::intrusive_ptr<jacklring::FloorBackend>>(m, "FloorBackend")
+      .def(py::init<int, int>(), py::arg("rank"), py::arg("size"));
+}
