@@ -376,6 +376,28 @@ def connect_with_hello(addr: tuple[str, int], hello: Hello, deadline: float, who
         delay = min(delay * 2, 0.5)
 
 
+def open_to(address: str, timeout: float) -> socket.socket:
+    """A connected socket to the listener at address: its Unix socket when a process of this
+    user holds it (on this host), else TCP. Over the Unix socket the acceptor knows this user
+    by SO_PEERCRED and counts its handshakes apart from everyone's at the same IP, so a flood
+    from 127.0.0.1 (any local user's) cannot spend them. OSError when neither connects."""
+    host, port = parse_address(address)
+    name = local_name(host, port)
+    if name and name not in _squat_reported:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(timeout)
+            sock.connect(name)
+            uid = peer_uid(sock)
+            if uid == os.getuid():
+                return sock
+            _report_squat(name, uid, f"a connection to {address}")
+        except OSError:
+            pass
+        sock.close()
+    return socket.create_connection((host, port), timeout=timeout)
+
+
 def ask_layout(check: layout.Check, address: str, peer: int, until: float) -> layout.View | None:
     """The layout of the rank listening at address (which this rank numbers `peer`), compared
     under the layout key (layout.py); None when it does not prove that key (a stranger, a rank
