@@ -9,6 +9,7 @@ with a process of the same user (SO_PEERCRED, checked on both ends).
 """
 from __future__ import annotations
 
+import errno
 import functools
 import logging
 import os
@@ -19,7 +20,7 @@ from typing import Callable
 
 from ... import config
 from ...errors import CollectiveTimeout, ConfigError, PeerError
-from . import layout
+from . import holder, layout
 from .acceptor import Acceptor, Admit
 from .auth import Auth
 from .handshake import (  # noqa: F401  (Hello is part of this module's interface)
@@ -117,7 +118,8 @@ def listen(host: str, port: int, backlog: int = LISTEN_BACKLOG, start: bool = Tr
         sock.bind((host, port))
     except OSError as exc:
         sock.close()
-        raise PeerError(f"cannot listen on {format_address((host, port))}: {exc.strerror or exc}") from None
+        held = holder.describe(host, port) if exc.errno == errno.EADDRINUSE else ""  # name a squatter
+        raise PeerError(f"cannot listen on {format_address((host, port))}: {exc.strerror or exc}{held}") from None
     if start:
         sock.listen(backlog)
     return sock
