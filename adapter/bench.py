@@ -44,6 +44,7 @@ from typing import Callable, Iterator
 import numpy as np
 
 from jacklring_shared import ports as port_choice
+from jacklring_shared.secret_text import drawn_secret_text
 
 DEFAULT_SIZES = "4,64,1K,4K,16K,64K,256K,1M,4M,16M,64M"
 # Extra ring groups in the same processes, each formed with these settings.
@@ -332,6 +333,8 @@ def contract_env(n: int, hosts: list[str], ports, tmp: str, connections: int,
                BENCH_HOSTFILE_1DIR=hostfile("ring-1dir.json", connections),
                BENCH_MLX_HOSTFILE=hostfile("mlx-ring.json", 1),
                MASTER_ADDR=hosts[0], MASTER_PORT=str(next(ports)), WORLD_SIZE=str(n))
+    if len(set(hosts)) > 1 and not (os.environ.get("JACKLRING_SECRET") or os.environ.get("JACKLRING_SECRET_FILE")):
+        env["JACKLRING_SECRET"] = drawn_secret_text()  # ranks on several hosts need one, as the launcher's do
     if any(b == "jaccl" or b in JACCL_VARIANTS for b in backends):
         devices = os.path.join(tmp, "devices.json")
         with open(devices, "w") as f:

@@ -42,11 +42,32 @@ class WeakSecretError(ValueError):
 
 
 def passphrase_bits(text: str) -> float:
-    """A rough, deliberately low estimate of a passphrase's entropy: each maximal run of letters
-    or of digits counts its length times log2 of its alphabet, but at most WORD_BITS (it may be
-    one dictionary word); every other character counts SEPARATOR_BITS."""
+    """A deliberately low estimate of a passphrase's entropy: the lower of zxcvbn's (a maintained
+    estimator that knows dictionaries, names, keyboard walks, l33t and repeats; imported here,
+    not at module import, since the launcher imports this module and zxcvbn costs ~0.1 s) and
+    _runs_bits below. Without zxcvbn installed, _runs_bits alone."""
+    own = _runs_bits(text)
+    try:
+        from zxcvbn import zxcvbn
+    except ImportError:
+        return own
+    guesses = zxcvbn(text, max_length=max(72, len(text)))["guesses"]
+    return min(own, math.log2(max(float(guesses), 1.0)))
+
+
+def _runs_bits(text: str) -> float:
+    """Each maximal run of letters or of digits counts its length times log2 of its alphabet,
+    but at most WORD_BITS (it may be one dictionary word); every other character counts
+    SEPARATOR_BITS; a run seen before (case aside) counts SEPARATOR_BITS too: a repeat adds
+    almost nothing for whoever guesses."""
     bits = 0.0
+    seen: set[str] = set()
     for run in re.findall(r"[^\W\d_]+|\d+|[\W_]", text):
+        if run.isdigit() or run[0].isalpha():
+            if run.lower() in seen:
+                bits += SEPARATOR_BITS
+                continue
+            seen.add(run.lower())
         if run.isdigit():
             bits += min(len(run) * math.log2(10), WORD_BITS)
         elif run[0].isalpha():
@@ -81,7 +102,7 @@ def decode_secret(text: str, where: str) -> bytes:
                               f"({GENERATE_HINT})")
     if passphrase and passphrase_bits(raw) < MIN_PASSPHRASE_BITS:
         raise WeakSecretError(f"{where} is a weak passphrase (estimated {passphrase_bits(raw):.0f} bits, at "
-                              f"least {MIN_PASSPHRASE_BITS} needed; each word counts {WORD_BITS} at most): a "
-                              f"listener posing as a rank could guess it offline. Use random hex of at least "
-                              f"{MIN_SECRET_BYTES} bytes ({GENERATE_HINT})")
+                              f"least {MIN_PASSPHRASE_BITS} needed; dictionary words, names and repeats count "
+                              f"little): a listener posing as a rank could guess it offline. Use random hex of "
+                              f"at least {MIN_SECRET_BYTES} bytes ({GENERATE_HINT})")
     return value

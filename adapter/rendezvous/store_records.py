@@ -4,6 +4,14 @@ The store ring publishes one record per rank: its listening address, MACed under
 and bound to the record's own key name, so a value an outsider wrote (or one replayed from
 another group or generation) is recognised and reported as tampering, naming the key.
 
+A MAC cannot tell a record of this run from the same key's record of an earlier run of the same
+job (torchrun's default run id, plain env://: the names repeat, and so does the key when the
+secret does). So every record also carries a nonce its rank drew for this formation, and before
+any rank connects, each publishes a seal: the nonces of every record it read, MACed (seal()).
+A record replayed from an earlier run holds that run's nonce, which no seal of this run's ranks
+holds: the seals disagree and the rank reports a tampered record at that key, instead of
+dialling the address in it (whoever listens there would receive a proof).
+
 Which records belong to the current formation is never read from a counter in the store (one
 `add` by an outsider, or a rank that died between its `add` and its record, would put ranks
 on different generations). A formation's tag follows from what every rank of the formation
@@ -19,9 +27,11 @@ import hashlib
 import json
 import logging
 import os
+import secrets
 import threading
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 from ..backends.transport import auth
 from ..errors import DistributedError, IntegrityError
@@ -69,6 +79,7 @@ def read(store, name: str) -> bytes | None:
 class Record:
     rank: int
     value: str  # what the book's `what` names: a listening address, an NCCL id in hex
+    run: str = ""  # the nonce its rank drew for this formation (hex)
 
 
 class RecordBook:
@@ -77,8 +88,11 @@ class RecordBook:
     store ring, "nccl_id" for NCCL's unique id; each kind has a MAC key of its own, so a record
     of one kind never passes as another."""
 
-    def __init__(self, store, prefix: str, key: auth.Auth, rank: int, size: int, what: str = "address") -> None:
+    def __init__(self, store, prefix: str, key: auth.Auth, rank: int, size: int, what: str = "address",
+                 belongs: "Callable[[Record], str | None] | None" = None) -> None:
         self._store = store
+        self._belongs = belongs  # why a record that checked does not belong to this run, or None
+        self.run = secrets.token_hex(16)  # this rank's nonce for this formation, in its record
         self._prefix = prefix
         self._what = what
         self._key = key.derive(b"store-record" if what == "address" else b"store-record:" + what.encode())
@@ -94,7 +108,7 @@ class RecordBook:
 
     def encode(self, record: Record) -> bytes:
         name = self.key_name(record.rank)
-        body = json.dumps({"rank": record.rank, "size": self._size, self._what: record.value},
+        body = json.dumps({"rank": record.rank, "size": self._size, self._what: record.value, "run": record.run},
                           sort_keys=True, separators=(",", ":")).encode()
         return f"{RECORD_VERSION} {self._mac(name, body)} ".encode() + body
 
@@ -102,8 +116,9 @@ class RecordBook:
         """The record of rank q from the store's bytes; IntegrityError saying what is wrong."""
         name = self.key_name(q)
         raw = bytes(raw)
-        if len(raw) > MAX_RECORD_BYTES:
-            raise IntegrityError(f"{len(raw)} bytes, more than a record ({MAX_RECORD_BYTES})")
+        limit = max(MAX_RECORD_BYTES, 40 * self._size + 256)  # a seal holds a nonce per rank
+        if len(raw) > limit:
+            raise IntegrityError(f"{len(raw)} bytes, more than a record ({limit})")
         version, _, rest = raw.partition(b" ")
         tag, _, body = rest.partition(b" ")
         if version != RECORD_VERSION.encode():
@@ -115,10 +130,17 @@ class RecordBook:
         if fields.get("rank") != q or fields.get("size") != self._size or not isinstance(fields.get(self._what), str):
             raise IntegrityError(f"it describes rank {fields.get('rank')} of {fields.get('size')}, "
                                  f"not rank {q} of {self._size}")
-        return Record(q, fields[self._what])
+        run = fields.get("run")
+        if not isinstance(run, str) or len(run) != 32:
+            raise IntegrityError("it carries no nonce of a formation (a record of an older jacklring)")
+        record = Record(q, fields[self._what], run)
+        why = self._belongs(record) if self._belongs is not None else None
+        if why is not None:
+            raise IntegrityError(why)
+        return record
 
     def publish(self, text: str) -> bytes:
-        value = self.encode(Record(self._rank, text))
+        value = self.encode(Record(self._rank, text, self.run))
         self._store.set(self.key_name(self._rank), value)
         return value
 
@@ -135,6 +157,10 @@ class RecordBook:
         bad: dict[int, tuple[float, str]] = {}  # rank -> (first seen, why)
         seen: set[int] = set()                  # ranks whose key held a value once
         rounds = 0
+        if mine is not None and self._rank in wanted:
+            # this rank's own record is what it wrote, never what the store holds at its key
+            # now (an outsider may have put back this rank's record of an earlier run there)
+            found[self._rank] = self.decode(self._rank, mine)
         while True:
             if mine is not None:
                 self.defend(mine)
@@ -163,8 +189,9 @@ class RecordBook:
             for q, (since, why) in sorted(bad.items()):
                 if now - since >= TAMPER_GRACE_S or now >= deadline:
                     raise IntegrityError(
-                        f"rank {self._rank}: jacklring rendezvous: the store value at key {self.key_name(q)!r} "
-                        f"(rank {q}'s {self._what} record) was tampered with: {why}; it stayed so for "
+                        f"rank {self._rank}: jacklring rendezvous: tampered record at key {self.key_name(q)!r}: "
+                        f"the store value there (rank {q}'s {self._what} record) was tampered with: {why}; it "
+                        f"stayed so for "
                         f"{now - since:.1f} s. Someone other than the job's ranks writes to the store: "
                         f"set a job secret and keep the store's port unreachable (docs/security.md)")
             if now >= deadline:
@@ -226,6 +253,38 @@ class RecordBook:
         finally:
             stop.set()
             thread.join(1.0)
+
+
+def seal(store, prefix: str, key: auth.Auth, rank: int, records: list[Record], wait_s: float,
+         names: Callable[[int], str]) -> tuple[RecordBook, bytes]:
+    """Check that every rank read the same records (those of this run): each rank publishes the
+    nonces of the records it read at `prefix`seal/RANK and reads everyone's. Returns the seal
+    book and this rank's seal (keep it defended while peers may read it). IntegrityError naming
+    the record's key when a rank read a record of another run (names(q): rank q's record key)."""
+    runs = [r.run for r in records]
+    size = len(runs)
+
+    def belongs(sealed: Record) -> str | None:
+        # A seal of this run holds this rank's nonce: none from an earlier run can, since the
+        # nonce was drawn after it. Its owner overwrites a replayed one (so the usual grace).
+        theirs = sealed.value.split(",")
+        if len(theirs) != size or theirs[rank] != runs[rank]:
+            return (f"it does not seal the record this rank wrote at {names(rank)!r} in this run: it is a seal "
+                    f"replayed from an earlier run, or rank {sealed.rank} read a record replayed there")
+        return None
+
+    book = RecordBook(store, f"{prefix}seal/", key, rank, size, what="seal", belongs=belongs)
+    mine = book.publish(",".join(runs))
+    for sealed in book.gather(mine, wait_s):
+        for q, (ours, theirs) in enumerate(zip(runs, sealed.value.split(","))):
+            if ours != theirs:
+                raise IntegrityError(
+                    f"rank {rank}: jacklring rendezvous: tampered record at key {names(q)!r}: rank {sealed.rank} "
+                    f"and this rank read different records of rank {q} there, both MACed under the job key: "
+                    f"one is a record of an earlier run of this job written back by someone who read the store. "
+                    f"Someone other than the job's ranks writes to the store: keep the store's port "
+                    f"unreachable (docs/security.md)")
+    return book, mine
 
 
 def wait_for(store, name: str, wait_s: float, rank: int, what: str) -> bytes:

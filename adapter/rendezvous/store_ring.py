@@ -50,6 +50,8 @@ def store_ring(store, rank: int, size: int, timeout_s: float, scope: str = "",
             book = store_records.RecordBook(store, prefix, job, rank, size)
             record = book.publish(mine)
             records = book.gather(record, wait_s)
+            # before any rank dials an address: did every rank read this run's records?
+            seals, sealed = store_records.seal(store, prefix, job, rank, records, wait_s, book.key_name)
         except (DistributedError, ConfigError):
             raise
         except Exception as exc:  # the store itself is gone (its server's process ended)
@@ -57,7 +59,7 @@ def store_ring(store, rank: int, size: int, timeout_s: float, scope: str = "",
                                    f"waited for every rank's address ({exc})") from None
         addresses = [[r.value] for r in records]
         log.debug("rank %d: jacklring ring addresses %s (formation %s)", rank, addresses, prefix)
-        with book.defended(record):  # peers still reading it find it while the ring connects
+        with book.defended(record), seals.defended(sealed):  # for peers still reading them
             # Each record was published with its rank's listener already open: a peer that then
             # refuses connections has left (an IntegrityError, a crash), and this rank says so
             # at once instead of retrying until the connect deadline.

@@ -131,12 +131,21 @@ def derived_secret(environ: Mapping[str, str] = os.environ,
     return value
 
 
+def ring_salt(store_address: tuple[str, int] | None, environ: Mapping[str, str] = os.environ) -> bytes:
+    """What salts a store ring's key: the store's address and the run (torchrun's run id), the
+    facts every rank and newcomer of the job shares. A table of keys computed once for a list
+    of guessed passphrases then serves one store and run, not every store-ring job."""
+    where = f"{store_address[0]}:{store_address[1]}" if store_address is not None else "-"
+    return f"store-ring {where} run {environ.get('TORCHELASTIC_RUN_ID', '-')}".encode()
+
+
 def auth_for_store_ring(store_address: tuple[str, int] | None = None,
                         listen_host: str = "127.0.0.1") -> auth.Auth | None:
     """The configured secret's Auth, else a derived one, else None (the key goes through the
     store: listeners on loopback only, or the opt-out). ConfigError for a group spanning hosts."""
+    salt = ring_salt(store_address)
     secret = auth.configured_secret()
     if secret is not None:
-        return auth.auth_from_secret(secret.value, drawn=secret.drawn)
+        return auth.auth_from_secret(secret.value, salt, drawn=secret.drawn)
     derived = derived_secret(os.environ, store_address, listen_host)  # 256 bits drawn by local_secret
-    return None if derived is None else auth.auth_from_secret(derived, drawn=True)
+    return None if derived is None else auth.auth_from_secret(derived, salt, drawn=True)

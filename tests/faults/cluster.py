@@ -21,6 +21,8 @@ from pathlib import Path
 import zygote
 from ranks import free_ports  # noqa: E402  (tests/ is on sys.path, see conftest.py)
 
+from jacklring_shared.secret_text import drawn_secret_text
+
 FAULTS = Path(__file__).resolve().parent
 ROOT = FAULTS.parents[1]
 RANK_SCRIPT = FAULTS / "scripts" / "rank.py"
@@ -54,7 +56,10 @@ def rank_envs(backend: str, n: int, tmp: Path, hosts: list[str] | None = None) -
         ports = free_ports(n) if hosts == ["127.0.0.1"] * n else [41000 + r for r in range(n)]
         hostfile = tmp / "ring-hosts.json"
         hostfile.write_text(json.dumps([[f"{hosts[r]}:{ports[r]}"] for r in range(n)]))
-        return [{"MLX_RANK": str(r), "MLX_HOSTFILE": str(hostfile)} for r in range(n)]
+        # A hostfile that spans hosts needs a job secret (ring/addresses.refuse_open_hosts), as
+        # the launcher would hand out.
+        secret = {"JACKLRING_SECRET": drawn_secret_text()} if len(set(hosts)) > 1 else {}
+        return [{"MLX_RANK": str(r), "MLX_HOSTFILE": str(hostfile), **secret} for r in range(n)]
     if backend == "jaccl":
         devices = tmp / "jaccl-devices.json"
         devices.write_text(json.dumps(mesh_matrix(n)))

@@ -154,6 +154,7 @@ def test_side_channel_refuses_an_oversized_length_from_an_authenticated_peer():
 def test_store_ring_key_comes_from_the_secret_or_else_through_the_store(monkeypatch):
     dist = pytest.importorskip("torch.distributed")
     from adapter.rendezvous.store_ring import store_auth
+    from adapter.rendezvous.store_secret import ring_salt
     monkeypatch.delenv("JACKLRING_SECRET", raising=False)
     monkeypatch.delenv("JACKLRING_SECRET_FILE", raising=False)
     store = dist.HashStore()
@@ -167,5 +168,6 @@ def test_store_ring_key_comes_from_the_secret_or_else_through_the_store(monkeypa
     with pytest.raises(ConfigError, match="only as safe as the store"):
         store_auth(store, "g/2/", 0)
     monkeypatch.setenv("JACKLRING_SECRET", "12" * 32)
-    assert store_auth(store, "g/3/", 0) == auth.auth_from_secret(bytes.fromhex("12" * 32))
+    salted = auth.auth_from_secret(bytes.fromhex("12" * 32), ring_salt(None))
+    assert store_auth(store, "g/3/", 0) == salted != auth.auth_from_secret(bytes.fromhex("12" * 32))
     assert not store.check(["g/3/key"])  # the secret never goes into the store

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+from security_helpers import outsider_fixture  # noqa: F401  (the `outsider` fixture)
 
 from adapter.backends.transport import local_secret
 from adapter.errors import ConfigError
@@ -151,3 +152,47 @@ def test_secrets_unused_for_a_week_are_removed_when_a_new_one_is_made(tmp_path):
     os.utime(old, (week_ago, week_ago))
     local_secret.secret_for("new job", env(tmp_path))
     assert not os.path.exists(old) and os.path.exists(recent)
+
+
+@pytest.fixture(name="sticky_tmp")
+def sticky_tmp_fixture():
+    """A shared temporary directory like /tmp (mode 1777), private to this test."""
+    import shutil
+    import tempfile
+    path = tempfile.mkdtemp(prefix="jacklring-sticky-")
+    os.chmod(path, 0o1777)
+    yield Path(path)
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("squat", ["directory", "symlink"])
+def test_a_squatted_temporary_name_no_longer_stops_the_users_jobs(tmp_path, sticky_tmp, outsider, squat):
+    """The outsider (uid 65534) creates $TMPDIR/jacklring-UID first (a directory, or a symlink to
+    one of its own), in a sticky shared TMPDIR where the victim cannot remove it. Before, every
+    job of the victim without a secret failed with a ConfigError; now the secret lives under the
+    victim's home (a place only it can create), and the squat is ignored."""
+    name = sticky_tmp / f"jacklring-{os.getuid()}"
+    make = (f"import os; os.mkdir({str(name)!r}, 0o777); os.chmod({str(name)!r}, 0o777)" if squat == "directory"
+            else f"import os; os.mkdir({str(sticky_tmp / 'mine')!r}, 0o777); "
+                 f"os.symlink({str(sticky_tmp / 'mine')!r}, {str(name)!r})")
+    attack = outsider_script(outsider, make + "\nprint('READY', flush=True)\n")
+    assert attack.wait(20) == 0, attack.stderr.read()
+    assert os.lstat(name).st_uid != os.getuid()  # the squat is in place, and not the victim's
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    value, path = local_secret.secret_for("job", {"TMPDIR": str(sticky_tmp), "HOME": str(home)})
+    assert len(value) == 32 and path.startswith(str(home / ".cache" / "jacklring") + os.sep), path
+    assert stat.S_IMODE(os.stat(os.path.dirname(path)).st_mode) == 0o700
+    # without a home of its own, the shared name is all that is left: it fails closed, naming the owner
+    with pytest.raises(ConfigError, match=r"uid 65534 \(nobody\)|uid 65534 \(no user name\)"):
+        local_secret.secret_for("job", {"TMPDIR": str(sticky_tmp), "HOME": str(sticky_tmp)})
+
+
+def outsider_script(outsider, source: str):
+    """Run a one-off script as the outsider: the fixture runs scripts of attacks/ by name, so
+    this one is handed over through its stdin."""
+    proc = outsider("run_stdin.py")
+    proc.stdin.write(source)
+    proc.stdin.close()
+    return proc

@@ -209,3 +209,42 @@ def test_a_deleted_record_is_read_as_missing_and_put_back_without_blocking():
     book.defend(mine)
     assert book.tampered == 2  # intact: nothing counted
     assert time.monotonic() - begin < 2
+
+
+@pytest.mark.timeout(300)
+def test_records_replayed_from_an_earlier_run_are_named_and_never_dialled(outsider):
+    """Run 1 forms with a job secret. The outsider (uid 65534) then reads its records from the
+    store, listens on the ports they name and writes them back every 10 ms while run 2 forms
+    with the same secret and the same key names. Before, a replayed record passed its MAC (it
+    binds only the key name): a rank dialled the outsider and handed it a proof, and both ranks
+    then reported the other as having died while the group formed. Now every record carries
+    its rank's nonce of this run and the ranks compare seals before dialling: run 2 forms, or
+    reports a tampered record naming the key, and no proof reaches the outsider."""
+    server, port = serve_store()
+    secret = {"JACKLRING_SECRET": "cd" * 32}
+    def run() -> list[tuple[int, str, str]]:
+        procs = [zygote.popen([sys.executable, str(RANK_SCRIPT), "numpy"], env=rank_env(q, port, **secret),
+                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for q in range(2)]
+        return [finish(p) for p in procs]
+
+    first = run()
+    for code, out, err in first:
+        assert code == 0 and '"sum": 1.0' in out, f"run 1: exit {code}\n{out}\n{err}"
+    keys = [f"/{ADAPTER}addr/f0/{q}" for q in range(2)]
+    attacker = outsider("store_replay.py", port, 2 * CONNECT_S, 0.01, *keys)
+    wait_ready(attacker, "READY 2")
+    begin = time.monotonic()
+    outcomes = run()
+    elapsed = time.monotonic() - begin
+    attacker.kill()
+    said = attacker.communicate()[0]
+    report = "\n".join(f"exit {c}\n{o}\n{e}" for c, o, e in outcomes) + f"\noutsider: {said}"
+    print(f"{elapsed:.1f} s", [("formed" if c == 0 else e.strip().splitlines()[-1][:200]) for c, _, e in outcomes])
+    assert "PROOF" not in said, report  # no rank dialled an address from an earlier run
+    for code, out, err in outcomes:
+        assert "died while the group formed" not in err, report
+        if code == 0:
+            assert '"sum": 1.0' in out, report
+    if any(code != 0 for code, _, _ in outcomes):
+        assert any("IntegrityError" in err and "tampered record at key '" in err for _, _, err in outcomes), report
+    assert elapsed < PROMPT_S, f"{elapsed:.1f} s\n{report}"

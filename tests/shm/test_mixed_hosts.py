@@ -17,6 +17,8 @@ import netns
 import pytest
 from ranks import ANOTHER_HOST, assert_all_ok, collect, jaccl_env, run, spawn
 
+from jacklring_shared.secret_text import drawn_secret_text
+
 pytestmark = [
     pytest.mark.skipif(sys.platform != "linux", reason="shared memory is implemented for Linux"),
     pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None,
@@ -133,11 +135,13 @@ def test_two_hosts_of_two_ranks_each_over_a_real_link():
                 json.dump(addresses, f)
             try:
                 wraps = {r: pair.exec_prefix(r // 2) for r in range(4)}
-                results = collect(spawn(4, OPS, ["0,5,70001"], env=STAGED, hostfile=f.name, wraps=wraps), timeout=140)
+                secret = {"JACKLRING_SECRET": drawn_secret_text()}  # the hostfile spans hosts
+                results = collect(spawn(4, OPS, ["0,5,70001"], env=dict(STAGED, **secret), hostfile=f.name,
+                                        wraps=wraps), timeout=140)
                 jaccl = dict(backend_env("jaccl", 4), MLX_JACCL_COORDINATOR=f"{pair.addresses[0]}:41100")
                 results += collect(spawn(4, OPS, ["0,5,70001"], env=jaccl, hostfile=f.name, wraps=wraps), timeout=140)
                 links = collect(spawn(4, "ring_scripts/exec.py", [LINK_FAMILIES], hostfile=f.name, wraps=wraps,
-                                      env={"JACKLRING_LOCAL_TRANSPORT": "unix"}), timeout=60)
+                                      env={"JACKLRING_LOCAL_TRANSPORT": "unix", **secret}), timeout=60)
             finally:
                 os.unlink(f.name)
     except RuntimeError as exc:

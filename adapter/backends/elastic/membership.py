@@ -172,9 +172,14 @@ def _reach(seat: Seat, peer: int, answer_timeout: float) -> Channel | None:
     """An authenticated connection to peer's listener, or None when it is gone or does not answer."""
     address = seat.addresses[peer]
     who = f"rank {peer} ({address})"
-    for _ in range(HANDSHAKE_RETRIES):
+    # Its Unix socket where it is on this host (tcp.open_to: counted by uid there, so a flood
+    # from 127.0.0.1 cannot spend this rank's handshakes); a listener over its budget closes
+    # unread: try again, a little later, until the window for this answer ends.
+    until = time.monotonic() + answer_timeout * HANDSHAKE_RETRIES
+    pause = 0.01
+    while True:
         try:
-            sock = socket.create_connection(tcp.parse_address(address), timeout=answer_timeout)
+            sock = tcp.open_to(address, answer_timeout)
         except OSError:
             return None
         try:
@@ -182,6 +187,10 @@ def _reach(seat: Seat, peer: int, answer_timeout: float) -> Channel | None:
             done = tcp.client_handshake(sock, hello, seat.auth, address, who, answer_timeout)
         except HandshakeRetry:
             sock.close()
+            if time.monotonic() + pause >= until:
+                return None
+            time.sleep(pause)
+            pause = min(pause * 2, 0.2)
             continue
         except (DistributedError, OSError) as exc:
             log.debug("rank %d: shrink: %s did not answer: %s", seat.rank, who, exc)
@@ -189,7 +198,6 @@ def _reach(seat: Seat, peer: int, answer_timeout: float) -> Channel | None:
             return None
         sock.settimeout(None)
         return Channel(sock, seat.auth, done.session, True, who)
-    return None
 
 
 def _excluded(seat: Seat, message: dict) -> ExcludedError:

@@ -18,6 +18,7 @@ of its host.
 """
 from __future__ import annotations
 
+import os
 import socket
 import time
 from typing import Callable
@@ -25,7 +26,7 @@ from typing import Callable
 from ...errors import CollectiveTimeout, DistributedError, PeerError
 from ..elastic import enrolment
 from ..elastic.membership import Channel
-from ..transport import tcp
+from ..transport import holder, tcp
 from ..transport.auth import Auth
 from ..transport.handshake import ANSWER_TIMEOUT_S, HandshakeRetry
 
@@ -73,6 +74,15 @@ class Door:
         self._listener.close()
 
 
+def _foreign_listener(target: tuple[str, int]) -> str | None:
+    """How another user's listener at target is described, when target is on this host and
+    held by another uid (visible in /proc/net/tcp); None otherwise."""
+    if not tcp.own_address(target[0]):
+        return None
+    held = holder.holder(*target)
+    return None if held is None or held.uid == os.getuid() else held.describe()
+
+
 def knock(coordinator: str, slot: int, auth: Auth, token: int, listen: Callable[[str], str],
           deadline: float) -> dict:
     """As the newcomer at `slot`: knock at the coordinator address until a recruiter takes this
@@ -91,6 +101,14 @@ def knock(coordinator: str, slot: int, auth: Auth, token: int, listen: Callable[
                 f"slot {slot}: no member of the group invited this process to join before the deadline: it knocked "
                 f"at {who} every {KNOCK_EVERY_S:g} s, where the recruiter listens while the members call "
                 f"Group.grow(); {last.lstrip('; ')}{'' if last.startswith('the last knock was refused') else refused}")
+        squatter = _foreign_listener(target)
+        if squatter is not None:
+            # Another user's process listens at the coordinator address of this host: a knock
+            # would hand it a proof. None is sent; the members' grow() cannot listen there either.
+            last = (f"the coordinator address is {squatter}, not the group's recruiter: no knock was sent "
+                    f"to it")
+            time.sleep(min(KNOCK_EVERY_S, max(0.0, deadline - time.monotonic())))
+            continue
         try:
             sock = socket.create_connection(target, timeout=min(1.0, remaining))
         except OSError as exc:

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import json
 
+from ... import config
 from ...errors import ConfigError
-from ..transport import tcp
+from ..transport import auth, tcp
 from ..transport.names import check_resolvable
 
 
@@ -37,6 +38,25 @@ def validate_addresses(data: object, where: str) -> list[list[str]]:
         for addr in entry:
             check_resolvable(tcp.parse_address(addr)[0], f"{where}: rank {rank} address {addr!r}")
     return data
+
+
+def refuse_open_hosts(addresses: list[list[str]], where: str) -> None:
+    """ConfigError when the hostfile names a host other than this one and no job secret is
+    set (nor JACKLRING_ALLOW_UNAUTHENTICATED=1): without a secret the ring's key follows from
+    the hostfile, which any user of any of its hosts can read or guess, so anyone there could
+    join or inject. A hostfile of this host's own addresses keeps working without a secret."""
+    if config.get("JACKLRING_ALLOW_UNAUTHENTICATED") or auth.configured_secret() is not None:
+        return
+    foreign = sorted({host for entry in addresses for host, _ in map(tcp.parse_address, entry)
+                      if not tcp.own_address(host)})
+    if foreign:
+        raise ConfigError(
+            f"jacklring: {where} names hosts other than this one ({', '.join(foreign[:4])}) and no job secret is "
+            f"set: the ring's key would follow from the hostfile, so any user of those hosts could join the ring "
+            f"or inject data. Set the same secret on every rank: JACKLRING_SECRET=<e.g. the output of "
+            f"`python -c 'import secrets; print(secrets.token_hex(32))'`>, or JACKLRING_SECRET_FILE=<a 0600 file "
+            f"every host can read> (docs/launching.md); `launcher` draws one for you. On a network you trust, "
+            f"JACKLRING_ALLOW_UNAUTHENTICATED=1 forms it without one")
 
 
 def links_per_neighbour(addresses: list[list[str]]) -> int:

@@ -40,7 +40,7 @@ from ..protocol import REDUCE_CODES
 from ..transport import auth, layout, tcp
 from ..transport.stream_engine import Engine, Stream
 from . import grow, lineage, origin, shared, shrink, splitting
-from .addresses import links_per_neighbour, load_ring_hostfile, validate_addresses
+from .addresses import links_per_neighbour, load_ring_hostfile, refuse_open_hosts, validate_addresses
 from .formation import FormationAbandoned, LayoutMismatch, Watch
 from .forming import (
     ABORT_NOTICE_S,
@@ -95,6 +95,7 @@ def create(timeout: float | None = None) -> "RingBackend":
     except ConfigError:
         _witness_layout(addresses, _incarnations + 1)
         raise
+    refuse_open_hosts(addresses, f"MLX_HOSTFILE {path!r}")
     if config.get("JACKLRING_JOIN"):  # a replacement: the members take it in with grow()
         return grow.join_ring(RingBackend, rank, lineage.HostfileOrigin(addresses), timeout, default_connect_timeout())
     _incarnations += 1

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import weakref
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Iterator, Protocol
 
 from ...errors import PeerError
-from ..transport import auth, tcp
+from ..transport import auth, holder, tcp
 
 if TYPE_CHECKING:
     from ..base import Backend
@@ -92,8 +93,11 @@ class HostfileOrigin:
         try:
             listener = tcp.Listener(host, port)
         except PeerError as exc:
+            held = holder.holder(host, port)
+            question = ("another user's process squats it (it is not the rank this one replaces)"
+                        if held is not None and held.uid != os.getuid() else "is the rank it replaces still running?")
             raise PeerError(f"slot {slot}: this replacement cannot listen at its slot's address "
-                            f"{self.addresses[slot][0]} ({exc}); is the rank it replaces still running?") from None
+                            f"{self.addresses[slot][0]} ({exc}); {question}") from None
         try:
             yield listener
         finally:

@@ -23,6 +23,8 @@ The rules:
 """
 from __future__ import annotations
 
+import logging
+import os
 import socket
 import threading
 import time
@@ -30,7 +32,10 @@ from typing import Callable, Sequence
 
 from ...errors import NOTICE, PeerError, with_failure
 from . import tcp
-from .handshake import ALIVE, CHALLENGE, CHALLENGE_MAGIC, PURPOSE_PROBE, Hello
+from .handshake import ALIVE, CHALLENGE, CHALLENGE_MAGIC, PURPOSE_PROBE, Hello, peer_uid
+
+log = logging.getLogger("jacklring.tcp")
+_squats_seen: set[str] = set()
 
 STUCK = -1
 OUTER = -2
@@ -80,6 +85,13 @@ def unresponsive_text(described: str) -> str:
 ALIVE_, SILENT, GONE = "alive", "silent", "gone"
 
 
+def _report_squat(name: str, uid: int | None) -> None:
+    if name not in _squats_seen:
+        _squats_seen.add(name)
+        log.warning("jacklring: the local name %r of a rank's address is held by uid %s, not this user: a "
+                    "liveness probe ignores its answer and asks the rank's TCP address", name.lstrip("\0"), uid)
+
+
 def answers(address: str, token: int, sender: int, receiver: int, until: float) -> str:
     """How the listener of rank `receiver` of the group `token` at address answers a liveness
     probe before `until` (time.monotonic): ALIVE_; SILENT (it accepts, nobody answers: stopped,
@@ -99,6 +111,12 @@ def answers(address: str, token: int, sender: int, receiver: int, until: float) 
             with socket.socket(family, socket.SOCK_STREAM) as sock:
                 sock.settimeout(remaining)
                 sock.connect(target)
+                if family == socket.AF_UNIX and peer_uid(sock) != os.getuid():
+                    # Not this user's process: a squatter on the name could answer anything,
+                    # so the rank is judged at its TCP address alone (as every other Unix
+                    # connection checks its peer's uid).
+                    _report_squat(str(target), peer_uid(sock))
+                    continue
                 sock.sendall(hello)
                 while len(answer) < CHALLENGE.size:
                     chunk = sock.recv(CHALLENGE.size - len(answer))

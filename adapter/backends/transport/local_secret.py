@@ -21,13 +21,41 @@ from ...errors import ConfigError
 from . import auth
 
 DIR_NAME = "jacklring-{uid}"
+HOME_DIR = os.path.join(".cache", "jacklring")
 UNUSED_FOR_S = 7 * 24 * 3600  # a secret no rank has read for this long is removed
 
 
+def _private(path: str) -> bool:
+    """Whether path is a real directory of this user that no other user can write to: a name
+    inside it can be created by this user only."""
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return False
+    return (stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid()
+            and not info.st_mode & (stat.S_IWGRP | stat.S_IWOTH))
+
+
 def secrets_dir(environ: Mapping[str, str] = os.environ) -> str:
-    """$XDG_RUNTIME_DIR/jacklring-UID (a per-user tmpfs on systemd hosts), else the same under
-    the temporary directory ($TMPDIR, a Slurm job's node-local tmp where the site sets it)."""
-    base = environ.get("XDG_RUNTIME_DIR") or environ.get("TMPDIR") or tempfile.gettempdir()
+    """Where the derived secrets live: a place only this user can create.
+
+    $XDG_RUNTIME_DIR/jacklring-UID (a per-user tmpfs on systemd hosts), else ~/.cache/jacklring
+    (created when missing), when that base is this user's and closed to others' writes. Only
+    without either, $TMPDIR/jacklring-UID: a shared temporary directory where another user can
+    create that name first, which then fails closed (ConfigError naming its owner)."""
+    runtime = environ.get("XDG_RUNTIME_DIR")
+    if runtime and _private(runtime):
+        return os.path.join(runtime, DIR_NAME.format(uid=os.getuid()))
+    home = environ.get("HOME")
+    if home and _private(home):
+        cache = os.path.join(home, ".cache")
+        try:
+            os.mkdir(cache, 0o700)
+        except OSError:
+            pass  # exists (checked below), or cannot be made: the temporary directory serves
+        if _private(cache):
+            return os.path.join(home, HOME_DIR)
+    base = environ.get("TMPDIR") or tempfile.gettempdir()
     return os.path.join(base, DIR_NAME.format(uid=os.getuid()))
 
 
@@ -41,15 +69,26 @@ def _checked_dir(path: str) -> None:
                           f"{exc.strerror or exc}") from None
     info = os.lstat(path)
     if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
-        raise ConfigError(f"{path!r} is not a directory (a symlink or a file someone put there): refusing to "
-                          f"keep a job secret in it; remove it or set JACKLRING_SECRET")
+        raise ConfigError(f"{path!r} is not a directory but a {'symlink' if stat.S_ISLNK(info.st_mode) else 'file'} "
+                          f"of uid {info.st_uid} ({_owner(info.st_uid)}): refusing to keep a job secret in it; "
+                          f"remove it, set XDG_RUNTIME_DIR or HOME to a directory of your own, or set "
+                          f"JACKLRING_SECRET")
     _check_owner_and_mode(path, info, "directory")
+
+
+def _owner(uid: int) -> str:
+    try:
+        import pwd
+        return pwd.getpwuid(uid).pw_name
+    except (ImportError, KeyError):
+        return "no user name"
 
 
 def _check_owner_and_mode(path: str, info: os.stat_result, what: str) -> None:
     if info.st_uid != os.getuid():
-        raise ConfigError(f"the {what} {path!r} belongs to uid {info.st_uid}, not this user ({os.getuid()}): "
-                          f"refusing its job secret; remove it or set JACKLRING_SECRET")
+        raise ConfigError(f"the {what} {path!r} belongs to uid {info.st_uid} ({_owner(info.st_uid)}), not this "
+                          f"user ({os.getuid()}): someone else created it first; refusing its job secret. Set "
+                          f"XDG_RUNTIME_DIR or HOME to a directory of your own, or set JACKLRING_SECRET")
     if info.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
         raise ConfigError(f"the {what} {path!r} is open to other users (mode {stat.S_IMODE(info.st_mode):04o}): "
                           f"refusing its job secret; remove it or set JACKLRING_SECRET")

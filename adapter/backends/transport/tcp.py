@@ -9,6 +9,7 @@ with a process of the same user (SO_PEERCRED, checked on both ends).
 """
 from __future__ import annotations
 
+import errno
 import functools
 import logging
 import os
@@ -19,7 +20,7 @@ from typing import Callable
 
 from ... import config
 from ...errors import CollectiveTimeout, ConfigError, PeerError
-from . import layout
+from . import holder, layout
 from .acceptor import Acceptor, Admit
 from .auth import Auth
 from .handshake import (  # noqa: F401  (Hello is part of this module's interface)
@@ -117,7 +118,8 @@ def listen(host: str, port: int, backlog: int = LISTEN_BACKLOG, start: bool = Tr
         sock.bind((host, port))
     except OSError as exc:
         sock.close()
-        raise PeerError(f"cannot listen on {format_address((host, port))}: {exc.strerror or exc}") from None
+        held = holder.describe(host, port) if exc.errno == errno.EADDRINUSE else ""  # name a squatter
+        raise PeerError(f"cannot listen on {format_address((host, port))}: {exc.strerror or exc}{held}") from None
     if start:
         sock.listen(backlog)
     return sock
@@ -374,6 +376,28 @@ def connect_with_hello(addr: tuple[str, int], hello: Hello, deadline: float, who
             raise PeerError(f"could not connect to {who} at {where} ({last_error})")
         (pause or time.sleep)(min(delay, max(0.0, deadline - time.monotonic())))
         delay = min(delay * 2, 0.5)
+
+
+def open_to(address: str, timeout: float) -> socket.socket:
+    """A connected socket to the listener at address: its Unix socket when a process of this
+    user holds it (on this host), else TCP. Over the Unix socket the acceptor knows this user
+    by SO_PEERCRED and counts its handshakes apart from everyone's at the same IP, so a flood
+    from 127.0.0.1 (any local user's) cannot spend them. OSError when neither connects."""
+    host, port = parse_address(address)
+    name = local_name(host, port)
+    if name and name not in _squat_reported:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(timeout)
+            sock.connect(name)
+            uid = peer_uid(sock)
+            if uid == os.getuid():
+                return sock
+            _report_squat(name, uid, f"a connection to {address}")
+        except OSError:
+            pass
+        sock.close()
+    return socket.create_connection((host, port), timeout=timeout)
 
 
 def ask_layout(check: layout.Check, address: str, peer: int, until: float) -> layout.View | None:
