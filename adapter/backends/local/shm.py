@@ -374,6 +374,10 @@ class SharedGroup:
         if 0 <= culprit != name and culprit != self.names[self.rank]:
             return (f"rank {culprit} died or failed (reported by rank {name} (pid {self.pids[q]}), which left "
                     f"the group after that) (shared memory)"), culprit
+        if culprit == self.names[self.rank]:
+            # q gave up waiting for this (stopped, resumed) rank: naming live q would get it excluded
+            return (f"rank {name} (pid {self.pids[q]}) gave up waiting for this rank: this process was stopped or "
+                    f"too slow, and the others may have carried on without it (shared memory)"), -1
         return f"rank {name} (pid {self.pids[q]}) left the group after an error (shared memory)", name
 
     def _peer_error(self, text: str, culprit: int) -> PeerError:

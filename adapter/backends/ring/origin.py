@@ -83,9 +83,21 @@ def blame(ring: RingState, exc: BaseException) -> BaseException:
     if notice is None or notice == peer:
         exc.culprit = peer  # it died, or could not say why it left
         return exc
-    if notice < 0 or notice == ring.rank:
-        own = PeerError(f"{exc}; rank {peer} reported that it gave up after an error of its own")
-        own.culprit, own.peer = peer, peer
+    if notice == ring.rank:
+        # peer blames this rank: it waited for it past its deadline (this process was stopped or
+        # starved, and has just resumed). Naming peer would get a live rank excluded, naming
+        # itself would make shrink(exclude=[culprit]) return None: it names nobody, and learns
+        # from the agreement whether the others carried on without it.
+        own = PeerError(f"{exc}; rank {peer} gave up waiting for this rank (rank {ring.rank}): this process was "
+                        f"stopped or too slow, and the others may have carried on without it")
+        own.culprit, own.peer = -1, peer
+        return own
+    if notice < 0:
+        # peer hit a deadline or an error of its own: it was waiting for someone, perhaps this
+        # rank, and is alive (it spoke). Naming it would get a live rank excluded: name nobody.
+        own = PeerError(f"{exc}; rank {peer} reported that it gave up after a deadline or an error of its own "
+                        f"(if this process was stopped, the others may have carried on without it)")
+        own.culprit, own.peer = -1, peer
         return own
     return rule.relay_error(f"rank {ring.rank}: {ring.what}: ", notice, peer)
 
