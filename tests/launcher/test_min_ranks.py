@@ -3,7 +3,7 @@ left; fewer stops it as without the option. Real processes through the real laun
 import time
 
 import pytest
-from conftest import launch
+from conftest import base_env, launch
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -83,6 +83,33 @@ def test_restart_failed_brings_a_killed_rank_back_and_the_job_exits_0(backend, n
         "launcher: rank 1 (host 127.0.0.1) was killed by SIGKILL (exit code 137); starting a replacement "
         "(--restart-failed: 1 of 1 used)",
         f"launcher: finished with {n} of {n} ranks after 1 replacement (--restart-failed 1); replaced rank 1"], r.stderr
+
+
+@pytest.mark.parametrize("when", ["before", "after"])
+def test_a_death_after_the_work_is_done_does_not_fail_the_job(when):
+    """Issue #48, item 4: rank 2 dies after the last barrier. "before": the others are still
+    ending (1 s): the replacement started for it waits for a grow() that never comes, and used
+    to fail the job a connect deadline (here 20 s) after the others exited 0; now it is stopped
+    2 s after they ended. "after": the others have exited 0 already: no replacement is started.
+    Either way the job exits 0 within seconds and the summary says what happened."""
+    started = time.monotonic()
+    r = launch("-n", 3, "--restart-failed", 1, "replace.py", "--victim", 2, "--kill-at", 99, "--steps", 3,
+               "--die-when-done", when, timeout=90, env=base_env(JACKLRING_CONNECT_TIMEOUT="20"))
+    took = time.monotonic() - started
+    assert r.returncode == 0, r.stdout + r.stderr
+    said = lines(r.stderr, "launcher:")
+    assert said[0].startswith("launcher: rank 2 (host 127.0.0.1) was killed by SIGKILL (exit code 137)"), said
+    if when == "before":
+        assert "starting a replacement (--restart-failed: 1 of 1 used)" in said[0], said
+        assert said[-1] == ("launcher: finished with 2 of 3 ranks (--restart-failed 1): the replacement rank 2 "
+                            "(host 127.0.0.1) was not taken in before the other ranks finished, and was stopped; "
+                            "the other 2 had done the job's work (exit code 0)"), said
+    else:
+        assert "not replaced: ranks 0, 1 had already finished (exit code 0)" in said[0], said
+        assert said[-1] == ("launcher: finished with 2 of 3 ranks (--restart-failed 1): rank 2 (host 127.0.0.1) "
+                            "was killed by SIGKILL (exit code 137) after ranks 0, 1 had finished: not replaced; "
+                            "the other 2 had done the job's work (exit code 0)"), said
+    assert took < 15, (took, said)
 
 
 def test_restart_failed_used_up_stops_the_job():
