@@ -137,3 +137,24 @@ def test_survivors_that_shrink_finish_and_the_job_exits_0(backend):
     assert done == [["done", "0", "0", "2", "4", backend], ["done", "2", "1", "2", "4", backend]], r.stdout
     assert lines(r.stderr, "launcher:")[-1] == \
         "launcher: finished with 2 of 3 ranks (--min-ranks 2); lost rank 1", r.stderr
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("keep", [True, False], ids=["min-ranks", "plain"])
+def test_the_ddp_recipe_of_torch_md_runs_as_written_under_min_ranks(keep):
+    """Issue #48, item 5: docs/torch.md's DDP recipe (read from the document) with rank 2 of 3
+    killed between steps 4 and 5: under `--min-ranks 2` the survivors shrink, rebuild DDP and
+    finish the 12 steps with equal parameters; without it the launcher stops the job at the
+    death (137), as docs/torch.md says."""
+    pytest.importorskip("torch")
+    extra = ["--min-ranks", 2] if keep else []
+    r = launch("-n", 3, *extra, "ddp_recipe.py", "--victim", 2, "--kill-at", 4, timeout=110)
+    said = lines(r.stderr, "launcher:")
+    if not keep:
+        assert r.returncode == 137, r.stdout + r.stderr
+        assert "done" not in r.stdout, r.stdout
+        return
+    assert r.returncode == 0, r.stdout + r.stderr
+    done = sorted(line.split()[1:] for line in r.stdout.splitlines() if line.split()[1:2] == ["done"])
+    assert done == [["done", "0", "2", "12", "True"], ["done", "1", "2", "12", "True"]], r.stdout + r.stderr
+    assert said[-1] == "launcher: finished with 2 of 3 ranks (--min-ranks 2); lost rank 2", said
