@@ -21,6 +21,7 @@ GIVE_UP = 4.0     # after SIGKILL, how long to wait for ranks (e.g. a dead ssh l
 TICK = 0.05
 OUTPUT_BACKLOG = 256  # chunks (<= 64 KiB each) per stream read from ranks but not yet written out
 OUTPUT_PATIENCE = 1.0  # after an interruption, how long output may make no progress
+DISMISS_AFTER = 2.0   # once only replacements are left and the others finished, until they are stopped
 
 
 def _say(message: str) -> None:
@@ -141,6 +142,14 @@ class Supervisor:
         self.restart_failed = restart_failed if replacement is not None else 0
         self.replacement = replacement
         self.replaced: list[RankProcess] = []   # the processes that were replaced
+        self.newcomers: set[int] = set()        # indices of the replacements started
+        self.finished: set[int] = set()         # indices of the processes that ended with 0
+        # Replacements that no grow() took in before every other rank ended with 0 (stopped by
+        # us), and failed ranks not replaced because others had already finished: the job's work
+        # was done without them, so they do not fail it.
+        self.unneeded: list[tuple[RankProcess, str]] = []
+        self.dismissed: set[int] = set()
+        self.dismiss_at: Optional[tuple[float, int]] = None  # (when, signal) for the dismissed
         # Elastic jobs: a rank that fails is let go while at least min_ranks are not lost.
         self.min_ranks = min_ranks
         self.lost: list[RankProcess] = []
@@ -210,6 +219,20 @@ class Supervisor:
                 give_up_at = now + GIVE_UP
             if give_up_at is not None and now >= give_up_at:
                 break
+            if self.dismiss_at is not None and now >= self.dismiss_at[0]:
+                sig = self.dismiss_at[1]
+                for proc in self._running_procs():
+                    if proc.index not in self.dismissed:
+                        continue
+                    if sig == signal.SIGTERM:
+                        self.log(f"every other rank ended with exit code 0 {DISMISS_AFTER:g} s ago while the "
+                                 f"replacement {proc.describe()} still runs: no grow() will take it in; stopping it")
+                        self.unneeded.append((proc, f"the replacement {proc.describe()} was not taken in before "
+                                                    f"the other ranks finished, and was stopped"))
+                        proc.signal(sig)
+                    else:
+                        proc.kill()
+                self.dismiss_at = (now + self.grace, signal.SIGKILL) if sig == signal.SIGTERM else None
             try:
                 event = self.events.get(timeout=TICK)
             except queue.Empty:
@@ -225,6 +248,14 @@ class Supervisor:
             elif kind == "exit":
                 _, index, code, signum = event
                 self.running.discard(index)
+                if index in self.dismissed:
+                    if code == 0:  # it ended with the group after all: it had been taken in
+                        self.finished.add(index)
+                    continue  # a replacement nobody took in, stopped by us: not a failure
+                if code == 0:
+                    self.finished.add(index)
+                    if stop_at is None:
+                        self._dismiss_newcomers()
                 if first_end is None and stop_at is None:
                     first_end = (self.ranks[index], describe_exit(code, signum), len(self.running))
                 if code != 0 and failure is None and stop_at is None:
@@ -262,6 +293,18 @@ class Supervisor:
         """With restart_failed left: start a replacement for `proc` and say so; True if it started."""
         if len(self.replaced) >= self.restart_failed or self.pending_signal is not None:
             return False
+        if self.finished and not self.unneeded:
+            # The others are ending: no grow() will take a replacement in, and one that waits
+            # for it would fail the job a connect deadline later.
+            done = ", ".join(str(self.ranks[i].rank) for i in sorted(self.finished))
+            self.log(f"{proc.describe()} {how}; not replaced: rank{'s' if len(self.finished) > 1 else ''} {done} "
+                     f"had already finished (exit code 0), so no grow() would take a replacement in")
+            self.unneeded.append((proc, f"{proc.describe()} {how} after rank{'s' if len(self.finished) > 1 else ''} "
+                                        f"{done} had finished: not replaced"))
+            self._dismiss_newcomers()
+            return True
+        if self.unneeded:
+            return False  # a second failure while the job ends: a failure, as without the option
         new = self.replacement(proc, len(self.ranks))
         self.replaced.append(proc)
         self.log(f"{proc.describe()} {how}; starting a replacement (--restart-failed: "
@@ -274,7 +317,19 @@ class Supervisor:
         self.ranks.append(new)
         self.running.add(new.index)
         self.draining.add(new.index)
+        self.newcomers.add(new.index)
         return True
+
+    def _dismiss_newcomers(self) -> None:
+        """Once every rank still running is a replacement and another rank has finished with
+        0, the group has ended without taking those replacements in (a replacement that was
+        taken in ends with the group): stop them, and do not count their ends as failures."""
+        left = self.running - self.dismissed
+        if not left or not self.finished or not left <= self.newcomers:
+            return
+        self.dismissed |= left
+        # A replacement that was taken in ends with the group, in a moment: it is not cut short.
+        self.dismiss_at = (time.monotonic() + DISMISS_AFTER, signal.SIGTERM)
 
     def _let_go(self, proc: RankProcess, how: str) -> bool:
         """With min_ranks: count `proc` as lost and say so; True while enough ranks are left
@@ -374,6 +429,12 @@ class Supervisor:
             self.log(f"interrupted by {name}; stopped all {len(self.ranks) - len(self.replaced)} ranks")
             return 128 + interrupted
         size = len(self.ranks) - len(self.replaced)  # the job's ranks, each counted once
+        if self.unneeded:
+            ended = len(self.finished)
+            self.log(f"finished with {ended} of {size} ranks (--restart-failed {self.restart_failed}): "
+                     + "; ".join(what for _, what in self.unneeded)
+                     + f"; the other {ended} had done the job's work (exit code 0)")
+            return 0
         if self.replaced:
             names = ", ".join(str(p.rank) for p in self.replaced)
             self.log(f"finished with {size - len(self.lost)} of {size} ranks after {len(self.replaced)} "

@@ -3,7 +3,7 @@ left; fewer stops it as without the option. Real processes through the real laun
 import time
 
 import pytest
-from conftest import launch
+from conftest import base_env, launch
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -85,6 +85,33 @@ def test_restart_failed_brings_a_killed_rank_back_and_the_job_exits_0(backend, n
         f"launcher: finished with {n} of {n} ranks after 1 replacement (--restart-failed 1); replaced rank 1"], r.stderr
 
 
+@pytest.mark.parametrize("when", ["before", "after"])
+def test_a_death_after_the_work_is_done_does_not_fail_the_job(when):
+    """Issue #48, item 4: rank 2 dies after the last barrier. "before": the others are still
+    ending (1 s): the replacement started for it waits for a grow() that never comes, and used
+    to fail the job a connect deadline (here 20 s) after the others exited 0; now it is stopped
+    2 s after they ended. "after": the others have exited 0 already: no replacement is started.
+    Either way the job exits 0 within seconds and the summary says what happened."""
+    started = time.monotonic()
+    r = launch("-n", 3, "--restart-failed", 1, "replace.py", "--victim", 2, "--kill-at", 99, "--steps", 3,
+               "--die-when-done", when, timeout=90, env=base_env(JACKLRING_CONNECT_TIMEOUT="20"))
+    took = time.monotonic() - started
+    assert r.returncode == 0, r.stdout + r.stderr
+    said = lines(r.stderr, "launcher:")
+    assert said[0].startswith("launcher: rank 2 (host 127.0.0.1) was killed by SIGKILL (exit code 137)"), said
+    if when == "before":
+        assert "starting a replacement (--restart-failed: 1 of 1 used)" in said[0], said
+        assert said[-1] == ("launcher: finished with 2 of 3 ranks (--restart-failed 1): the replacement rank 2 "
+                            "(host 127.0.0.1) was not taken in before the other ranks finished, and was stopped; "
+                            "the other 2 had done the job's work (exit code 0)"), said
+    else:
+        assert "not replaced: ranks 0, 1 had already finished (exit code 0)" in said[0], said
+        assert said[-1] == ("launcher: finished with 2 of 3 ranks (--restart-failed 1): rank 2 (host 127.0.0.1) "
+                            "was killed by SIGKILL (exit code 137) after ranks 0, 1 had finished: not replaced; "
+                            "the other 2 had done the job's work (exit code 0)"), said
+    assert took < 15, (took, said)
+
+
 def test_restart_failed_used_up_stops_the_job():
     r = launch("-n", 3, "--restart-failed", 1, "elastic.py", "--lose", "1:kill:0.2", "--sleep", 30, timeout=30)
     assert r.returncode == 137, r.stderr
@@ -110,3 +137,24 @@ def test_survivors_that_shrink_finish_and_the_job_exits_0(backend):
     assert done == [["done", "0", "0", "2", "4", backend], ["done", "2", "1", "2", "4", backend]], r.stdout
     assert lines(r.stderr, "launcher:")[-1] == \
         "launcher: finished with 2 of 3 ranks (--min-ranks 2); lost rank 1", r.stderr
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("keep", [True, False], ids=["min-ranks", "plain"])
+def test_the_ddp_recipe_of_torch_md_runs_as_written_under_min_ranks(keep):
+    """Issue #48, item 5: docs/torch.md's DDP recipe (read from the document) with rank 2 of 3
+    killed between steps 4 and 5: under `--min-ranks 2` the survivors shrink, rebuild DDP and
+    finish the 12 steps with equal parameters; without it the launcher stops the job at the
+    death (137), as docs/torch.md says."""
+    pytest.importorskip("torch")
+    extra = ["--min-ranks", 2] if keep else []
+    r = launch("-n", 3, *extra, "ddp_recipe.py", "--victim", 2, "--kill-at", 4, timeout=110)
+    said = lines(r.stderr, "launcher:")
+    if not keep:
+        assert r.returncode == 137, r.stdout + r.stderr
+        assert "done" not in r.stdout, r.stdout
+        return
+    assert r.returncode == 0, r.stdout + r.stderr
+    done = sorted(line.split()[1:] for line in r.stdout.splitlines() if line.split()[1:2] == ["done"])
+    assert done == [["done", "0", "2", "12", "True"], ["done", "1", "2", "12", "True"]], r.stdout + r.stderr
+    assert said[-1] == "launcher: finished with 2 of 3 ranks (--min-ranks 2); lost rank 2", said

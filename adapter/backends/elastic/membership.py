@@ -27,7 +27,7 @@ import socket
 import struct
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
 from ...errors import CollectiveTimeout, DistributedError, ExcludedError, PeerError, QuorumError
@@ -73,11 +73,19 @@ class Decision:
     payloads: dict[int, dict]       # old rank -> what it sent with its join (e.g. new addresses)
     nonce: bytes                    # fresh per decision: seeds the new group's key
     coordinator: int
+    # old rank left out by exclude= -> the members whose exclude= named it (their request counted)
+    excluded_by: dict[int, list[int]] = field(default_factory=dict)
 
     def message(self) -> dict:
         """The decision as the coordinator sends it."""
         return {"kind": "decision", "epoch": self.epoch, "members": self.members, "coordinator": self.coordinator,
-                "nonce": self.nonce.hex(), "payloads": {str(q): p for q, p in self.payloads.items()}}
+                "nonce": self.nonce.hex(), "payloads": {str(q): p for q, p in self.payloads.items()},
+                "excluded_by": {str(q): by for q, by in self.excluded_by.items()}}
+
+    def exclusion(self) -> dict:
+        """What a rank left out is told."""
+        return {"kind": "excluded", "epoch": self.epoch, "members": self.members, "coordinator": self.coordinator,
+                "excluded_by": {str(q): by for q, by in self.excluded_by.items()}}
 
     def key(self, auth: Auth) -> Auth:
         """The new group's key: only members (told the nonce) and the job key's holders can compute it."""
@@ -201,11 +209,30 @@ def _reach(seat: Seat, peer: int, answer_timeout: float) -> Channel | None:
 
 
 def _excluded(seat: Seat, message: dict) -> ExcludedError:
+    by = message.get("excluded_by")
+    asked = by.get(str(seat.rank)) if isinstance(by, dict) else None
+    why = (f"exclude= named it, at the request of old ranks {seat.names_of(sorted(asked))}" if asked else
+           "it did not answer in time (it was stopped, too slow or cut off)")
     return ExcludedError(
-        f"rank {seat.name(seat.rank)} was excluded from the group by shrink (epoch {message.get('epoch')}): it did "
-        f"not answer in time (it was stopped, too slow or cut off), or exclude= named it; old ranks "
-        f"{seat.names_of(message.get('members'))} carry on without it (coordinator rank "
+        f"rank {seat.name(seat.rank)} was excluded from the group by shrink (epoch {message.get('epoch')}): {why}; "
+        f"old ranks {seat.names_of(message.get('members'))} carry on without it (coordinator rank "
         f"{seat.name(message.get('coordinator'))}); this process must not rejoin: stop it, or start a new job")
+
+
+def counted_exclusions(coordinator: int, requests: dict[int, Sequence[int]]) -> dict[int, list[int]]:
+    """Which exclusion requests count, and whose: {excluded rank: the members that asked}.
+    requests: joined member -> the ranks its exclude= named. The coordinator's request counts
+    first, then the others' in rank order, each only if no request counted so far names its
+    sender: a rank that the others already count as failed (a stopped rank that resumed and
+    blamed a neighbour whose link closed under it) must not evict a rank they can reach."""
+    by: dict[int, list[int]] = {}
+    for asker in [coordinator] + sorted(q for q in requests if q != coordinator):
+        if asker in by or asker not in requests:
+            continue
+        for q in requests[asker]:
+            if q != asker:
+                by.setdefault(int(q), []).append(asker)
+    return by
 
 
 def agree(seat: Seat, size: int, payload: dict, exclude: Sequence[int], min_size: int | None,
@@ -214,7 +241,7 @@ def agree(seat: Seat, size: int, payload: dict, exclude: Sequence[int], min_size
     decision if this rank is in it. ExcludedError if it is not, QuorumError if too few answered.
     window: how long the coordinator waits for a member that neither joins nor is proven dead."""
     answer_timeout = min(1.0, max(0.05, window / 4))
-    excluded = set(exclude)
+    excluded = set(exclude) - {seat.rank}  # blamed itself (it was stopped): it learns the outcome by joining
     join = {"kind": "join", "rank": seat.rank, "payload": payload, "exclude": sorted(excluded),
             "epoch": epoch_floor}
     unreachable: set[int] = set()
@@ -298,9 +325,10 @@ def _ask_told(seat: Seat, size: int, skip: set[int], budget: float) -> dict | No
 
 
 def _parse_decision(message: dict) -> Decision:
+    by = message.get("excluded_by") or {}
     return Decision(int(message["epoch"]), [int(q) for q in message["members"]],
                     {int(q): p for q, p in message["payloads"].items()}, bytes.fromhex(message["nonce"]),
-                    int(message["coordinator"]))
+                    int(message["coordinator"]), {int(q): [int(a) for a in b] for q, b in by.items()})
 
 
 def _coordinate(seat: Seat, size: int, mine: dict, unreachable: set[int], min_size: int | None,
@@ -308,7 +336,9 @@ def _coordinate(seat: Seat, size: int, mine: dict, unreachable: set[int], min_si
     me = seat.rank
     joins: dict[int, dict] = {me: mine}
     channels: dict[int, Channel] = {}
-    excluded = set(mine["exclude"])
+    requests: dict[int, list[int]] = {me: [int(q) for q in mine["exclude"]]}
+    excluded_by = counted_exclusions(me, requests)
+    excluded = set(excluded_by)
     dead: set[int] = set()
     started = time.monotonic()
     end = started + window
@@ -337,7 +367,11 @@ def _coordinate(seat: Seat, size: int, mine: dict, unreachable: set[int], min_si
         if old is not None:
             old.close()
         joins[hello.sender], channels[hello.sender] = join, channel
-        excluded.update(int(q) for q in join.get("exclude", []))
+        requests[hello.sender] = [int(q) for q in join.get("exclude", [])]
+        excluded_by.clear()
+        excluded_by.update(counted_exclusions(me, requests))
+        excluded.clear()
+        excluded.update(excluded_by)
         return True
 
     log.debug("rank %d: shrink: coordinating (unreachable: %s)", me, sorted(unreachable))
@@ -359,6 +393,9 @@ def _coordinate(seat: Seat, size: int, mine: dict, unreachable: set[int], min_si
         if channel.closed():  # joined, then died (or gave up on this rank) before the decision
             channel.close()
             del channels[q], joins[q]
+            requests.pop(q, None)
+    excluded_by = counted_exclusions(me, requests)
+    excluded = set(excluded_by)
     members = sorted(q for q in joins if q not in excluded)
     contenders = size - len(excluded)
     need = min_size if min_size is not None else contenders // 2 + 1
@@ -380,8 +417,10 @@ def _coordinate(seat: Seat, size: int, mine: dict, unreachable: set[int], min_si
                f"needs at least {need} ({rule}): a minority must not carry on as the job (pass min_size= to allow it)")
         _answer(channels, {"kind": "no-quorum", "why": why})
         raise QuorumError(f"rank {seat.name(me)}: shrink: {why}")
-    decision = Decision(epoch, members, {q: joins[q]["payload"] for q in members}, os.urandom(16), me).message()
-    _answer(channels, decision, {"kind": "excluded", "epoch": epoch, "members": members, "coordinator": me})
+    made = Decision(epoch, members, {q: joins[q]["payload"] for q in members}, os.urandom(16), me,
+                    {q: by for q, by in excluded_by.items() if q not in members})
+    decision = made.message()
+    _answer(channels, decision, made.exclusion())
     log.info("rank %s: shrink epoch %d: members %s (out: %s)", seat.name(me), epoch, seat.names_of(members),
              seat.names_of(missing + sorted(excluded)))
     if me not in members:
@@ -428,8 +467,7 @@ class Tombstone:
 
     def __init__(self, seat: Seat, decision: Decision) -> None:
         self._seat = seat
-        self._answer = {"kind": "excluded", "epoch": decision.epoch, "members": decision.members,
-                        "coordinator": decision.coordinator}
+        self._answer = decision.exclusion()
         self._members, self._decision = set(decision.members), decision.message()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name=f"jacklring-shrink-tombstone rank {seat.rank}",

@@ -235,7 +235,11 @@ class Forming:
 
         watch.wake_on(listeners, arrivals,
                       lambda p: (p == as_watched(nxt) and len(right) < k) or (p == as_watched(prv) and None in left_socks))
-        left_seen = [self._peers_listening]
+        # A decided member listened at its address before the decision and keeps listening until
+        # it forms or gives up: refusals for GONE_AFTER_S mean it left, as for the right neighbour
+        # (before, a left neighbour that died after the decision was named at the deadline).
+        left_seen = [self._peers_listening or self._gone_after is not None]
+        gone_since: list[float | None] = [None]
 
         def probe_left() -> None:
             """A left neighbour whose listener answered (or was published listening) and now
@@ -245,12 +249,19 @@ class Forming:
                 return
             verdict = blame.answers(state.addresses[prv][0], state.token, r, prv,
                                     time.monotonic() + LEFT_PROBE_ANSWER_S)
+            if verdict != blame.GONE:
+                gone_since[0] = None
             if verdict == blame.ALIVE_:
                 left_seen[0] = True
+            elif verdict == blame.GONE and left_seen[0] and self._gone_after is not None and (
+                    gone_since[0] is None or time.monotonic() - gone_since[0] < self._gone_after):
+                gone_since[0] = gone_since[0] or time.monotonic()  # decided: name it after GONE_AFTER_S
             elif verdict == blame.GONE and left_seen[0]:
                 arrivals()
                 watch.check()  # if it gave up, its abort (sent before it left) says why
-                seen = "it published its record listening" if self._peers_listening else "its listener answered"
+                seen = ("it published its record listening" if self._peers_listening else
+                        f"it listened when the decision was made, and refused connections for {self._gone_after:g} s"
+                        if self._gone_after is not None else "its listener answered")
                 raise watch.died(as_watched(prv), f"{seen}, then refused connections before it connected to "
                                                   f"this rank")
             elif verdict == blame.GONE:  # never answered as this group's: perhaps another layout

@@ -92,9 +92,20 @@ def blame(ring: RingState, exc: BaseException) -> BaseException:
         return with_failure(relayed, culprit=peer, peer=peer, outer_culprit=outer, how=NOTICE)
     if notice is None or notice == peer:
         return with_failure(exc, culprit=peer)  # it died, or could not say why it left
-    if notice < 0 or notice == ring.rank:
-        own = PeerError(f"{exc}; rank {peer} reported that it gave up after an error of its own")
-        return with_failure(own, culprit=peer, peer=peer, how=NOTICE)
+    if notice == ring.rank:
+        # peer blames this rank: it waited for it past its deadline (this process was stopped or
+        # starved, and has just resumed). Naming peer would get a live rank excluded, naming
+        # itself would make shrink(exclude=[culprit]) return None: it names nobody, and learns
+        # from the agreement whether the others carried on without it.
+        own = PeerError(f"{exc}; rank {peer} gave up waiting for this rank (rank {ring.rank}): this process was "
+                        f"stopped or too slow, and the others may have carried on without it")
+        return with_failure(own, culprit=-1, peer=peer, how=NOTICE)
+    if notice < 0:
+        # peer hit a deadline or an error of its own: it was waiting for someone, perhaps this
+        # rank, and is alive (it spoke). Naming it would get a live rank excluded: name nobody.
+        own = PeerError(f"{exc}; rank {peer} reported that it gave up after a deadline or an error of its own "
+                        f"(if this process was stopped, the others may have carried on without it)")
+        return with_failure(own, culprit=-1, peer=peer, how=NOTICE)
     return rule.relay_error(f"rank {ring.rank}: {ring.what}: ", notice, peer)
 
 

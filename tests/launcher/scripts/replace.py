@@ -3,7 +3,8 @@
 (hostfile slot + 1) each step and checks the sum; rank --victim SIGKILLs itself at step
 --kill-at. The survivors shrink, then grow to take in the replacement the launcher started (its
 init() joins them, since the launcher set JACKLRING_JOIN=1), which learns the step from rank 0.
-Each rank prints `done <slot> <rank> <size> <steps>` at the end."""
+Each rank prints `done <slot> <rank> <size> <steps>` at the end. --die-when-done: the victim
+dies after the work instead (nobody will take a replacement in)."""
 import argparse
 import os
 import signal
@@ -18,6 +19,9 @@ p.add_argument("--victim", type=int, default=1)
 p.add_argument("--kill-at", type=int, default=5)
 p.add_argument("--steps", type=int, default=20)
 p.add_argument("--backend", default="ring")
+# After the work (the last barrier): the victim SIGKILLs itself at once while the others linger
+# 1 s ("before"), or the others exit at once and the victim dies 1 s later ("after").
+p.add_argument("--die-when-done", choices=["before", "after"])
 args = p.parse_args()
 
 started = time.monotonic()
@@ -56,3 +60,9 @@ while step < args.steps:
         want = expected_sum(group)
 print(f"done {slot} {group.rank()} {group.size()} {step}", flush=True)
 adapter.barrier(group=group)
+if args.die_when_done is not None and not joining:
+    if slot == args.victim:
+        time.sleep(1.0 if args.die_when_done == "after" else 0.0)
+        os.kill(os.getpid(), signal.SIGKILL)
+    elif args.die_when_done == "before":
+        time.sleep(1.0)
