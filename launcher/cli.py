@@ -280,9 +280,12 @@ def launch(args) -> int:
     if backend == "mpi":
         return _launch_mpi(args, hosts, plans, argv, python, output)
 
-    from .ranks import LocalRank, RemoteRank, open_connections, remote_free_port  # noqa: E402
+    from .ranks import LocalRank, RemoteRank, StartError, open_connections, remote_free_port  # noqa: E402
     remote_targets = sorted({h.ssh for h in hosts if not h.is_local})
-    connections = open_connections(remote_targets, args.ssh_config) if remote_targets else {}
+    try:
+        connections = open_connections(remote_targets, args.ssh_config) if remote_targets else {}
+    except StartError as e:  # Fabric missing
+        raise UsageError(str(e)) from None
     failed = [c for c in connections.values() if isinstance(c, Exception)]
     if failed:
         for conn in connections.values():

@@ -9,6 +9,7 @@ not its output has been delivered yet (the launcher's reader may be stalled), an
 from __future__ import annotations
 
 import json
+import logging
 import os
 import queue
 import shlex
@@ -315,8 +316,19 @@ def open_connections(targets: list[str], ssh_config: Optional[str],
                      timeout: float = CONNECT_TIMEOUT) -> dict:
     """One Fabric Connection per distinct target, opened in parallel.
 
-    Returns {target: Connection or StartError}."""
-    import fabric  # lazy: local runs need no ssh stack
+    Returns {target: Connection or StartError}; StartError (one line naming the extra to
+    install) when Fabric is missing."""
+    try:
+        import fabric  # lazy: local runs need no ssh stack
+        import paramiko
+    except ImportError as e:
+        raise StartError(f"{', '.join(targets)} {'is' if len(targets) == 1 else 'are'} remote, and launching "
+                         f"over ssh needs Fabric, which is not installed ({e}): "
+                         "pip install 'jacklring[launch]'") from None
+    # paramiko logs a failed handshake with two tracebacks through the logging module's
+    # last-resort handler; the StartError below says it in one line (a program that set up
+    # logging still gets paramiko's records through its own handlers).
+    logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
     def new_config() -> "fabric.Config":
         return fabric.Config(runtime_ssh_path=ssh_config) if ssh_config else fabric.Config()
@@ -333,6 +345,8 @@ def open_connections(targets: list[str], ssh_config: Optional[str],
             conn.open()
             conn.transport.set_keepalive(5)  # notice a dead peer instead of waiting forever
             result[target] = conn
+        except paramiko.SSHException as e:  # the server answered, but not as an ssh server would
+            result[target] = StartError(f"cannot ssh to {target}: the ssh handshake failed: {e}")
         except Exception as e:
             result[target] = StartError(f"cannot ssh to {target}: {e}")
 
