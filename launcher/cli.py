@@ -305,22 +305,23 @@ def launch(args) -> int:
     procs = []
     for plan in plans:
         if plan.host.is_local:
-            procs.append(LocalRank(plan.rank, plan.rank, argv, plan.env, plan.files, local_cwd))
+            procs.append(LocalRank(plan.rank, plan.rank, argv, plan.env, plan.files, local_cwd,
+                                   merge_stderr=output.one_stream))
         else:
             procs.append(RemoteRank(
                 plan.rank, plan.rank, connections[plan.host.ssh], python, argv, plan.env,
                 plan.files, cwd=args.cwd or os.getcwd(), cwd_required=bool(args.cwd),
-                grace=GRACE, host_label=plan.host.ssh))
+                grace=GRACE, host_label=plan.host.ssh, merge_stderr=output.one_stream))
 
     def replacement(failed: RankProcess, index: int) -> RankProcess:
         """The process that replaces `failed`: its rank's plan, told to join the survivors."""
         plan = plans[failed.rank]
         env = {**plan.env, "JACKLRING_JOIN": "1"}
         if plan.host.is_local:
-            return LocalRank(index, plan.rank, argv, env, plan.files, local_cwd)
+            return LocalRank(index, plan.rank, argv, env, plan.files, local_cwd, merge_stderr=output.one_stream)
         return RemoteRank(index, plan.rank, connections[plan.host.ssh], python, argv, env,
                           plan.files, cwd=args.cwd or os.getcwd(), cwd_required=bool(args.cwd),
-                          grace=GRACE, host_label=plan.host.ssh)
+                          grace=GRACE, host_label=plan.host.ssh, merge_stderr=output.one_stream)
 
     try:
         return Supervisor(procs, output, stop_on_log_error=args.log_errors == "stop",
