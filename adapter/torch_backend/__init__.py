@@ -69,10 +69,12 @@ def _create_process_group(common: Any, pg_options: Any) -> Any:
     """torch's creator (extended API): common carries store, group_rank, group_size, timeout,
     group_id and global_ranks_in_group; pg_options is what the user passed to
     init_process_group / new_group."""
+    from .pairing import check_pairing, device_backends
     from .process_group import JacklringProcessGroup
     from .rendezvous import backend_choice, create_backend, deadline_seconds
 
     rank, size = int(common.group_rank), int(common.group_size)
+    check_pairing(rank, device_backends())  # "cpu:jacklring,cuda:nccl": torch never builds the nccl half
     timeout_s = deadline_seconds(common.timeout)
     choice = backend_choice(pg_options)
     is_default = not list(common.global_ranks_in_group or [])
