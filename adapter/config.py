@@ -212,6 +212,9 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
     # torch process group
     Setting("JACKLRING_TORCH_BACKEND", choice("auto", "ring", "jaccl", "mpi", "nccl"), "auto",
             "what the torch process group runs on; auto: the launcher's backend, else a ring formed through the store"),
+    Setting("JACKLRING_TORCH_MONITORED_BARRIER", flag, True,
+            "torch.distributed.monitored_barrier answers on jacklring groups (routed when the first group forms); "
+            "0 leaves torch's function alone"),
     Setting("JACKLRING_TORCH_HOST", text, None,
             "address the torch process group's ring listens on; default the address that reaches MASTER_ADDR"),
     # engines (adapter/engines.py)

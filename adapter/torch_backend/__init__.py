@@ -80,6 +80,9 @@ def _create_process_group(common: Any, pg_options: Any) -> Any:
     is_default = not list(common.global_ranks_in_group or [])
     group_id = str(common.group_id or "")
     comm, origin = create_backend(common.store, rank, size, timeout_s, choice, is_default, group_id)
+    from .barrier_route import route_on_first_group
+
+    route_on_first_group(route_monitored_barrier)  # dist.monitored_barrier answers on this group
     return JacklringProcessGroup(common.store, rank, size, comm, timeout_s, group_id=group_id,
                                  rendezvous=origin)
 
@@ -110,19 +113,23 @@ def route_monitored_barrier() -> None:
     groups and torch's own on every other group (idempotent). For libraries that call
     `torch.distributed.monitored_barrier(...)` and cannot be changed; an explicit choice of the
     program, never done at import. A library that did `from torch.distributed import
-    monitored_barrier` before this call keeps torch's function."""
+    monitored_barrier` before this call keeps torch's function. Done on its own when the first
+    jacklring process group forms, unless JACKLRING_TORCH_MONITORED_BARRIER=0
+    (barrier_route.py)."""
     global _torch_monitored_barrier
     import torch.distributed as dist
+    from torch.distributed import distributed_c10d
 
     if _torch_monitored_barrier is not None:
         return
-    _torch_monitored_barrier = dist.monitored_barrier
+    _torch_monitored_barrier = distributed_c10d.monitored_barrier
 
     def routed(group: Any = None, timeout: Any = None, wait_all_ranks: bool = False) -> None:
         monitored_barrier(group, timeout, wait_all_ranks)
 
     routed.__doc__ = monitored_barrier.__doc__
     dist.monitored_barrier = routed
+    distributed_c10d.monitored_barrier = routed  # the module torch.distributed re-exports it from
 
 
 __all__ = ["register_backend", "autoload", "fill_torch_env", "monitored_barrier", "route_monitored_barrier",
