@@ -4,6 +4,7 @@
     python -m adapter.bench -n 2 --compare gloo,mpi    # + torch gloo and raw mpi4py Allreduce
     python -m adapter.bench -n 4 --backend ring,ring-tcp --compare mpi --sizes 4,4K,1M
     python -m adapter.bench -n 2 --api numpy,torch     # + adapter.all_sum and dist.all_reduce
+    python -m adapter.bench -n 2 --compare gloo --plot allsum.png   # + a log-log picture
 
 All backends live in the same processes and are timed in interleaved rounds (median of
 rounds), so machine noise hits every column alike. With mpi in the list the ranks are
@@ -374,6 +375,12 @@ def launch(args: argparse.Namespace, argv: list[str]) -> int:
     if results is None:
         return 1
     report(args, results, n)
+    if args.plot:
+        from .bench_plot import plot_results
+
+        names = [name for name in args.backends if any(key[1] == name for key in results)]
+        written = plot_results(args.plot, results, names, args.sizes, n, args.stat)
+        print(f"bench: wrote {written} (time and busbw against size, log-log, one line per system)", file=sys.stderr)
     return 0
 
 
@@ -436,6 +443,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--budget-bytes", type=float, default=256e6, help="cap on bytes per round per backend")
     ap.add_argument("--connections", type=int, default=1, help="ring connections per neighbour")
     ap.add_argument("--timeout", type=float, default=600)
+    ap.add_argument("--plot", metavar="FILE", default="",
+                    help="also draw time and busbw against size, log-log, one line per system, to FILE "
+                         "(.png, .svg, .pdf; needs matplotlib: pip install 'jacklring[plot]')")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--only", default="", help=argparse.SUPPRESS)
     ap.add_argument("--results", default="", help=argparse.SUPPRESS)

@@ -216,6 +216,9 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
             "the torch process group's C++ c10d Backend (built by scripts/setup.sh): auto where its ranks share "
             "memory (synchronous all-reduces then run in C++), 1 whenever its cached build loads, 0 never "
             "(the Python group)"),
+    Setting("JACKLRING_TORCH_MONITORED_BARRIER", flag, True,
+            "torch.distributed.monitored_barrier answers on jacklring groups (routed when the first group forms); "
+            "0 leaves torch's function alone"),
     Setting("JACKLRING_TORCH_HOST", text, None,
             "address the torch process group's ring listens on; default the address that reaches MASTER_ADDR"),
     # engines (adapter/engines.py)

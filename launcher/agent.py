@@ -125,6 +125,8 @@ class Agent:
         try:
             self.child = subprocess.Popen(
                 spec["argv"], env=env, cwd=cwd, stdin=subprocess.PIPE,
+                # one stream when the launcher shows both in one file: the rank's order holds
+                stderr=subprocess.STDOUT if spec.get("merge_stderr") else None,
                 start_new_session=True, preexec_fn=die_with_parent,
             )
         except OSError as e:

@@ -280,9 +280,12 @@ def launch(args) -> int:
     if backend == "mpi":
         return _launch_mpi(args, hosts, plans, argv, python, output)
 
-    from .ranks import LocalRank, RemoteRank, open_connections, remote_free_port  # noqa: E402
+    from .ranks import LocalRank, RemoteRank, StartError, open_connections, remote_free_port  # noqa: E402
     remote_targets = sorted({h.ssh for h in hosts if not h.is_local})
-    connections = open_connections(remote_targets, args.ssh_config) if remote_targets else {}
+    try:
+        connections = open_connections(remote_targets, args.ssh_config) if remote_targets else {}
+    except StartError as e:  # Fabric missing
+        raise UsageError(str(e)) from None
     failed = [c for c in connections.values() if isinstance(c, Exception)]
     if failed:
         for conn in connections.values():
@@ -302,22 +305,23 @@ def launch(args) -> int:
     procs = []
     for plan in plans:
         if plan.host.is_local:
-            procs.append(LocalRank(plan.rank, plan.rank, argv, plan.env, plan.files, local_cwd))
+            procs.append(LocalRank(plan.rank, plan.rank, argv, plan.env, plan.files, local_cwd,
+                                   merge_stderr=output.one_stream))
         else:
             procs.append(RemoteRank(
                 plan.rank, plan.rank, connections[plan.host.ssh], python, argv, plan.env,
                 plan.files, cwd=args.cwd or os.getcwd(), cwd_required=bool(args.cwd),
-                grace=GRACE, host_label=plan.host.ssh))
+                grace=GRACE, host_label=plan.host.ssh, merge_stderr=output.one_stream))
 
     def replacement(failed: RankProcess, index: int) -> RankProcess:
         """The process that replaces `failed`: its rank's plan, told to join the survivors."""
         plan = plans[failed.rank]
         env = {**plan.env, "JACKLRING_JOIN": "1"}
         if plan.host.is_local:
-            return LocalRank(index, plan.rank, argv, env, plan.files, local_cwd)
+            return LocalRank(index, plan.rank, argv, env, plan.files, local_cwd, merge_stderr=output.one_stream)
         return RemoteRank(index, plan.rank, connections[plan.host.ssh], python, argv, env,
                           plan.files, cwd=args.cwd or os.getcwd(), cwd_required=bool(args.cwd),
-                          grace=GRACE, host_label=plan.host.ssh)
+                          grace=GRACE, host_label=plan.host.ssh, merge_stderr=output.one_stream)
 
     try:
         return Supervisor(procs, output, stop_on_log_error=args.log_errors == "stop",

@@ -50,6 +50,9 @@ def plan_ranks(hosts: list[Host], options: LaunchOptions) -> list[RankPlan]:
     all_local = all(h.is_local for h in hosts)
     shared_env, files = _backend_contract(hosts, options, all_local)
     torch_env = _torch_env(hosts, all_local)
+    if options.backend in ("jaccl", "jaccl-ring") and "JACKLRING_TORCH_BACKEND" not in os.environ:
+        # The torch process group runs where the job's backend does (--env can still say otherwise).
+        torch_env["JACKLRING_TORCH_BACKEND"] = "jaccl"
     verbose_env = _verbose_env(options)
     per_host = Counter(h.ssh for h in hosts)
     seen: Counter = Counter()

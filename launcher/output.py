@@ -153,6 +153,10 @@ class OutputRouter:
         self.terminal = {fd: _is_terminal(target) for fd, target in self.targets.items()}
         # stdout and stderr on one terminal (or file) share its current line
         self.same_target = _same_file(stdout_fd, stderr_fd)
+        # A file or pipe taking both (`> log 2>&1`): the ranks write both into one pipe, so
+        # each rank's lines keep its order. A terminal keeps two streams, which the line
+        # claiming below keeps from gluing a line to a progress bar's.
+        self.one_stream = self.same_target and not self.terminal[1]
         self.broken: set[int] = set()
         self.streams: dict[tuple, _Stream] = {}
         self.logs: dict = {}
@@ -220,6 +224,16 @@ class OutputRouter:
             data, stream.pending = stream.pending, b""
             stream.since = now
             self._show(rank, fd, stream, data, ends_line=False)
+
+    def input_echoed(self) -> None:
+        """The user typed a line into the terminal (an answer to a pdb prompt): its echo ended
+        the terminal's current line, so whatever a rank writes next starts a line of its own,
+        with its prefix, even if it continues a line the rank had left open (the prompt)."""
+        for fd in (1, 2):
+            owner = self.open_line[fd]
+            if owner is not None:
+                self.streams[owner].mid_line = False
+                self.open_line[fd] = None
 
     def end_rank(self, rank) -> None:
         """The rank is gone: show its unfinished lines, each closed with a newline."""

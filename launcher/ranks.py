@@ -9,6 +9,7 @@ not its output has been delivered yet (the launcher's reader may be stalled), an
 from __future__ import annotations
 
 import json
+import logging
 import os
 import queue
 import shlex
@@ -137,9 +138,12 @@ class LocalRank(RankProcess):
     """A subprocess in its own session, so the rank and its children die together."""
 
     def __init__(self, index: int, rank: int, argv: list[str], env: dict[str, str],
-                 files: dict[str, str], cwd: Optional[str]) -> None:
+                 files: dict[str, str], cwd: Optional[str], merge_stderr: bool = False) -> None:
         super().__init__(index, rank, "127.0.0.1")
         self.argv, self.env, self.files, self.cwd = argv, env, files, cwd
+        # When our stdout and stderr are one file, the rank writes both into one pipe: two
+        # pipes read by two threads cannot tell which of two lines the rank wrote first.
+        self.merge_stderr = merge_stderr
         self.proc: Optional[subprocess.Popen] = None
         self.tmpdir: Optional[str] = None
 
@@ -158,15 +162,14 @@ class LocalRank(RankProcess):
         try:
             self.proc = subprocess.Popen(
                 self.argv, env=env, cwd=self.cwd, stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT if self.merge_stderr else subprocess.PIPE,
                 start_new_session=True, preexec_fn=agent.die_with_parent,
             )
         except OSError as e:
             raise StartError(f"cannot run {self.argv[0]!r}: {e.strerror}") from None
-        readers = [
-            self._start_thread(self._pump, lambda: os.read(self.proc.stdout.fileno(), 65536), 1),
-            self._start_thread(self._pump, lambda: os.read(self.proc.stderr.fileno(), 65536), 2),
-        ]
+        readers = [self._start_thread(self._pump, lambda: os.read(self.proc.stdout.fileno(), 65536), 1)]
+        if not self.merge_stderr:
+            readers.append(self._start_thread(self._pump, lambda: os.read(self.proc.stderr.fileno(), 65536), 2))
         self._start_thread(self._feed_stdin)
         self._start_thread(self._wait, readers)
 
@@ -218,12 +221,12 @@ class RemoteRank(RankProcess):
     def __init__(self, index: int, rank: int, connection, agent_python: str,
                  argv: list[str], env: dict[str, str], files: dict[str, str],
                  cwd: Optional[str], cwd_required: bool, grace: float,
-                 host_label: Optional[str] = None) -> None:
+                 host_label: Optional[str] = None, merge_stderr: bool = False) -> None:
         super().__init__(index, rank, host_label or connection.original_host)
         self.connection = connection
         self.agent_python = agent_python
         self.spec = {"argv": argv, "env": env, "files": files, "cwd": cwd,
-                     "cwd_required": cwd_required, "grace": grace}
+                     "cwd_required": cwd_required, "grace": grace, "merge_stderr": merge_stderr}
         self.channel = None
         self.send_lock = threading.Lock()
 
@@ -315,8 +318,19 @@ def open_connections(targets: list[str], ssh_config: Optional[str],
                      timeout: float = CONNECT_TIMEOUT) -> dict:
     """One Fabric Connection per distinct target, opened in parallel.
 
-    Returns {target: Connection or StartError}."""
-    import fabric  # lazy: local runs need no ssh stack
+    Returns {target: Connection or StartError}; StartError (one line naming the extra to
+    install) when Fabric is missing."""
+    try:
+        import fabric  # lazy: local runs need no ssh stack
+        import paramiko
+    except ImportError as e:
+        raise StartError(f"{', '.join(targets)} {'is' if len(targets) == 1 else 'are'} remote, and launching "
+                         f"over ssh needs Fabric, which is not installed ({e}): "
+                         "pip install 'jacklring[launch]'") from None
+    # paramiko logs a failed handshake with two tracebacks through the logging module's
+    # last-resort handler; the StartError below says it in one line (a program that set up
+    # logging still gets paramiko's records through its own handlers).
+    logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
     def new_config() -> "fabric.Config":
         return fabric.Config(runtime_ssh_path=ssh_config) if ssh_config else fabric.Config()
@@ -333,6 +347,8 @@ def open_connections(targets: list[str], ssh_config: Optional[str],
             conn.open()
             conn.transport.set_keepalive(5)  # notice a dead peer instead of waiting forever
             result[target] = conn
+        except paramiko.SSHException as e:  # the server answered, but not as an ssh server would
+            result[target] = StartError(f"cannot ssh to {target}: the ssh handshake failed: {e}")
         except Exception as e:
             result[target] = StartError(f"cannot ssh to {target}: {e}")
 

@@ -74,6 +74,8 @@ def _write_output(sink: EventSink, output: OutputRouter) -> None:
                 output.write(*event[1:])
             elif kind == "end":
                 output.end_rank(event[1])
+            elif kind == "echoed":
+                output.input_echoed()
             elif kind == "close":
                 output.close()
             output.flush_partials()
@@ -98,6 +100,13 @@ def _stdin_reader(events: queue.Queue) -> None:
         events.put(("stdin", data))
         if not data:
             return
+
+
+def _is_terminal(fd: int) -> bool:
+    try:
+        return os.isatty(fd)
+    except OSError:
+        return False
 
 
 def _can_read_stdin() -> bool:
@@ -368,6 +377,10 @@ class Supervisor:
         return time.monotonic() + self.grace
 
     def _broadcast_stdin(self, data: bytes) -> None:
+        if b"\n" in data and _is_terminal(0):
+            # Ahead of the ranks' answer: the terminal's echo of this line ended the line a
+            # prompt left open, so the answer needs its own prefix.
+            self.sink.after_output(("echoed",))
         for proc in self._running_procs():
             if data:
                 proc.send_stdin(data)

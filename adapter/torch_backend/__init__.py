@@ -70,15 +70,20 @@ def _create_process_group(common: Any, pg_options: Any) -> Any:
     group_id and global_ranks_in_group; pg_options is what the user passed to
     init_process_group / new_group."""
     from . import cpp_backend
+    from .pairing import check_pairing, device_backends
     from .process_group import JacklringProcessGroup
     from .rendezvous import backend_choice, create_backend, deadline_seconds
 
     rank, size = int(common.group_rank), int(common.group_size)
+    check_pairing(rank, device_backends())  # "cpu:jacklring,cuda:nccl": torch never builds the nccl half
     timeout_s = deadline_seconds(common.timeout)
     choice = backend_choice(pg_options)
     is_default = not list(common.global_ranks_in_group or [])
     group_id = str(common.group_id or "")
     comm, origin = create_backend(common.store, rank, size, timeout_s, choice, is_default, group_id)
+    from .barrier_route import route_on_first_group
+
+    route_on_first_group(route_monitored_barrier)  # dist.monitored_barrier answers on this group
     group = JacklringProcessGroup(common.store, rank, size, comm, timeout_s, group_id=group_id, rendezvous=origin)
     return cpp_backend.choose(group)  # the group itself, or the C++ Backend over it
 
@@ -110,19 +115,23 @@ def route_monitored_barrier() -> None:
     groups and torch's own on every other group (idempotent). For libraries that call
     `torch.distributed.monitored_barrier(...)` and cannot be changed; an explicit choice of the
     program, never done at import. A library that did `from torch.distributed import
-    monitored_barrier` before this call keeps torch's function."""
+    monitored_barrier` before this call keeps torch's function. Done on its own when the first
+    jacklring process group forms, unless JACKLRING_TORCH_MONITORED_BARRIER=0
+    (barrier_route.py)."""
     global _torch_monitored_barrier
     import torch.distributed as dist
+    from torch.distributed import distributed_c10d
 
     if _torch_monitored_barrier is not None:
         return
-    _torch_monitored_barrier = dist.monitored_barrier
+    _torch_monitored_barrier = distributed_c10d.monitored_barrier
 
     def routed(group: Any = None, timeout: Any = None, wait_all_ranks: bool = False) -> None:
         monitored_barrier(group, timeout, wait_all_ranks)
 
     routed.__doc__ = monitored_barrier.__doc__
     dist.monitored_barrier = routed
+    distributed_c10d.monitored_barrier = routed  # the module torch.distributed re-exports it from
 
 
 __all__ = ["register_backend", "autoload", "fill_torch_env", "monitored_barrier", "route_monitored_barrier",

@@ -22,6 +22,7 @@ from ..backends.base import Backend, ReduceOp
 from ..backends.elements import DTYPE_CODES
 from ..backends.protocol import RECV, SEND, Request, mismatch_message
 from ..errors import MismatchError
+from .arg_errors import InvalidArgument, InvalidArgumentType
 
 RED_OPS = {
     "SUM": ReduceOp.SUM,
@@ -44,16 +45,16 @@ def reduce_op_name(op: object) -> str:
 def check_reduce_op(name: str, tensor: torch.Tensor) -> None:
     """Reject what cannot be done before anything is queued, so the caller gets the error."""
     if name == "PREMUL_SUM":
-        raise ValueError("jacklring does not support ReduceOp.PREMUL_SUM (an NCCL-only op); "
+        raise InvalidArgument("jacklring does not support ReduceOp.PREMUL_SUM (an NCCL-only op); "
                          "scale the tensor and use SUM")
     if name != "AVG" and name not in RED_OPS:
-        raise ValueError(f"jacklring does not support reduce op {name}")
+        raise InvalidArgument(f"jacklring does not support reduce op {name}")
     if name == "AVG" and tensor.dtype == torch.bool:
-        raise ValueError("ReduceOp.AVG is undefined for bool tensors")
+        raise InvalidArgument("ReduceOp.AVG is undefined for bool tensors")
     if name in ("BAND", "BOR", "BXOR") and (tensor.is_floating_point() or tensor.is_complex()):
-        raise ValueError(f"ReduceOp.{name} needs an integer or bool tensor, got {tensor.dtype}")
+        raise InvalidArgument(f"ReduceOp.{name} needs an integer or bool tensor, got {tensor.dtype}")
     if name in ("MIN", "MAX") and tensor.is_complex():
-        raise ValueError(f"ReduceOp.{name} is undefined for complex tensors")
+        raise InvalidArgument(f"ReduceOp.{name} is undefined for complex tensors")
 
 
 def finish_average(tensor: torch.Tensor, name: str, size: int) -> None:
@@ -191,7 +192,7 @@ def reduce_scatter_flat(comm: Backend, output: torch.Tensor, input: torch.Tensor
     """output (m elements) = this rank's block of op over ranks of input (size * m elements)."""
     n = comm.size()
     if input.numel() != n * output.numel():
-        raise ValueError(f"reduce_scatter: input has {input.numel()} elements, expected "
+        raise InvalidArgument(f"reduce_scatter: input has {input.numel()} elements, expected "
                          f"{n} x {output.numel()} (world size x output)")
     src = view(input)
     dst = view(output, fill=False)
@@ -204,10 +205,10 @@ def reduce_scatter_list(comm: Backend, output: torch.Tensor, inputs: Sequence[to
     """inputs[q] is the block reduced into rank q's output; blocks may differ in size."""
     n, r = comm.size(), comm.rank()
     if len(inputs) != n:
-        raise ValueError(f"reduce_scatter: expected {n} input tensors (one per rank), got {len(inputs)}")
+        raise InvalidArgument(f"reduce_scatter: expected {n} input tensors (one per rank), got {len(inputs)}")
     sizes = [t.numel() for t in inputs]
     if sizes[r] != output.numel():
-        raise ValueError(f"reduce_scatter: output has {output.numel()} elements but input block {r} has {sizes[r]}")
+        raise InvalidArgument(f"reduce_scatter: output has {output.numel()} elements but input block {r} has {sizes[r]}")
     flat = torch.cat([t.detach().reshape(-1).cpu() for t in inputs])
     if len(set(sizes)) == 1:
         reduce_scatter_flat(comm, output, flat, name)
@@ -224,10 +225,10 @@ def reduce_scatter_list(comm: Backend, output: torch.Tensor, inputs: Sequence[to
 def all_gather_flat(comm: Backend, output: torch.Tensor, input: torch.Tensor) -> None:
     n = comm.size()
     if output.numel() != n * input.numel():
-        raise ValueError(f"all_gather_into_tensor: output has {output.numel()} elements, expected "
+        raise InvalidArgument(f"all_gather_into_tensor: output has {output.numel()} elements, expected "
                          f"{n} x {input.numel()} (world size x input)")
     if output.dtype != input.dtype:
-        raise TypeError(f"all_gather_into_tensor: output dtype {output.dtype} != input dtype {input.dtype}")
+        raise InvalidArgumentType(f"all_gather_into_tensor: output dtype {output.dtype} != input dtype {input.dtype}")
     src = view(input)
     dst = view(output, fill=False)
     source = src.array
@@ -242,14 +243,14 @@ def all_gather_list(comm: Backend, outputs: Sequence[torch.Tensor], input: torch
     rank knows them from its output list, so blocks are padded to the largest and sliced."""
     n, r = comm.size(), comm.rank()
     if len(outputs) != n:
-        raise ValueError(f"all_gather: expected {n} output tensors (one per rank), got {len(outputs)}")
+        raise InvalidArgument(f"all_gather: expected {n} output tensors (one per rank), got {len(outputs)}")
     sizes = [t.numel() for t in outputs]
     if sizes[r] != input.numel():
-        raise ValueError(f"all_gather: output tensor {r} has {sizes[r]} elements but this rank's input "
+        raise InvalidArgument(f"all_gather: output tensor {r} has {sizes[r]} elements but this rank's input "
                          f"has {input.numel()}")
     for t in outputs:
         if t.dtype != input.dtype:
-            raise TypeError(f"all_gather: output dtype {t.dtype} != input dtype {input.dtype}")
+            raise InvalidArgumentType(f"all_gather: output dtype {t.dtype} != input dtype {input.dtype}")
     block = max(sizes)
     src = torch.zeros(block, dtype=input.dtype)
     src[:input.numel()] = input.detach().reshape(-1).cpu()
@@ -303,7 +304,7 @@ def all_to_all(comm: Backend, outputs: Sequence[torch.Tensor], inputs: Sequence[
     """Pairwise exchange: at step s send to rank r+s while receiving from rank r-s."""
     n, r = comm.size(), comm.rank()
     if len(outputs) != n or len(inputs) != n:
-        raise ValueError(f"all_to_all: expected {n} input and {n} output tensors, got "
+        raise InvalidArgument(f"all_to_all: expected {n} input and {n} output tensors, got "
                          f"{len(inputs)} and {len(outputs)}")
     with torch.no_grad():
         outputs[r].copy_(inputs[r].view(outputs[r].shape) if inputs[r].numel() == outputs[r].numel()
@@ -326,12 +327,12 @@ def all_to_all(comm: Backend, outputs: Sequence[torch.Tensor], inputs: Sequence[
 def split_dim0(tensor: torch.Tensor, splits: Sequence[int], n: int, what: str) -> list[torch.Tensor]:
     if not splits:
         if tensor.shape[0] % n if tensor.dim() else tensor.numel() % n:
-            raise ValueError(f"all_to_all_single: {what} dim 0 ({tensor.shape[0] if tensor.dim() else 0}) "
+            raise InvalidArgument(f"all_to_all_single: {what} dim 0 ({tensor.shape[0] if tensor.dim() else 0}) "
                              f"is not divisible by the world size {n}; pass split sizes")
         flat = tensor if tensor.dim() else tensor.reshape(-1)
         return list(flat.chunk(n, 0)) if flat.shape[0] else [flat] * n
     if len(splits) != n or sum(splits) != tensor.shape[0]:
-        raise ValueError(f"all_to_all_single: {what} split sizes {list(splits)} do not cover dim 0 "
+        raise InvalidArgument(f"all_to_all_single: {what} split sizes {list(splits)} do not cover dim 0 "
                          f"({tensor.shape[0]}) in {n} parts")
     return list(tensor.split(list(splits), 0))
 

@@ -2,7 +2,8 @@
 
 Which backend runs underneath: pg_options (a JacklringOptions, a dict {"backend": ...} or a
 string) else JACKLRING_TORCH_BACKEND, else "auto":
-  auto  the MPI backend when launched by mpirun, else the ring
+  auto  the MPI backend when launched by mpirun, else JACCL when its environment is present
+        and agrees with the group's rank and size, else the ring
   ring  under our launcher (MLX_RANK / MLX_HOSTFILE agreeing with the group's rank and size)
         the launcher's hostfile; otherwise a ring whose addresses are exchanged through the
         c10d store torch hands the creator (torchrun, env://, tcp://, file://)
@@ -83,6 +84,8 @@ def _environment_backend(choice: str) -> str | None:
     if choice == "auto":
         if registry.probe("mpi") is None:
             return "mpi"
+        if registry.probe("jaccl") is None:
+            return "jaccl"
         return "ring" if registry.probe("ring") is None else None
     if choice == "any":
         for name in registry.ANY_ORDER:
@@ -102,6 +105,8 @@ def _from_environment(rank: int, size: int, timeout_s: float, choice: str) -> Ba
     if name is None:
         return None
     if name == "ring" and not _ring_env_agrees(rank, size):
+        return None
+    if name == "jaccl" and choice == "auto" and not _jaccl_env_agrees(rank, size):
         return None
     # adapter.init caches the group, so the numpy API and torch share one set of connections;
     # torch gets a private split so the two never interleave collectives.
@@ -125,11 +130,21 @@ def _ring_env_agrees(rank: int, size: int) -> bool:
         return False
 
 
+def _jaccl_env_agrees(rank: int, size: int) -> bool:
+    try:
+        with open(os.environ["MLX_IBV_DEVICES"]) as f:
+            matrix = json.load(f)
+        return int(os.environ["MLX_RANK"]) == rank and isinstance(matrix, list) and len(matrix) == size
+    except (OSError, ValueError, KeyError):
+        return False
+
+
 # ---- torch's env:// variables from Slurm or MPI ---------------------------------------------
 
 def fill_torch_env(environ: "os._Environ[str] | dict[str, str]" = os.environ) -> dict[str, str]:
-    """Set RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT from an srun step or an
-    MPI launcher when RANK and WORLD_SIZE are both absent, so init_process_group("jacklring")
+    """Set RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT from an srun step, an
+    MPI launcher or mlx.launch's MLX_* variables (mlx_env.py) when RANK and WORLD_SIZE are
+    both absent, so init_process_group("jacklring")
     (env://, torch's default) works under plain srun or mpirun. Returns what was set; never
     overrides a variable the user set. MASTER_ADDR: the step's first node under Slurm (task 0
     runs there), 127.0.0.1 for an MPI job on one host; a multi-host MPI job needs the user's
@@ -139,7 +154,9 @@ def fill_torch_env(environ: "os._Environ[str] | dict[str, str]" = os.environ) ->
 
     if environ.get("RANK") or environ.get("WORLD_SIZE"):
         return {}
-    wanted = _slurm_torch_env(environ, engines) or _mpi_torch_env(environ, engines)
+    from .mlx_env import mlx_torch_env
+
+    wanted = _slurm_torch_env(environ, engines) or _mpi_torch_env(environ, engines) or mlx_torch_env(environ)
     added = {k: v for k, v in wanted.items() if not environ.get(k)}
     environ.update(added)
     if added:

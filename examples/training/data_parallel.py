@@ -3,6 +3,7 @@
     launcher -n 4 examples/training/data_parallel.py            # 4 local ranks over the ring
     python examples/training/data_parallel.py                   # one process
     launcher -n 4 examples/training/data_parallel.py --ddp      # torch DDP over "jacklring"
+    launcher -n 4 examples/training/data_parallel.py --plot curves.png   # + loss/accuracy curves
 
 Every rank walks the same shuffled order of the training set; each global batch is split
 into one contiguous shard per rank, each rank computes the gradient of its shard, and
@@ -17,6 +18,7 @@ import argparse
 import os
 import socket
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -42,6 +44,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--hidden", type=int, default=128)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--save", type=Path, help="rank 0 writes the final parameters to this .npz file")
+    parser.add_argument("--plot", type=Path,
+                        help="rank 0 draws training loss and test accuracy per epoch to this file (.png, .svg; "
+                             "needs matplotlib: pip install 'jacklring[plot]')")
     parser.add_argument("--ddp", action="store_true",
                         help="average with torch DistributedDataParallel over the 'jacklring' process group")
     return parser.parse_args()
@@ -128,6 +133,8 @@ def main() -> None:
         print(f"{size} rank(s), {mode}; {len(y_train)} training digits, global batch {args.global_batch}", flush=True)
 
     steps = -(-len(y_train) // args.global_batch)
+    history: list[tuple[int, float, float]] = []  # (epoch, training loss, test accuracy)
+    started = time.perf_counter()
     for epoch in range(1, args.epochs + 1):
         order = torch.from_numpy(np.random.default_rng([args.seed, epoch]).permutation(len(y_train)))
         loss_sum = 0.0
@@ -143,8 +150,22 @@ def main() -> None:
             loss_sum += loss.item()
         mean_loss = dp.total(loss_sum) / len(y_train)
         if rank == 0:
-            print(f"epoch {epoch:3d}  loss {mean_loss:.4f}  test accuracy {accuracy(model, x_test, y_test):.2%}",
-                  flush=True)
+            history.append((epoch, mean_loss, accuracy(model, x_test, y_test)))
+            print(f"epoch {epoch:3d}  loss {mean_loss:.4f}  test accuracy {history[-1][2]:.2%}", flush=True)
+    elapsed = time.perf_counter() - started
+
+    if rank == 0 and history:
+        # The line to look at: how long, how fast, how good (samples over all ranks together).
+        print(f"done: {args.epochs} epochs in {elapsed:.2f} s, {args.epochs * len(y_train) / elapsed:,.0f} samples/s "
+              f"over {size} rank(s), final loss {history[-1][1]:.4f}, final test accuracy {history[-1][2]:.2%}",
+              flush=True)
+    if rank == 0 and args.plot and history:
+        from adapter.bench_plot import plot_training
+
+        epochs, losses, accuracies = (list(column) for column in zip(*history))
+        plot_training(args.plot, epochs, losses, accuracies,
+                      f"digits MLP, {size} rank(s), global batch {args.global_batch}")
+        print(f"wrote the loss and accuracy curves to {args.plot}", flush=True)
 
     if rank == 0 and args.save:
         np.savez(args.save, **{name: p.detach().numpy() for name, p in model.named_parameters()})

@@ -255,7 +255,9 @@ def write_result(ctx: Context, hostfile: Hostfile | None, printed: str) -> None:
                 f.write(text)
         except OSError as exc:
             raise UsageError(f"--output {ctx.args.output}: {exc.strerror}") from None
-        ctx.info(f"wrote the {hostfile.backend} hostfile for {len(hostfile.hosts)} hosts to {ctx.args.output}")
+        # Always said (not only with --verbose): otherwise a run with --output prints nothing at all.
+        print(f"launcher-config: wrote the {hostfile.backend} hostfile for {len(hostfile.hosts)} hosts to "
+              f"{ctx.args.output}", file=sys.stderr, flush=True)
     else:
         sys.stdout.write("Hostfile\n========\n" + text)
     sys.stdout.flush()

@@ -81,6 +81,8 @@ def test_unreachable_host_is_reported_then_stops_or_is_dropped(ssh_config, tmp_p
                       "--connect-timeout", "5", "--ignore-unreachable", "--output", str(out))
     assert done.returncode == 0, done.stderr
     assert "leaving out unreachable hosts: 127.0.0.9" in done.stderr
+    # said without --verbose: a run with --output has no other output
+    assert f"launcher-config: wrote the ring hostfile for 2 hosts to {out}\n" in done.stderr, done.stderr
     assert [h.ssh for h in load_hostfile(out).hosts] == ["127.0.0.2", "127.0.0.3"]
 
 

@@ -76,7 +76,7 @@ def test_data_parallel_on_4_ranks_matches_one_process_and_learns(tmp_path: Path)
     out1 = alone("data_parallel.py", "--save", str(tmp_path / "one.npz"))
     out4 = launched(4, "data_parallel.py", "--save", str(tmp_path / "four.npz"))
     assert "4 rank(s), adapter.average_gradients" in out4
-    accuracies = [float(a) for a in re.findall(r"test accuracy ([\d.]+)%", out4)]
+    accuracies = [float(a) for a in re.findall(r"epoch +\d+ +loss [\d.]+ +test accuracy ([\d.]+)%", out4)]
     assert len(accuracies) == 12 and accuracies[-1] > 90, out4
     assert re.findall(r"loss [\d.]+", out1) == re.findall(r"loss [\d.]+", out4)
     assert_same_parameters(tmp_path / "one.npz", tmp_path / "four.npz", atol=1e-5)
@@ -94,8 +94,20 @@ def short_reference(tmp_path_factory) -> Path:
 
 @pytest.mark.timeout(RUN_TIMEOUT_S + 30)
 def test_data_parallel_uneven_shards_on_3_ranks(short_reference: Path, tmp_path: Path) -> None:
-    launched(3, "data_parallel.py", *SHORT, "--save", str(tmp_path / "three.npz"))
+    plot = tmp_path / "curves.png"
+    out = launched(3, "data_parallel.py", *SHORT, "--save", str(tmp_path / "three.npz"), "--plot", str(plot))
     assert_same_parameters(short_reference, tmp_path / "three.npz", atol=1e-5)
+    # the closing summary: total time, samples per second, final accuracy (the last epoch's)
+    summary = re.search(r"\[0\] done: 2 epochs in ([\d.]+) s, ([\d,]+) samples/s over 3 rank\(s\), "
+                        r"final loss [\d.]+, final test accuracy ([\d.]+)%", out)
+    assert summary, out
+    seconds, rate = float(summary[1]), float(summary[2].replace(",", ""))
+    # samples/s is the samples over the time shown, within the rounding of that time
+    assert 3000 / (seconds + 0.006) <= rate <= 3000 / max(seconds - 0.006, 1e-9), out
+    assert re.findall(r"epoch +\d+ +loss [\d.]+ +test accuracy ([\d.]+)%", out)[-1] == summary[3], out
+    if importlib.util.find_spec("matplotlib") is not None:
+        assert f"wrote the loss and accuracy curves to {plot}" in out, out
+        assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 @pytest.mark.timeout(RUN_TIMEOUT_S + 30)

@@ -45,10 +45,9 @@ def test_destroy_and_init_again_over_file_tcp_twice_and_env(launch):
 @pytest.mark.timeout(420)
 def test_torch_monitored_barrier_routed_names_the_late_rank_of_three_and_the_group_stays_usable(launch):
     """Libraries call torch.distributed.monitored_barrier, which torch limits to gloo:
-    adapter.torch_backend.route_monitored_barrier() makes that call work on jacklring groups.
+    the first jacklring group routes that call to jacklring's barrier, without the program's help.
     After the timeout the group is used again: with the failed barrier's receives left posted,
-    the next barrier's release went to them and the ranks timed out once more. (No part before
-    this one routes monitored_barrier: the script first checks that torch refuses.)"""
+    the next barrier's release went to them and the ranks timed out once more."""
     results = harness.part(launch, "routed_monitored_barrier.py", "ROUTED OK", "the group works after the failed barrier")
     assert "Rank 2 failed to pass monitoredBarrier in 1000 ms" in results[0].stdout, results[0].report()
     assert "Rank 1 successfully reached monitoredBarrier" in results[1].stdout, results[1].report()

@@ -90,7 +90,8 @@ def define_suite() -> type:
         os.environ["BACKEND"] = backend
     distributed_test.BACKEND = backend  # read when a test runs: init_process_group, branches in tests
     if backend == "jacklring":
-        _route_monitored_barrier()
+        # torch's monitored-barrier tests call dist.monitored_barrier, which the first jacklring
+        # group routes to jacklring's barrier on its own (adapter/torch_backend/barrier_route.py).
         # Loaded once here, not in every forked rank: each process's first same-host group would
         # bind patomic again (cheap since atomic_words skips the atomics package, but still a load).
         from adapter.backends.local import atomic_words
@@ -108,25 +109,6 @@ def define_suite() -> type:
 
     TorchSuite.__qualname__ = "TorchSuite"  # pickled by name: module attribute below
     return TorchSuite
-
-
-def _route_monitored_barrier() -> None:
-    """torch.distributed.monitored_barrier refuses every backend but gloo before it reaches the
-    process group; jacklring's users call adapter.torch_backend.monitored_barrier, so torch's
-    tests of it (wording, ranks named, subgroups) call that one for jacklring groups."""
-    import torch.distributed as dist
-
-    from adapter.torch_backend.process_group import JacklringProcessGroup
-
-    torch_own = dist.monitored_barrier
-
-    def routed(group=None, timeout=None, wait_all_ranks=False):
-        pg = group if group is not None else dist.distributed_c10d._get_default_group()
-        if isinstance(pg, JacklringProcessGroup):
-            return pg.monitored_barrier(timeout, wait_all_ranks=wait_all_ranks)
-        return torch_own(group, timeout, wait_all_ranks)
-
-    dist.monitored_barrier = routed
 
 
 if os.environ.get("BACKEND") and os.environ.get("TEMP_DIR"):
