@@ -43,6 +43,7 @@ from ..transport.slots import Transport
 from . import config as jaccl_config
 from . import grow, local, shrink
 from .algorithms import MeshAlgorithms, RingAlgorithms
+from .scheduled import ScheduledMesh
 from .config import MESH, RING, DeviceMatrix
 from .exchange import FrameExchange, stage_tag
 from .local import SharedCollectives
@@ -202,8 +203,10 @@ class JacclBackend(Backend):
         self._checks = checks
         self._busy = threading.Lock()
         self._link = FrameExchange(transport, timeout, checks.verify, checks.stall_report_s, self.failure)
-        self._algorithms: MeshAlgorithms | RingAlgorithms = (
-            MeshAlgorithms(self._link, transport.size, shared_link=transport_kind == "tcp") if mode == MESH
+        # The mesh runs log-latency schedules where they win (scheduled.py); the ring mode has neighbours only.
+        self._algorithms: ScheduledMesh | RingAlgorithms = (
+            ScheduledMesh(MeshAlgorithms(self._link, transport.size, shared_link=transport_kind == "tcp"),
+                          self._link, transport.size) if mode == MESH
             else RingAlgorithms(self._link, transport.size))
         self._local: SharedCollectives | None = None  # set by attach_shared_memory on one host
 

@@ -41,6 +41,7 @@ from ..protocol import REDUCE_CODES
 from ..transport import auth, layout, tcp
 from ..transport.stream_engine import Engine, Stream
 from . import grow, lineage, origin, shared, shrink, splitting
+from .scheduled import RingPeers, Scheduled
 from .addresses import links_per_neighbour, load_ring_hostfile, validate_addresses
 from .formation import FormationAbandoned, LayoutMismatch, Watch
 from .forming import (
@@ -191,6 +192,8 @@ class RingBackend(Backend):
         self._forming = Forming(state, self._words, watch, parent_ranks, peers_listening, check, decided)
         self._plumbing = plumbing = Plumbing(state, self._words)
         self._p2p = PointToPoint(state, plumbing.small_limit)
+        # Log-latency schedules over the point-to-point connections (scheduled.py), by size and group size.
+        self._scheduled = Scheduled(RingPeers(rank, self._size, self._p2p, plumbing.check_header), plumbing.buffer)
         self._collective = plumbing.collective
         self._shm_small = -1   # JACKLRING_SHM_SMALL_BYTES, once shared memory is attached
         self._shm_one_step = -1  # the largest all_reduce that takes the one-step path
@@ -298,6 +301,10 @@ class RingBackend(Backend):
             return
         if self._staged(header, staged.all_reduce, src, dst, op, self._shm_small):
             return
+        choice = self._scheduled.choose("all_reduce", src.nbytes)
+        if choice != "native" and not state.abandon_on_failure:
+            self._collective(header, self._scheduled.all_reduce, header, choice, src, dst, op)
+            return
         if plumbing.one_pass(src.nbytes):
             self._collective(header, plumbing.small_all_reduce, header, src, dst, op)
             return
@@ -312,6 +319,9 @@ class RingBackend(Backend):
         if self._shared(header, shm_algorithms.reduce_scatter, src, dst, op):
             return
         if self._staged(header, staged.reduce_scatter, src, dst, op, self._shm_small):
+            return
+        if self._scheduled.choose("reduce_scatter", src.nbytes) != "native" and not self._state.abandon_on_failure:
+            self._collective(header, self._scheduled.reduce_scatter, header, src, dst, op)
             return
         n = self._size
         if plumbing.one_pass(src.nbytes):
@@ -336,6 +346,9 @@ class RingBackend(Backend):
             return
         if self._staged(header, staged.all_gather, src, dst):
             return
+        if self._scheduled.choose("all_gather", src.nbytes) != "native" and not self._state.abandon_on_failure:
+            self._collective(header, self._scheduled.all_gather, header, src, dst)
+            return
         if src.nbytes <= plumbing.small_limit:
             def run() -> None:
                 parts = plumbing.small_gather(header, byte_view(src))
@@ -356,6 +369,9 @@ class RingBackend(Backend):
             return
         if self._staged(header, staged.broadcast, buf, root):
             return
+        if self._scheduled.choose("broadcast", buf.nbytes) != "native" and not self._state.abandon_on_failure:
+            self._collective(header, self._scheduled.broadcast, header, buf, root)
+            return
         self._collective(header, plumbing.broadcast, header, buf, root)
 
     def barrier(self) -> None:
@@ -365,6 +381,9 @@ class RingBackend(Backend):
         if self._shared(header, shm_algorithms.barrier):
             return
         if self._staged(header, staged.barrier):
+            return
+        if self._scheduled.choose("barrier", 0) != "native" and not self._state.abandon_on_failure:
+            self._collective(header, self._scheduled.barrier, header)
             return
         self._collective(header, self._plumbing.small_gather, header, memoryview(b""))
 
