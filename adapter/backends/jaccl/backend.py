@@ -43,10 +43,10 @@ from ..transport.slots import Transport
 from . import config as jaccl_config
 from . import grow, local, shrink
 from .algorithms import MeshAlgorithms, RingAlgorithms
-from .scheduled import ScheduledMesh
 from .config import MESH, RING, DeviceMatrix
 from .exchange import FrameExchange, stage_tag
 from .local import SharedCollectives
+from .scheduled import ScheduledMesh
 from .side_channel import SideChannel
 
 log = logging.getLogger("jacklring.jaccl")

@@ -41,7 +41,6 @@ from ..protocol import REDUCE_CODES
 from ..transport import auth, layout, tcp
 from ..transport.stream_engine import Engine, Stream
 from . import grow, lineage, origin, shared, shrink, splitting
-from .scheduled import RingPeers, Scheduled
 from .addresses import links_per_neighbour, load_ring_hostfile, validate_addresses
 from .formation import FormationAbandoned, LayoutMismatch, Watch
 from .forming import (
@@ -68,6 +67,7 @@ from .header import (
 )
 from .plumbing import Plumbing
 from .point_to_point import SPILL_CHUNK, SPILL_POLL_S, PointToPoint
+from .scheduled import RingPeers, Scheduled
 from .splitting import SplitAbandoned
 from .state import RingState
 
