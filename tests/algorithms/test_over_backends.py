@@ -84,3 +84,27 @@ def test_a_wrong_setting_is_a_config_error_naming_it(raw: str, words: str, monke
     with pytest.raises(ConfigError, match="JACKLRING_ALGORITHM") as caught:
         Chooser("ring", 4)
     assert words in str(caught.value)
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("backend", ["ring", "jaccl"])
+def test_a_dead_peer_is_named_within_seconds(backend: str, tmp_path) -> None:
+    """The last of 4 ranks exits; recursive doubling pairs rank 3 with rank 2 first: every
+    survivor fails with an error naming rank 3 (rank 2 directly, the others through the
+    failure that spreads), well before the 30 s deadline."""
+    n = 4
+    env = dict(ENV, JACKLRING_ALGORITHM="all_reduce=rd", **(ranks.jaccl_env(n, str(tmp_path)) if backend == "jaccl" else {}))
+    hostfile = ranks.ring_hostfile(n, directory=str(tmp_path))
+    outs = [str(tmp_path / f"rank{r}.json") for r in range(n)]
+    procs = []
+    for r in range(n):
+        procs += ranks.spawn(n, os.path.join(HERE, "dead_peer_worker.py"), [backend, outs[r]], env=env,
+                             hostfile=hostfile, ranks=[r])
+    ranks.assert_all_ok(ranks.collect(procs, timeout=90))
+    for r in range(n - 1):
+        with open(outs[r]) as f:
+            got = json.load(f)
+        assert "raised" in got, f"rank {r}: all_sum returned with a rank gone"
+        assert "rank 3" in got["message"], f"rank {r} does not name rank 3: {got['message']}"
+        assert f"rank {r}" in got["message"], f"rank {r} does not name itself: {got['message']}"
+        assert got["seconds"] < 15, f"rank {r} took {got['seconds']:.1f} s: {got['message']}"
