@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -108,3 +109,32 @@ def test_a_dead_peer_is_named_within_seconds(backend: str, tmp_path) -> None:
         assert "rank 3" in got["message"], f"rank {r} does not name rank 3: {got['message']}"
         assert f"rank {r}" in got["message"], f"rank {r} does not name itself: {got['message']}"
         assert got["seconds"] < 15, f"rank {r} took {got['seconds']:.1f} s: {got['message']}"
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None,
+                    reason="needs root and unshare to put a rank in another pid namespace (another host)")
+@pytest.mark.parametrize("backend", ["ring", "jaccl"])
+def test_hosts_with_several_ranks_stage_and_their_leaders_run_the_schedule(backend: str, tmp_path) -> None:
+    """5 ranks on 4 hosts (ranks 0 and 1 share one): the host's shared memory adds ranks 0 and 1,
+    then the 4 leaders run recursive doubling, (h0 + x2) + (x3 + x4), whose bits a linear order
+    among the leaders, ((h0 + x2) + x3) + x4, would not give."""
+    n = 5
+    env = dict(ENV, JACKLRING_LOCAL_TRANSPORT="auto", JACKLRING_ALGORITHM="all_reduce=rd",
+               **(ranks.jaccl_env(n, str(tmp_path)) if backend == "jaccl" else {}))
+    hostfile = ranks.ring_hostfile(n, directory=str(tmp_path))
+    outs = [str(tmp_path / f"rank{r}.json") for r in range(n)]
+    procs = []
+    for r in range(n):
+        procs += ranks.spawn(n, os.path.join(HERE, "staged_worker.py"), [backend, outs[r]], env=env,
+                             hostfile=hostfile, ranks=[r], wraps={r: ranks.ANOTHER_HOST} if r >= 2 else None)
+    ranks.assert_all_ok(ranks.collect(procs, timeout=120))
+    x = [contribution(r, 33) for r in range(n)]
+    want = (((x[0] + x[1]) + x[2]) + (x[3] + x[4])).tobytes().hex()
+    linear = ((((x[0] + x[1]) + x[2]) + x[3]) + x[4]).tobytes().hex()
+    assert want != linear
+    for r, path in enumerate(outs):
+        with open(path) as f:
+            got = json.load(f)
+        assert got["staged"], f"rank {r} did not run in stages"
+        assert got["sum"] == want, f"rank {r}: the leaders did not run recursive doubling (or not in its order)"
