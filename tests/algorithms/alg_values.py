@@ -7,9 +7,10 @@ import numpy as np
 
 def contribution(rank: int, count: int) -> np.ndarray:
     i = np.arange(count)
-    exponent = (rank * 5 + i * 3) % 15 - 7
-    sign = np.where((rank + i) % 3 == 0, -1.0, 1.0)
-    return (sign * (1.0 + 0.123457 * ((rank * 7 + i) % 11)) * 10.0 ** exponent).astype(np.float32)
+    exponent = (rank * 7 + i * 3) % 9 - 4
+    mantissa = 1.0 + ((rank * 2654435761 + i * 40503) % 9973) / 9973.0
+    sign = np.where((rank * 3 + i) % 4 < 2, -1.0, 1.0)
+    return (sign * mantissa * 4.0 ** exponent).astype(np.float32)
 
 
 def linear_sum(n: int, count: int) -> np.ndarray:

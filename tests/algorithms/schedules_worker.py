@@ -27,7 +27,7 @@ found: dict[str, object] = {"backend": world.backend_name}
 for name, setting in FORCED.items():
     os.environ["JACKLRING_ALGORITHM"] = setting
     g = world.split(0, rank)
-    count = 33 if name == "rd" else 1000
+    count = 64 if name == "rd" else 1000
     first = adapter.all_sum(contribution(rank, count), group=g)
     again = adapter.all_sum(contribution(rank, count), group=g)
     found[f"{name}/all_sum"] = first.tobytes().hex()

@@ -16,7 +16,7 @@ import adapter  # noqa: E402
 backend, out_path = sys.argv[1], sys.argv[2]
 g = adapter.init(strict=True, backend=backend)
 found = {"staged": g.backend.staging is not None,
-         "sum": adapter.all_sum(contribution(g.rank(), 33), group=g).tobytes().hex()}
+         "sum": adapter.all_sum(contribution(g.rank(), 64), group=g).tobytes().hex()}
 g.close()
 with open(out_path, "w") as f:
     json.dump(found, f)

@@ -66,7 +66,7 @@ def run_ranks(n: int, body: Callable[[QueuePeers], object]) -> list:
 def test_the_values_make_order_visible() -> None:
     # Otherwise the determinism checks below could not fail.
     for n in (4, 5, 6, 7, 8):  # (3 folds into the same tree as the rank order)
-        assert linear_sum(n, 64).tobytes() != doubling_sum(n, 64).tobytes()
+        assert (linear_sum(n, 64) != doubling_sum(n, 64)).sum() >= 10
 
 
 @pytest.mark.parametrize("n", SIZES)
@@ -92,7 +92,7 @@ def test_rabenseifner_all_reduce_has_the_same_bits_on_every_rank(n: int, count: 
         return dst
     results = run_ranks(n, body)
     exact = sum(contribution(r, count).astype(np.float64) for r in range(n))
-    np.testing.assert_allclose(results[0], exact, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(results[0], exact, rtol=1e-4, atol=1e-3)  # float32 sums of terms up to 4**4
     assert len({r.tobytes() for r in results}) == 1
     assert run_ranks(n, body)[0].tobytes() == results[0].tobytes()  # and from run to run
 
