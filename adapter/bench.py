@@ -51,9 +51,12 @@ DEFAULT_SIZES = "4,64,1K,4K,16K,64K,256K,1M,4M,16M,64M"
 # Extra ring groups in the same processes, each formed with these settings.
 RING_VARIANTS = {"ring-unix": {"JACKLRING_LOCAL_TRANSPORT": "unix"},
                  "ring-tcp": {"JACKLRING_LOCAL_TRANSPORT": "tcp"},
-                 "ring-1dir": {"JACKLRING_RING_DIRECTIONS": "1"}}
+                 "ring-1dir": {"JACKLRING_RING_DIRECTIONS": "1"},
+                 # The backend's own schedules only (as before the log-latency ones), beside them.
+                 "ring-native": {"JACKLRING_ALGORITHM": "all_reduce=native"}}
 # Extra JACCL groups, each formed with these settings at a coordinator of its own.
-JACCL_VARIANTS = {"jaccl-flat": {"JACKLRING_LOCAL_TRANSPORT": "unix"}}
+JACCL_VARIANTS = {"jaccl-flat": {"JACKLRING_LOCAL_TRANSPORT": "unix"},
+                  "jaccl-native": {"JACKLRING_ALGORITHM": "all_reduce=native"}}
 OURS = ("ring", *RING_VARIANTS, "jaccl", *JACCL_VARIANTS, "mpi-adapter")
 OTHERS = ("gloo", "mpi-sm", "mpi-tcp", "mlx")
 # --api: the user-facing calls over the configured group, beside the backend's own all_reduce.
@@ -332,6 +335,7 @@ def contract_env(n: int, hosts: list[str], ports, tmp: str, connections: int,
                BENCH_HOSTFILE_UNIX=hostfile("ring-unix.json", connections),
                BENCH_HOSTFILE_TCP=hostfile("ring-tcp.json", connections),
                BENCH_HOSTFILE_1DIR=hostfile("ring-1dir.json", connections),
+               BENCH_HOSTFILE_NATIVE=hostfile("ring-native.json", connections),
                BENCH_MLX_HOSTFILE=hostfile("mlx-ring.json", 1),
                MASTER_ADDR=hosts[0], MASTER_PORT=str(next(ports)), WORLD_SIZE=str(n))
     if len(set(hosts)) > 1 and not (os.environ.get("JACKLRING_SECRET") or os.environ.get("JACKLRING_SECRET_FILE")):

@@ -104,6 +104,35 @@ def microseconds(raw: str) -> float:
     return value
 
 
+# JACKLRING_ALGORITHM: the schedules each collective may be forced to (backends/algorithms/
+# selection.py chooses among them otherwise). native: the backend's own schedule.
+ALGORITHM_NAMES: dict[str, tuple[str, ...]] = {
+    "all_reduce": ("auto", "native", "rd", "rh"),
+    "all_gather": ("auto", "native", "rd"),
+    "reduce_scatter": ("auto", "native", "rh"),
+    "broadcast": ("auto", "native", "tree"),
+    "barrier": ("auto", "native", "dissemination"),
+}
+
+
+def algorithm_overrides(raw: str) -> dict[str, str]:
+    """JACKLRING_ALGORITHM: comma-separated collective=schedule pairs, e.g. all_reduce=rd,broadcast=tree."""
+    forced: dict[str, str] = {}
+    for item in raw.split(","):
+        if not item.strip():
+            continue
+        name, sep, value = (part.strip().lower() for part in item.partition("="))
+        if not sep or name not in ALGORITHM_NAMES:
+            raise ValueError(f"has {item.strip()!r}: give collective=schedule pairs, the collective one of "
+                             f"{', '.join(ALGORITHM_NAMES)}")
+        if value not in ALGORITHM_NAMES[name]:
+            raise ValueError(f"has {name}={value!r}: {name} takes one of {', '.join(ALGORITHM_NAMES[name])}")
+        if name in forced:
+            raise ValueError(f"names {name} twice")
+        forced[name] = value
+    return forced
+
+
 def text(raw: str) -> str:
     return raw.strip()
 
@@ -162,6 +191,11 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
             "MLX_JACCL_COORDINATOR, and waits up to JACKLRING_CONNECT_TIMEOUT for the members to take it in "
             "with Group.grow(); the launcher's --restart-failed sets it"),
     # ring
+    Setting("JACKLRING_ALGORITHM", algorithm_overrides, {},
+            "force a collective's schedule between hosts (ring and JACCL mesh), e.g. all_reduce=rd,broadcast=tree: "
+            "all_reduce auto/native/rd/rh, all_gather auto/native/rd, reduce_scatter auto/native/rh, broadcast "
+            "auto/native/tree, barrier auto/native/dissemination; unset: chosen by size and group size "
+            "(docs/algorithms.md)"),
     Setting("JACKLRING_RING_SMALL_BYTES", byte_size, 64 * 1024,
             "largest reduction sent by the one-pass small-message path"),
     Setting("JACKLRING_RING_ONE_PASS_BYTES", byte_size, None,

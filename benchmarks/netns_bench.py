@@ -46,7 +46,7 @@ from adapter import bench
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
-OURS = ("ring", "ring-unix", "ring-1dir", "jaccl", "jaccl-flat")
+OURS = ("ring", "ring-unix", "ring-1dir", "ring-native", "jaccl", "jaccl-flat", "jaccl-native")
 OTHERS = ("gloo", "mpi")
 BASE_PORT = 20000  # every namespace has its own ports: nothing else listens there
 
@@ -165,7 +165,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="tbf queue on each end of each link, bytes (default 4M; at least 10 ms of the rate)")
     ap.add_argument("--backend", default="ring,jaccl",
                     help="ours, comma separated: ring, ring-unix (never shared memory), ring-1dir (large "
-                         "reductions one way round), jaccl, jaccl-flat (never shared memory)")
+                         "reductions one way round), ring-native (the ring's own schedules only), jaccl, "
+                         "jaccl-flat (never shared memory), jaccl-native (the mesh's own schedules only)")
     ap.add_argument("--compare", default="", help="others, comma separated: gloo, mpi (Open MPI's TCP BTL)")
     ap.add_argument("--sizes", default="64K,1M,16M,64M")
     ap.add_argument("--rounds", type=int, default=5)

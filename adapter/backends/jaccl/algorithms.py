@@ -47,6 +47,9 @@ def _request(kind: str, arr: np.ndarray | None = None, op: ReduceOp | None = Non
     return _cached_request(kind, arr.dtype, arr.nbytes, op, extra)
 
 
+request_for = _request  # the request of a collective, for the schedules of scheduled.py
+
+
 @functools.lru_cache(maxsize=512)
 def _cached_request(kind: str, dtype, nbytes: int, op: ReduceOp | None, extra: int) -> Request:
     """Requests repeat (the same op on the same sizes every step): build each once."""

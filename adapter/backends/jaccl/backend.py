@@ -48,6 +48,7 @@ from .exchange import FrameExchange
 from .frame_header import stage_tag
 from .links import TRANSPORT_ENV, agree_on_transport, build_transport, transport_choice
 from .local import SharedCollectives
+from .scheduled import ScheduledMesh
 from .side_channel import SideChannel
 
 log = logging.getLogger("jacklring.jaccl")
@@ -166,8 +167,10 @@ class JacclBackend(Backend):
         self._checks = checks
         self._busy = threading.Lock()
         self._link = FrameExchange(transport, timeout, checks.verify, checks.stall_report_s, self.failure)
-        self._algorithms: MeshAlgorithms | RingAlgorithms = (
-            MeshAlgorithms(self._link, transport.size, shared_link=transport_kind == "tcp") if mode == MESH
+        # The mesh runs log-latency schedules where they win (scheduled.py); the ring mode has neighbours only.
+        self._algorithms: ScheduledMesh | RingAlgorithms = (
+            ScheduledMesh(MeshAlgorithms(self._link, transport.size, shared_link=transport_kind == "tcp"),
+                          self._link, transport.size) if mode == MESH
             else RingAlgorithms(self._link, transport.size))
         self._local: SharedCollectives | None = None  # set by attach_shared_memory on one host
 

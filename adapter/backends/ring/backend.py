@@ -67,6 +67,7 @@ from .header import (
 )
 from .plumbing import Plumbing
 from .point_to_point import SPILL_CHUNK, SPILL_POLL_S, PointToPoint
+from .scheduled import RingPeers, Scheduled
 from .splitting import SplitAbandoned
 from .state import RingState
 
@@ -192,6 +193,8 @@ class RingBackend(Backend):
         self._forming = Forming(state, self._words, watch, parent_ranks, peers_listening, check, decided)
         self._plumbing = plumbing = Plumbing(state, self._words)
         self._p2p = PointToPoint(state, plumbing.small_limit)
+        # Log-latency schedules over the point-to-point connections (scheduled.py), by size and group size.
+        self._scheduled = Scheduled(RingPeers(rank, self._size, self._p2p, plumbing.check_header), plumbing.buffer)
         self._collective = plumbing.collective
         self._shm_small = -1   # JACKLRING_SHM_SMALL_BYTES, once shared memory is attached
         self._shm_one_step = -1  # the largest all_reduce that takes the one-step path
@@ -299,6 +302,10 @@ class RingBackend(Backend):
             return
         if self._staged(header, staged.all_reduce, src, dst, op):
             return
+        choice = self._scheduled.choose("all_reduce", src.nbytes)
+        if choice != "native" and not state.abandon_on_failure:
+            self._collective(header, self._scheduled.all_reduce, header, choice, src, dst, op)
+            return
         plumbing.all_reduce(header, src, dst, op)
 
     def reduce_scatter(self, src: np.ndarray, dst: np.ndarray, op: ReduceOp) -> None:
@@ -309,6 +316,9 @@ class RingBackend(Backend):
         if self._shared(header, SharedGroup.reduce_scatter, src, dst, op):
             return
         if self._staged(header, staged.reduce_scatter, src, dst, op):
+            return
+        if self._scheduled.choose("reduce_scatter", src.nbytes) != "native" and not self._state.abandon_on_failure:
+            self._collective(header, self._scheduled.reduce_scatter, header, src, dst, op)
             return
         plumbing.reduce_scatter(header, src, dst, op)
 
@@ -324,6 +334,9 @@ class RingBackend(Backend):
             return
         if self._staged(header, staged.all_gather, src, dst):
             return
+        if self._scheduled.choose("all_gather", src.nbytes) != "native" and not self._state.abandon_on_failure:
+            self._collective(header, self._scheduled.all_gather, header, src, dst)
+            return
         plumbing.all_gather(header, src, dst)
 
     def broadcast(self, buf: np.ndarray, root: int) -> None:
@@ -337,6 +350,9 @@ class RingBackend(Backend):
             return
         if self._staged(header, staged.broadcast, buf, root):
             return
+        if self._scheduled.choose("broadcast", buf.nbytes) != "native" and not self._state.abandon_on_failure:
+            self._collective(header, self._scheduled.broadcast, header, buf, root)
+            return
         plumbing.broadcast(header, buf, root)
 
     def barrier(self) -> None:
@@ -346,6 +362,9 @@ class RingBackend(Backend):
         if self._shared(header, SharedGroup.barrier):
             return
         if self._staged(header, staged.barrier):
+            return
+        if self._scheduled.choose("barrier", 0) != "native" and not self._state.abandon_on_failure:
+            self._collective(header, self._scheduled.barrier, header)
             return
         self._plumbing.barrier(header)
 

@@ -236,6 +236,10 @@ class Plumbing:
         size = self._state.size
         return size <= 2 or nbytes * (size - 1) <= self._one_pass_limit
 
+    def check_header(self, mine: bytes, raw: memoryview, sender: int) -> None:
+        """Raise the error a header from sender that is not `mine` means (scheduled.py's messages)."""
+        self._check_header(mine, raw, sender)
+
     def _check_header(self, mine: bytes, raw: memoryview, sender: int) -> None:
         if raw[:HEADER.size] != mine:
             state, words = self._state, self._words
