@@ -44,8 +44,9 @@ def register_backend() -> bool:
 
 
 def fill_torch_env() -> dict[str, str]:
-    """Under plain srun or mpirun (no RANK/WORLD_SIZE), set RANK, WORLD_SIZE, LOCAL_RANK,
-    MASTER_ADDR and MASTER_PORT from Slurm's or MPI's variables, never overriding one that is
+    """Under plain srun, mpirun or mlx.launch (no RANK/WORLD_SIZE), set RANK, WORLD_SIZE,
+    LOCAL_RANK, MASTER_ADDR and MASTER_PORT from Slurm's, MPI's or MLX's variables (LOCAL_RANK
+    not from MLX's, which do not tell it), never overriding one that is
     set, so that init_process_group("jacklring") with torch's default env:// finds them. Call it
     before init_process_group; returns what it set. Registration never does this on its own."""
     from . import rendezvous

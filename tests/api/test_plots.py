@@ -10,11 +10,10 @@ import sys
 
 import pytest
 
-pytest.importorskip("matplotlib")
-
 
 @pytest.mark.timeout(150)
 def test_bench_plot_draws_one_line_per_system_log_log(tmp_path):
+    pytest.importorskip("matplotlib")  # the test extra has it
     out = tmp_path / "allsum.svg"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MLX_", "JACKLRING_"))}
     r = subprocess.run([sys.executable, "-m", "adapter.bench", "-n", "2", "--backend", "ring,ring-tcp",

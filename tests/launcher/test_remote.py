@@ -2,9 +2,10 @@
 import json
 import os
 import signal
+import subprocess
 
 import pytest
-from conftest import SCRIPTS, assert_all_dead, base_env, launch, rank_envs, start_launcher, wait_for_pids
+from conftest import LAUNCHER, SCRIPTS, assert_all_dead, base_env, launch, rank_envs, start_launcher, wait_for_pids
 from sshd import write_ssh_config
 
 pytestmark = pytest.mark.timeout(60)
@@ -206,3 +207,17 @@ def test_restart_failed_starts_the_replacement_over_ssh_on_the_dead_ranks_host(t
     assert "joined 1 as rank 2 of 3 at step 3" in r.stdout, r.stdout
     assert said[-1] == ("launcher: finished with 3 of 3 ranks after 1 replacement (--restart-failed 1); "
                         "replaced rank 1"), said
+
+
+def test_remote_ranks_keep_their_line_order_in_one_file(tmp_path, ssh_servers, env):
+    """`> log 2>&1`: the agent gives the rank one pipe for both streams, so its order holds."""
+    hostfile = remote_hostfile(tmp_path, ssh_servers)
+    log = tmp_path / "log"
+    with open(log, "wb") as f:
+        r = subprocess.run([*LAUNCHER, "--hostfile", str(hostfile), "--cwd", str(SCRIPTS), "interleaved.py", "200"],
+                           stdout=f, stderr=subprocess.STDOUT, cwd=SCRIPTS, env=env, timeout=50)
+    text = log.read_text()
+    assert r.returncode == 0, text[-2000:]
+    for rank in (0, 1):
+        mine = [line[len(f"[{rank}] "):] for line in text.splitlines() if line.startswith(f"[{rank}] ")]
+        assert mine == [f"{kind} {i}" for i in range(200) for kind in ("out", "err")], mine[:6]
