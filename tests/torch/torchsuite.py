@@ -92,10 +92,10 @@ def define_suite() -> type:
     if backend == "jacklring":
         _route_monitored_barrier()
         # Loaded once here, not in every forked rank: each process's first same-host group would
-        # bind patomic again (cheap since atomic_words skips the atomics package, but still a load).
-        from adapter.backends.local import atomic_words
+        # load the native engine again (a small extension, but still a load).
+        from adapter.backends.local import engine
 
-        atomic_words.available()
+        engine.why_missing()
     DistributedTest, TestDistBackend = distributed_test.DistributedTest, distributed_test.TestDistBackend
 
     class TorchSuite(TestDistBackend, DistributedTest._DistTestBase):
