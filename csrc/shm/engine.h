@@ -104,8 +104,9 @@ typedef struct {
     /* Called (from the waiting thread, without the GIL) when a wait stalls; may be NULL. */
     void (*stall_report)(void *arg, int32_t peer);
     void *stall_arg;
-    /* Called (same thread, no GIL) when a signal interrupted a futex sleep; nonzero ends the
-     * call with JL_INTERRUPTED (Python: a handler raised, e.g. KeyboardInterrupt). May be NULL. */
+    /* Called (same thread, no GIL) when a signal interrupted a futex sleep, and at each liveness
+     * check of a long wait; nonzero ends the call with JL_INTERRUPTED (Python: a signal handler
+     * raised, e.g. KeyboardInterrupt). May be NULL. */
     int (*interrupted)(void *arg);
 } jl_settings;
 

@@ -161,6 +161,13 @@ static int sleep_for(jl_ctx *ctx, int32_t q, uint64_t step, int64_t deadline_ns,
         if (now >= check_at) {
             if ((rc = check_alive(ctx, q, step, st)) != 0)
                 break;
+            /* A signal may have gone to another thread (no EINTR here): ask now and then too. */
+            if (ctx->settings.interrupted && ctx->settings.interrupted(ctx->settings.stall_arg)) {
+                st->code = JL_INTERRUPTED;
+                st->peer = q;
+                rc = -1;
+                break;
+            }
             every = every * 2 < LIVENESS_MAX_NS ? every * 2 : LIVENESS_MAX_NS;
             check_at = now + every;
         }

@@ -12,6 +12,7 @@ import logging
 import os
 from typing import TYPE_CHECKING, NoReturn
 
+from ... import config
 from ...errors import DEADLINE, SHARED, CollectiveTimeout, MismatchError, PeerError, with_failure
 
 if TYPE_CHECKING:
@@ -34,7 +35,7 @@ _warned = False
 
 def why_missing() -> str | None:
     """None when the engine is usable, else why not."""
-    if os.environ.get("JACKLRING_NO_NATIVE") == "1" and _WHY is None:
+    if _WHY is None and config.get("JACKLRING_NO_NATIVE"):
         return "JACKLRING_NO_NATIVE=1"
     return _WHY
 
