@@ -76,7 +76,7 @@ def _create_process_group(common: Any, pg_options: Any) -> Any:
     from .rendezvous import backend_choice, create_backend, deadline_seconds
 
     rank, size = int(common.group_rank), int(common.group_size)
-    check_pairing(rank, device_backends())  # "cpu:jacklring,cuda:nccl": torch never builds the nccl half
+    check_pairing(rank, device_backends(), BACKEND_NAME)  # "cpu:jacklring,cuda:nccl": torch never builds the nccl half
     timeout_s = deadline_seconds(common.timeout)
     choice = backend_choice(pg_options)
     is_default = not list(common.global_ranks_in_group or [])
