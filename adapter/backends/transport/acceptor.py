@@ -87,6 +87,9 @@ class Acceptor:
         self._check = check
         self._conflicts: list[tuple[layout.View, str]] = []
         self._pending: list[_Pending] = []
+        # The connection whose acknowledgement is being sent: out of _pending, not yet in _ready,
+        # but the connector may already have it (and go on, and leave): still arriving.
+        self._acking: _Pending | None = None
         self._ready: list[tuple[Hello, socket.socket, str]] = []
         self._cond = threading.Condition()
         self._rejected = 0
@@ -127,7 +130,8 @@ class Acceptor:
         in its handshake (its hello read, not yet proven): not authenticated, so only a reason
         to wait a little for it, never evidence on its own."""
         with self._cond:
-            return {p.hello.sender for p in list(self._pending)
+            acking = self._acking
+            return {p.hello.sender for p in list(self._pending) + ([acking] if acking is not None else [])
                     if p.hello is not None and p.hello.purpose == purpose and p.hello.token == self._token
                     and p.hello.receiver == self._rank}
 
@@ -377,6 +381,13 @@ class Acceptor:
 
     def _on_proof(self, item: _Pending, proof: bytes) -> None:
         self._pending.remove(item)
+        self._acking = item
+        try:
+            self._acknowledge(item, proof)
+        finally:
+            self._acking = None
+
+    def _acknowledge(self, item: _Pending, proof: bytes) -> None:
         hello = item.hello
         assert hello is not None
         key = item.key or self._auth
