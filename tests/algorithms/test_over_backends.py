@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -140,3 +142,23 @@ def test_hosts_with_several_ranks_stage_and_their_leaders_run_the_schedule(backe
             got = json.load(f)
         assert got["staged"], f"rank {r} did not run in stages"
         assert got["sum"] == want, f"rank {r}: the leaders did not run recursive doubling (or not in its order)"
+
+
+@pytest.mark.timeout(150)
+def test_dist_all_reduce_makes_the_same_choice(tmp_path) -> None:
+    """4 ranks of the jacklring torch process group over TCP, no setting: a 256-byte all_reduce
+    runs recursive doubling, as the table chooses for the ring backend (its bits say so)."""
+    pytest.importorskip("torch")
+    n = 4
+    port = ranks.free_ports(1)[0]
+    outs = [str(tmp_path / f"rank{r}.json") for r in range(n)]
+    env = dict(os.environ, **ENV, PYTHONPATH=os.path.dirname(HERE) + "/..", PYTHONUNBUFFERED="1")
+    env.pop("JACKLRING_ALGORITHM", None)
+    procs = [subprocess.Popen([sys.executable, os.path.join(HERE, "torch_worker.py"), str(r), str(n), str(port), outs[r]],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(n)]
+    ranks.assert_all_ok(ranks.collect(procs, timeout=120))
+    want = doubling_sum(n, 64).tobytes().hex()
+    assert want != linear_sum(n, 64).tobytes().hex()
+    for r, path in enumerate(outs):
+        with open(path) as f:
+            assert json.load(f)["sum"] == want, f"rank {r}: dist.all_reduce did not run recursive doubling"
