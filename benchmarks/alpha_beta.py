@@ -8,8 +8,9 @@ With --fit, the file holds [{"hosts": 8, "bytes": 4, "schedule": "ring", "us": 4
 (netns_bench's medians); alpha and beta are fitted by least squares to each host count's
 figures and each figure is printed beside what the model says (the check). The table for 64,
 256 and 1,024 hosts uses the cluster profile (--alpha-us, --gbit): on one shared machine a step
-costs a scheduling round that grows with the ranks per core, not a network's latency. The schedules (adapter/backends/algorithms/schedules.py and the
-ring's plumbing):
+costs a scheduling round that grows with the ranks per core, not a network's latency.
+
+The schedules (adapter/backends/algorithms/schedules.py and the ring's plumbing):
 
 - ring: the ring backend's own choice: the one-pass path (n - 1 hops of the whole message) while
   it sends at most 32 KiB per rank, else reduce-scatter + all-gather (2 (n - 1) hops of m / n);

@@ -72,7 +72,9 @@ def test_jaccl_mesh_schedules_give_identical_bits(n: int, tmp_path) -> None:
 def test_the_table_chooses_log_latency_where_the_steps_are_fewer(monkeypatch) -> None:
     monkeypatch.delenv("JACKLRING_ALGORITHM", raising=False)
     assert Chooser("ring", 8).choose("all_reduce", 4) == "rd"
-    assert Chooser("ring", 3).choose("all_reduce", 4) == "native"  # folding: as many steps as the ring
+    assert Chooser("ring", 4).choose("all_reduce", 4) == "native"  # measured: rd lost at 4 hosts
+    assert Chooser("ring", 4).choose("all_reduce", 64 << 10) == "rh"
+    assert Chooser("ring", 5).choose("all_reduce", 64 << 10) == "native"  # folding: as many steps as the ring
     assert Chooser("ring", 8).choose("all_reduce", 64 << 20) == "native"  # bandwidth: the pipelined ring
     monkeypatch.setenv("JACKLRING_ALGORITHM", "all_reduce=native, broadcast=tree")
     assert Chooser("ring", 8).choose("all_reduce", 4) == "native"
@@ -146,14 +148,14 @@ def test_hosts_with_several_ranks_stage_and_their_leaders_run_the_schedule(backe
 
 @pytest.mark.timeout(150)
 def test_dist_all_reduce_makes_the_same_choice(tmp_path) -> None:
-    """4 ranks of the jacklring torch process group over TCP, no setting: a 256-byte all_reduce
-    runs recursive doubling, as the table chooses for the ring backend (its bits say so)."""
+    """4 ranks of the jacklring torch process group over TCP with JACKLRING_ALGORITHM=all_reduce=rd:
+    dist.all_reduce goes through the ring backend's choice (recursive doubling's bits say so)."""
     pytest.importorskip("torch")
     n = 4
     port = ranks.free_ports(1)[0]
     outs = [str(tmp_path / f"rank{r}.json") for r in range(n)]
     env = dict(os.environ, **ENV, PYTHONPATH=os.path.dirname(HERE) + "/..", PYTHONUNBUFFERED="1")
-    env.pop("JACKLRING_ALGORITHM", None)
+    env["JACKLRING_ALGORITHM"] = "all_reduce=rd"
     procs = [subprocess.Popen([sys.executable, os.path.join(HERE, "torch_worker.py"), str(r), str(n), str(port), outs[r]],
                               env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(n)]
     ranks.assert_all_ok(ranks.collect(procs, timeout=120))
