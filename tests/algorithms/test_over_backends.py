@@ -164,3 +164,26 @@ def test_dist_all_reduce_makes_the_same_choice(tmp_path) -> None:
     for r, path in enumerate(outs):
         with open(path) as f:
             assert json.load(f)["sum"] == want, f"rank {r}: dist.all_reduce did not run recursive doubling"
+
+
+@pytest.mark.timeout(150)
+def test_a_rank_that_never_calls_is_named_by_every_survivor(tmp_path) -> None:
+    """4 ring ranks, recursive doubling forced, rank 2 alive but never in the all_sum: rank 3
+    waits for it in step 0, ranks 0 and 1 wait for ranks 2 and 3 in step 1. Every survivor names
+    rank 2 at the deadline: rank 3 tells its schedule's partners it is stuck on rank 2, though
+    rank 1 never reached it before (point_to_point.py's expected partners)."""
+    n = 4
+    env = dict(ENV, JACKLRING_ALGORITHM="all_reduce=rd", JACKLRING_TIMEOUT="3")
+    hostfile = ranks.ring_hostfile(n, directory=str(tmp_path))
+    outs = [str(tmp_path / f"rank{r}.json") for r in range(n)]
+    procs = []
+    for r in range(n):
+        procs += ranks.spawn(n, os.path.join(HERE, "dead_peer_worker.py"), ["ring", outs[r], "absent"], env=env,
+                             hostfile=hostfile, ranks=[r])
+    ranks.assert_all_ok(ranks.collect(procs, timeout=90))
+    for r in (0, 1, 3):
+        with open(outs[r]) as f:
+            got = json.load(f)
+        assert "raised" in got, f"rank {r}: all_sum returned without rank 2"
+        assert "rank 2 is the rank that went silent" in got["message"], f"rank {r}: {got['message']}"
+        assert got["seconds"] < 3 + 3, f"rank {r} took {got['seconds']:.1f} s: {got['message']}"
