@@ -5,9 +5,9 @@ faster than their sources' budget is left in the kernel's backlog for a while
 (acceptor.FLOOD_PAUSE_S), so the flood costs the job little GIL. Measured: ops/s of a loop of
 small all_sums on 2 ranks, while the outsider (uid 65534) churns at rank 0's TCP port, against
 the same churn at another listener (a control that costs the machine the same flooding), in
-alternating rounds of the same run. Skipped unless FLOOD_BENCH=1: on the shared 2-core
-host (load 30) the churn reached only 1-4k connections a second and the rounds' rates varied
-25x between identical rounds, so neither the old code's slowdown nor the target shows there."""
+alternating rounds of the same run. Skipped unless FLOOD_BENCH=1 (numbers in docs/security.md):
+on the shared 2-core host the control churn costs the job as much as the flood, and identical
+rounds differ 2x at load 5 (25x at load 30), so neither the old slowdown nor the target shows."""
 from __future__ import annotations
 
 import json
