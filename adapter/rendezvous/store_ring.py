@@ -49,9 +49,11 @@ def store_ring(store, rank: int, size: int, timeout_s: float, scope: str = "",
             book = store_records.RecordBook(store, prefix, job, rank, size)
             record = book.publish(mine)
             records = book.gather(record, wait_s)
-            # before any rank dials an address: did every rank read this run's records?
-            seals, sealed = store_records.seal(store, prefix, job, rank, records, wait_s, book.key_name,
-                                               watch=lambda missing: _left(rank, records, missing))
+            # before any rank dials an address: did every rank read this run's records? (this
+            # rank's record kept in place meanwhile, for peers still reading it)
+            with book.defended(record):
+                seals, sealed = store_records.seal(store, prefix, job, rank, records, wait_s, book.key_name,
+                                                   watch=lambda missing: _left(rank, records, missing))
         except (DistributedError, ConfigError):
             raise
         except Exception as exc:  # the store itself is gone (its server's process ended)
