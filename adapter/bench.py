@@ -357,7 +357,8 @@ def contract_env(n: int, hosts: list[str], ports, tmp: str, connections: int,
                BENCH_HOSTFILE_NATIVE=hostfile("ring-native.json", connections),
                BENCH_MLX_HOSTFILE=hostfile("mlx-ring.json", 1),
                MASTER_ADDR=hosts[0], MASTER_PORT=str(next(ports)), WORLD_SIZE=str(n))
-    if len(set(hosts)) > 1 and not (os.environ.get("JACKLRING_SECRET") or os.environ.get("JACKLRING_SECRET_FILE")):
+    from adapter import config
+    if len(set(hosts)) > 1 and not (config.get("JACKLRING_SECRET") or config.get("JACKLRING_SECRET_FILE")):
         env["JACKLRING_SECRET"] = drawn_secret_text()  # ranks on several hosts need one, as the launcher's do
     if any(b == "jaccl" or b in JACCL_VARIANTS for b in backends):
         devices = os.path.join(tmp, "devices.json")
