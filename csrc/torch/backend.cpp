@@ -16,12 +16,17 @@ JacklringBackend::JacklringBackend(int rank, int size, py::object delegate)
     : c10d::Backend(rank, size), delegate_(std::move(delegate)) {}
 
 JacklringBackend::~JacklringBackend() {
-  // The last reference may go on any thread; after finalization there is nothing to release.
+  // The last reference may go on any thread: every Python reference is dropped here with the
+  // GIL (members are destroyed after this body, without it); after finalization there is
+  // nothing left to release.
+  native_.reset();
   if (Py_IsInitialized() && !_Py_IsFinalizing()) {
     py::gil_scoped_acquire gil;
     delegate_ = py::object();
+    keepalive_ = py::object();
   } else {
     delegate_.release();
+    keepalive_.release();
   }
 }
 
