@@ -92,10 +92,10 @@ def define_suite() -> type:
     if backend == "jacklring":
         _route_monitored_barrier()
         # Loaded once here, not in every forked rank: each process's first same-host group would
-        # bind patomic again (cheap since atomic_words skips the atomics package, but still a load).
-        from adapter.backends.local import atomic_words
+        # load the native shared-memory engine again.
+        from adapter.backends.local import engine
 
-        atomic_words.available()
+        engine.why_missing()
     DistributedTest, TestDistBackend = distributed_test.DistributedTest, distributed_test.TestDistBackend
 
     class TorchSuite(TestDistBackend, DistributedTest._DistTestBase):
@@ -116,14 +116,15 @@ def _route_monitored_barrier() -> None:
     tests of it (wording, ranks named, subgroups) call that one for jacklring groups."""
     import torch.distributed as dist
 
-    from adapter.torch_backend.process_group import JacklringProcessGroup
+    from adapter.torch_backend.cpp_backend import python_group
 
     torch_own = dist.monitored_barrier
 
     def routed(group=None, timeout=None, wait_all_ranks=False):
         pg = group if group is not None else dist.distributed_c10d._get_default_group()
-        if isinstance(pg, JacklringProcessGroup):
-            return pg.monitored_barrier(timeout, wait_all_ranks=wait_all_ranks)
+        jacklring_group = python_group(pg)  # the group, or the Python group behind its C++ Backend
+        if jacklring_group is not None:
+            return jacklring_group.monitored_barrier(timeout, wait_all_ranks=wait_all_ranks)
         return torch_own(group, timeout, wait_all_ranks)
 
     dist.monitored_barrier = routed
