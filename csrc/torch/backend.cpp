@@ -33,6 +33,7 @@ JacklringBackend::~JacklringBackend() {
 template <typename... Args>
 c10::intrusive_ptr<c10d::Work> JacklringBackend::delegated(c10d::OpType op, const char* method, Args&&... args) {
   delegated_since_idle_.store(true, std::memory_order_relaxed);
+  sequence_.fetch_add(1, std::memory_order_relaxed);
   py::gil_scoped_acquire gil;
   py::object work = delegate_.attr(method)(std::forward<Args>(args)...);
   return c10::make_intrusive<DelegatedWork>(getRank(), op, std::move(work));
@@ -115,6 +116,7 @@ c10::intrusive_ptr<c10d::Work> JacklringBackend::allreduce(std::vector<at::Tenso
   // Synchronous calls (async_op=False) run here; asynchronous ones (DDP's bucket all-reduces)
   // go to the Python group's communication thread, so backward keeps overlapping them.
   if (!opts.asyncOp && tensors.size() == 1 && native_all_reduce(tensors[0], opts.reduceOp)) {
+    sequence_.fetch_add(1, std::memory_order_relaxed);
     return c10::make_intrusive<DoneWork>(getRank(), c10d::OpType::ALLREDUCE, tensors);
   }
   return delegated(c10d::OpType::ALLREDUCE, "allreduce", tensors, opts);
