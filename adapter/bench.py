@@ -6,8 +6,10 @@
     python -m adapter.bench -n 2 --api numpy,torch     # + adapter.all_sum and dist.all_reduce
 
 All backends live in the same processes and are timed in interleaved rounds (median of
-rounds), so machine noise hits every column alike. With mpi in the list the ranks are
-started by the venv's mpirun; otherwise as plain subprocesses.
+rounds), so machine noise hits every column alike. Ranks start as users start them: jacklring's
+columns in a job under `launcher -n N`, Open MPI's (mpi-sm, mpi-tcp, mpi-adapter) in jobs of
+their own under the venv's mpirun (so they are not interleaved with ours); the table's caption
+says so, and a placement probe (a cache line's round trip between CPUs 0 and 1) comes first.
 busbw follows nccl-tests: all-reduce busbw = 2(n-1)/n * bytes / time.
 
 ring is the ring backend as configured (on one host: shared memory); ring-unix and ring-tcp are
@@ -307,13 +309,30 @@ def report(args: argparse.Namespace, results: dict, n: int, link_rate: float | N
 # ---- launcher side ----------------------------------------------------------------------------
 
 def jobs(backends: list[str]) -> list[tuple[list[str], str | None]]:
-    """(backends, Open MPI BTL list or None) per job: the first job runs everything it can;
-    each further MPI variant needs a job of its own, since the BTL is chosen per job."""
+    """(backends, Open MPI BTL list or None) per job: jacklring's columns (and every other
+    non-MPI one) in one job started as users start it (`launcher -n N`), each Open MPI variant
+    in a job of its own under mpirun (the BTL is chosen per job; mpi-adapter runs in the first)."""
     variants = [b for b in backends if b in MPI_BTLS]
-    main = [b for b in backends if b not in MPI_BTLS] + variants[:1]
+    main = [b for b in backends if b not in MPI_BTLS and b != "mpi-adapter"]
+    out: list[tuple[list[str], str | None]] = [(main, None)] if main else []
+    mpi_adapter = ["mpi-adapter"] if "mpi-adapter" in backends else []
     if variants:
-        return [(main, MPI_BTLS[variants[0]])] + [([v], MPI_BTLS[v]) for v in variants[1:]]
-    return [(main, "" if "mpi-adapter" in main else None)]
+        out += [(mpi_adapter + variants[:1], MPI_BTLS[variants[0]])] + [([v], MPI_BTLS[v]) for v in variants[1:]]
+    elif mpi_adapter:
+        out.append((mpi_adapter, ""))
+    return out
+
+
+def placement() -> str:
+    """The placement probe: a cache line's round trip between CPUs 0 and 1 (far placements make
+    every same-host collective pay several times more for lines a peer just read)."""
+    try:
+        from adapter.backends.local import _engine
+        ns = _engine.cache_line_round_trip(0, 1, 64, 200)
+    except (ImportError, OSError) as exc:
+        return f"# placement: not measured ({exc})"
+    return (f"# placement: cache-line round trip CPU 0 <-> CPU 1 = {ns:.0f} ns (fastest of 64 batches; "
+            f"near ~20-50 ns, far ~130-190 ns on a quiet host); load average {os.getloadavg()[0]:.1f}")
 
 
 def contract_env(n: int, hosts: list[str], ports, tmp: str, connections: int,
@@ -367,9 +386,13 @@ def launch(args: argparse.Namespace, argv: list[str]) -> int:
     tmp = tempfile.mkdtemp(prefix="jacklring-bench-")
     ports = iter(free_ports(len(RING_VARIANTS) * n * args.connections + 2 * n + 2 + len(JACCL_VARIANTS)))
     env = dict(os.environ, **contract_env(n, ["127.0.0.1"] * n, ports, tmp, args.connections, args.backends))
+    print(placement(), flush=True)
     results = measure(args, argv, env, tmp)
     if results is None:
         return 1
+    print(f"# jacklring's columns ran in ranks started by `launcher -n {n}`"
+          + (f"; Open MPI's in ranks started by `mpirun -n {n}` (a job of their own, so not interleaved "
+             f"with ours)" if any(b in MPI_BTLS or b == "mpi-adapter" for b in args.backends) else ""))
     report(args, results, n)
     return 0
 
@@ -401,7 +424,14 @@ def run_job(args: argparse.Namespace, cmd: list[str], env: dict, btl: str | None
         except subprocess.TimeoutExpired:
             print(f"bench: timed out after {args.timeout} s", file=sys.stderr)
             return 1
-    prefix = rank_prefix or (lambda r: [])
+    if rank_prefix is None:  # as users start ranks: the launcher (rank r's MLX_RANK and hostfile)
+        launcher = [sys.executable, "-m", "launcher.cli", "-n", str(n), "--no-prefix"]
+        try:
+            return subprocess.call(launcher + cmd, env=env, timeout=args.timeout)
+        except subprocess.TimeoutExpired:
+            print(f"bench: timed out after {args.timeout} s", file=sys.stderr)
+            return 1
+    prefix = rank_prefix
     procs = [subprocess.Popen(prefix(r) + cmd, env=dict(env, MLX_RANK=str(r))) for r in range(n)]
     try:
         codes = [p.wait(timeout=args.timeout) for p in procs]

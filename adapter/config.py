@@ -191,9 +191,12 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
             "two ranks sending large messages to each other before receiving do not deadlock"),
     Setting("JACKLRING_SOCKET_BUFFER_BYTES", byte_size, 4 << 20,
             "send and receive buffer size requested for every TCP connection"),
+    Setting("JACKLRING_NO_NATIVE", flag, False,
+            "1: install without the native shared-memory engine, or do not use it at run time; same-host ranks "
+            "then use sockets (one warning line)"),
     Setting("JACKLRING_SPIN_US", microseconds, None,
             "how long a waiting rank busy-polls before sleeping; sockets: default 50 us, 0 when ranks outnumber "
-            "CPUs; shared memory: default 0 (it yields the CPU while checking instead)"),
+            "CPUs; shared memory: default 1 us of pause instructions (then it yields the CPU while checking)"),
     # JACCL
     Setting("JACKLRING_JACCL_TRANSPORT", choice("auto", "tcp", "rdma"), "auto",
             "JACCL's links: RDMA when every rank has its devices (auto), always the TCP mesh, or RDMA only"),

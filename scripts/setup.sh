@@ -27,6 +27,19 @@ if ! [ -x /usr/sbin/slurmctld ] || ! [ -x /usr/sbin/munged ] || ! [ -e /usr/lib/
 fi
 
 PY=${PYTHON:-python3}
+
+# The shared-memory engine is C, compiled at install (setup.py): a C compiler and the headers of
+# the Python the venv is made from. JACKLRING_NO_NATIVE=1 installs without it (sockets instead).
+has_headers() { "$PY" -c 'import os, sys, sysconfig; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))'; }
+if [ "${JACKLRING_NO_NATIVE:-}" != 1 ] && { ! command -v cc >/dev/null || ! has_headers; }; then
+    if [ "$(id -u)" = 0 ]; then
+        export DEBIAN_FRONTEND=noninteractive
+        apt-get update -qq
+        apt-get install -y -qq gcc python3-dev >/dev/null
+    else
+        echo "setup: a C compiler or Python's headers are missing; install them (sudo apt-get install gcc python3-dev) or set JACKLRING_NO_NATIVE=1" >&2
+    fi
+fi
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 # uv installs the same packages as pip, resolved the same way, several times faster (it fetches
 # and unpacks in parallel); where uv cannot be had, pip does the same work.

@@ -11,6 +11,7 @@
 #include <math.h>
 
 #include "../shm/engine.h"
+#include "../shm/probe.h"
 
 typedef struct {
     PyObject_HEAD
@@ -29,6 +30,16 @@ static void stall_report(void *arg, int32_t peer) {
         Py_XDECREF(res);
     }
     PyGILState_Release(gil);
+}
+
+/* A signal woke a wait: run Python's handlers now (a raised KeyboardInterrupt stays set and
+ * ends the call), as the Python engine's loop did between its sleeps. */
+static int interrupted(void *arg) {
+    (void)arg;
+    PyGILState_STATE gil = PyGILState_Ensure();
+    int raised = PyErr_CheckSignals() < 0;
+    PyGILState_Release(gil);
+    return raised;
 }
 
 static PyObject *status_tuple(const jl_status *st) {
@@ -84,6 +95,8 @@ static int int_arg(PyObject *obj, int *out) {
 static PyObject *result(int rc, const jl_status *st) {
     if (rc == JL_OK)
         Py_RETURN_NONE;
+    if (rc == JL_INTERRUPTED && PyErr_Occurred())
+        return NULL; /* the signal handler's exception */
     return status_tuple(st);
 }
 
@@ -262,6 +275,7 @@ static int settings_arg(Segment *self, PyObject *args) {
     self->settings.stall_report_ns = stall;
     self->settings.stall_report = stall_report;
     self->settings.stall_arg = self;
+    self->settings.interrupted = interrupted;
     return 0;
 }
 
@@ -406,8 +420,31 @@ static const jl_api API = {
     .dtype_size = jl_dtype_size,
 };
 
+/* cache_line_round_trip(cpu_a, cpu_b, rounds, trips) -> ns, fastest batch (csrc/shm/probe.h) */
+static PyObject *cache_line_round_trip(PyObject *Py_UNUSED(module), PyObject *args) {
+    int a, b, rounds, trips;
+    if (!PyArg_ParseTuple(args, "iiii", &a, &b, &rounds, &trips))
+        return NULL;
+    double ns;
+    Py_BEGIN_ALLOW_THREADS
+    ns = jl_cache_line_round_trip(a, b, rounds, trips);
+    Py_END_ALLOW_THREADS
+    if (ns < 0) {
+        errno = (int)-ns;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    return PyFloat_FromDouble(ns);
+}
+
+static PyMethodDef module_methods[] = {
+    {"cache_line_round_trip", cache_line_round_trip, METH_VARARGS,
+     "cache_line_round_trip(cpu_a, cpu_b, rounds, trips): ns of a cache line's round trip between two CPUs"},
+    {NULL, NULL, 0, NULL},
+};
+
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "_engine", "jacklring's shared-memory engine (csrc/shm).", -1, NULL, NULL, NULL, NULL, NULL,
+    PyModuleDef_HEAD_INIT, "_engine", "jacklring's shared-memory engine (csrc/shm).", -1, module_methods, NULL, NULL,
+    NULL, NULL,
 };
 
 PyMODINIT_FUNC PyInit__engine(void) {

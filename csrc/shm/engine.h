@@ -51,7 +51,8 @@ extern "C" {
 
 /* Outcome of a call. Python maps each to today's exception:
  * MISMATCH -> MismatchError, PEER_LEFT / PEER_EXITED / LINK_CLOSED / SELF_BROKEN -> PeerError,
- * TIMEOUT -> CollectiveTimeout, INVALID -> ValueError/TypeError, SYSTEM -> OSError. */
+ * TIMEOUT -> CollectiveTimeout, INVALID -> ValueError/TypeError, SYSTEM -> OSError,
+ * INTERRUPTED -> whatever the signal handler raised (KeyboardInterrupt). */
 typedef enum {
     JL_OK = 0,
     JL_MISMATCH = 1,    /* peer `peer` published a different header (in status.header) */
@@ -62,6 +63,7 @@ typedef enum {
     JL_SELF_BROKEN = 6, /* this rank gave the group up (jl_mark_broken) while the call waited */
     JL_INVALID = 7,     /* bad argument: unknown dtype/op, op not defined for the dtype, ... */
     JL_SYSTEM = 8,      /* a system call failed: sys_errno */
+    JL_INTERRUPTED = 9, /* settings.interrupted said so after a signal woke a wait */
 } jl_code;
 
 /* Element types: the wire codes of adapter/backends/elements.py DTYPE_CODES. */
@@ -102,6 +104,10 @@ typedef struct {
     /* Called (from the waiting thread, without the GIL) when a wait stalls; may be NULL. */
     void (*stall_report)(void *arg, int32_t peer);
     void *stall_arg;
+    /* Called (same thread, no GIL) when a signal interrupted a futex sleep, and at each liveness
+     * check of a long wait; nonzero ends the call with JL_INTERRUPTED (Python: a signal handler
+     * raised, e.g. KeyboardInterrupt). May be NULL. */
+    int (*interrupted)(void *arg);
 } jl_settings;
 
 /* Attach: map the segment open at fd (the caller keeps and closes its fd; the mapping stays),

@@ -45,12 +45,13 @@ static uint32_t *low_half(jl_word *word) {
     return (uint32_t *)at;
 }
 
-static void futex_wait(jl_ctx *ctx, uint64_t expected, int64_t ns) {
+/* 0, or -1 with errno (EINTR: a signal; ETIMEDOUT, EAGAIN: the word moved). */
+static int futex_wait(jl_ctx *ctx, uint64_t expected, int64_t ns) {
     if (ns < 0)
         ns = 0;
     struct timespec t = {.tv_sec = ns / 1000000000LL, .tv_nsec = ns % 1000000000LL};
     /* Shared (not FUTEX_PRIVATE): keyed by the mapping's page, so other processes wake it. */
-    syscall(SYS_futex, low_half(ctx->arrivals), FUTEX_WAIT, (uint32_t)expected, &t, NULL, 0);
+    return (int)syscall(SYS_futex, low_half(ctx->arrivals), FUTEX_WAIT, (uint32_t)expected, &t, NULL, 0);
 }
 
 static void futex_wake(jl_ctx *ctx) {
@@ -155,6 +156,13 @@ static int sleep_for(jl_ctx *ctx, int32_t q, uint64_t step, int64_t deadline_ns,
         if (now >= check_at) {
             if ((rc = check_alive(ctx, q, step, st)) != 0)
                 break;
+            /* A signal may have gone to another thread (no EINTR here): ask now and then too. */
+            if (ctx->settings.interrupted && ctx->settings.interrupted(ctx->settings.stall_arg)) {
+                st->code = JL_INTERRUPTED;
+                st->peer = q;
+                rc = -1;
+                break;
+            }
             every = every * 2 < LIVENESS_MAX_NS ? every * 2 : LIVENESS_MAX_NS;
             check_at = now + every;
         }
@@ -183,7 +191,13 @@ static int sleep_for(jl_ctx *ctx, int32_t q, uint64_t step, int64_t deadline_ns,
             rc = -1;
             break;
         }
-        futex_wait(ctx, arrivals, wait);
+        if (futex_wait(ctx, arrivals, wait) != 0 && errno == EINTR && ctx->settings.interrupted &&
+            ctx->settings.interrupted(ctx->settings.stall_arg)) {
+            st->code = JL_INTERRUPTED;
+            st->peer = q;
+            rc = -1;
+            break;
+        }
     }
     atomic_fetch_and_explicit(ctx->sleepers, ~bit, memory_order_seq_cst);
     return rc;

@@ -92,7 +92,7 @@ def define_suite() -> type:
     if backend == "jacklring":
         _route_monitored_barrier()
         # Loaded once here, not in every forked rank: each process's first same-host group would
-        # load the native shared-memory engine again.
+        # load the native engine again (a small extension, but still a load).
         from adapter.backends.local import engine
 
         engine.why_missing()

@@ -12,6 +12,7 @@ import logging
 import os
 from typing import TYPE_CHECKING, NoReturn
 
+from ... import config
 from ...errors import CollectiveTimeout, MismatchError, PeerError
 
 if TYPE_CHECKING:
@@ -27,14 +28,14 @@ except ImportError as exc:  # installed without it (JACKLRING_NO_NATIVE=1) or a 
     _WHY = f"the native shared-memory engine is not installed ({exc})"
 
 # Status codes (csrc/shm/engine.h jl_code).
-OK, MISMATCH, PEER_LEFT, PEER_EXITED, LINK_CLOSED, TIMEOUT, SELF_BROKEN, INVALID, SYSTEM = range(9)
+OK, MISMATCH, PEER_LEFT, PEER_EXITED, LINK_CLOSED, TIMEOUT, SELF_BROKEN, INVALID, SYSTEM, INTERRUPTED = range(10)
 
 _warned = False
 
 
 def why_missing() -> str | None:
     """None when the engine is usable, else why not."""
-    if os.environ.get("JACKLRING_NO_NATIVE") == "1" and _WHY is None:
+    if _WHY is None and config.get("JACKLRING_NO_NATIVE"):
         return "JACKLRING_NO_NATIVE=1"
     return _WHY
 
