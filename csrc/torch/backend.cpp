@@ -96,6 +96,9 @@ bool JacklringBackend::native_all_reduce(at::Tensor& tensor, const c10d::ReduceO
     // The Python group words the status as its own path does and raises it (pybind11 carries
     // that exception to the caller unchanged).
     py::gil_scoped_acquire gil;
+    if (result == JL_INTERRUPTED && PyErr_Occurred()) {
+      throw py::error_already_set();  // a signal handler raised (KeyboardInterrupt): that error
+    }
     py::tuple st = py::make_tuple(status.code, status.peer, status.culprit, status.fd, status.sys_errno,
                                   status.step, status.peer_step,
                                   py::bytes(reinterpret_cast<const char*>(status.header), JL_HEADER_BYTES));
