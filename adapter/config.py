@@ -249,10 +249,10 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
     # torch process group
     Setting("JACKLRING_TORCH_BACKEND", choice("auto", "ring", "jaccl", "mpi", "nccl"), "auto",
             "what the torch process group runs on; auto: the launcher's backend, else a ring formed through the store"),
-    Setting("JACKLRING_TORCH_NATIVE", choice("auto", "0", "1"), "auto",
-            "the torch process group's C++ c10d Backend (built by scripts/setup.sh): auto where its ranks share "
-            "memory (synchronous all-reduces then run in C++), 1 whenever its cached build loads, 0 never "
-            "(the Python group)"),
+    Setting("JACKLRING_TORCH_NATIVE", choice("0", "1"), "0",
+            "1: the torch process group is the C++ c10d Backend (built by scripts/setup.sh) where its cached build "
+            "loads: synchronous all-reduces of a group whose ranks share memory run in C++, everything else in the "
+            "Python group behind it; 0: the Python group alone (docs/torch.md, 'The C++ Backend')"),
     Setting("JACKLRING_TORCH_MONITORED_BARRIER", flag, True,
             "torch.distributed.monitored_barrier answers on jacklring groups (routed when the first group forms); "
             "0 leaves torch's function alone"),
