@@ -4,9 +4,7 @@ JACKLRING_TORCH_NATIVE chooses: 0 (the default) the Python group; 1 the C++ Back
 its cached build loads (native.py), else the Python group with one warning naming why. Where the
 group's ranks all share one segment of the shared-memory engine, the C++ Backend runs the
 synchronous all-reduces itself (csrc/torch/native.cpp); everything else it hands to the Python
-group. It is not the default yet: the Works of the operations it hands over are C++ Works, whose
-exception() is torch's RuntimeError copy of the error rather than the exception wait() raised
-(docs/torch.md, "The C++ Backend").
+group (docs/torch.md, "The C++ Backend").
 
 Either way the Python JacklringProcessGroup exists: the C++ Backend delegates to it what it does
 not run itself, in issue order on the same executors.

@@ -39,7 +39,10 @@ std::exception_ptr DelegatedWork::exception() const {
   if (error.is_none()) {
     return nullptr;
   }
-  return std::make_exception_ptr(std::runtime_error(py::str(error).cast<std::string>()));
+  // The very exception object wait() raised (docs/torch.md: exception() is that error): an
+  // error_already_set over it, which torch's binding raises back as that object.
+  PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(error.ptr())), error.ptr());
+  return std::make_exception_ptr(py::error_already_set());
 }
 
 int DelegatedWork::sourceRank() const {

@@ -28,6 +28,9 @@ def clean_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("MLX_", "JACKLRING_", "OMPI_", "PMIX_", "PMI_", "MASTER_", "TORCHELASTIC_"))
            and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")}
+    # Which torch process group runs is the one setting kept: the suite runs with either.
+    if "JACKLRING_TORCH_NATIVE" in os.environ:
+        env["JACKLRING_TORCH_NATIVE"] = os.environ["JACKLRING_TORCH_NATIVE"]
     env.update(PYTHONPATH=ROOT, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", JACKLRING_CONNECT_TIMEOUT="30")
     env.update(extra)
     return env
