@@ -33,8 +33,8 @@ ENGINE_OP_NAMES = ("SUM", "PRODUCT", "MAX", "MIN", "BAND", "BOR", "BXOR")
 
 def choose(group: Any) -> Any:
     """What the creator hands torch for the Python process group `group`: the group itself or a
-    C++ Backend delegating to it (and running its synchronous all-reduces natively where the
-    group shares memory)."""
+    process group over a C++ Backend delegating to it (and running its synchronous all-reduces
+    natively where the group shares memory)."""
     if config.get("JACKLRING_TORCH_NATIVE") != "1":
         return group
     from . import native
@@ -47,7 +47,19 @@ def choose(group: Any) -> Any:
     segment = group.shared_memory()
     if segment is not None:
         _enable_native(backend, segment, group.timeout_s)
-    return backend
+    return _named(module, backend)
+
+
+def _named(module: Any, backend: Any) -> Any:
+    """torch's process group over `backend`, named "jacklring": torch would otherwise wrap it in a
+    group whose C++ name is "custom" (what DDP's logging data reports)."""
+    import torch
+    from torch.distributed import ProcessGroup
+
+    pg = module.NamedProcessGroup(backend.rank(), backend.size())
+    pg._register_backend(torch.device("cpu"), ProcessGroup.BackendType.CUSTOM, backend)
+    pg._set_default_backend(ProcessGroup.BackendType.CUSTOM)
+    return pg
 
 
 def _enable_native(backend: Any, segment: Any, timeout_s: float) -> None:

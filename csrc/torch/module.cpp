@@ -7,6 +7,7 @@
 
 #include "backend.h"
 #include "floor.h"
+#include "named_group.h"
 
 namespace py = pybind11;
 
@@ -33,6 +34,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           py::arg("all_reduce"), py::arg("reduce"))
       .def("disable_native", &jacklring::JacklringBackend::disable_native)
       .def_property_readonly("native", &jacklring::JacklringBackend::native_enabled);
+  py::class_<jacklring::NamedProcessGroup, c10d::ProcessGroup, c10::intrusive_ptr<jacklring::NamedProcessGroup>>(
+      m, "NamedProcessGroup")
+      .def(py::init<int, int>(), py::arg("rank"), py::arg("size"));
   py::class_<jacklring::FloorBackend, c10d::Backend, c10::intrusive_ptr<jacklring::FloorBackend>>(m, "FloorBackend")
       .def(py::init<int, int>(), py::arg("rank"), py::arg("size"));
 }
