@@ -383,7 +383,7 @@ def launch(args: argparse.Namespace, argv: list[str]) -> int:
         from .bench_plot import plot_results
 
         names = [name for name in args.backends if any(key[1] == name for key in results)]
-        written = plot_results(args.plot, results, names, args.sizes, n, args.stat)
+        written = plot_results(args.plot, results, names, args.sizes, n, args.stat, size_label=human)
         print(f"bench: wrote {written} (time and busbw against size, log-log, one line per system)", file=sys.stderr)
     return 0
 

@@ -76,7 +76,7 @@ def _create_process_group(common: Any, pg_options: Any) -> Any:
     from .rendezvous import backend_choice, create_backend, deadline_seconds
 
     rank, size = int(common.group_rank), int(common.group_size)
-    check_pairing(rank, device_backends())  # "cpu:jacklring,cuda:nccl": torch never builds the nccl half
+    check_pairing(rank, device_backends(), BACKEND_NAME)  # "cpu:jacklring,cuda:nccl": torch never builds the nccl half
     timeout_s = deadline_seconds(common.timeout)
     choice = backend_choice(pg_options)
     is_default = not list(common.global_ranks_in_group or [])
@@ -98,9 +98,10 @@ def monitored_barrier(group: Any = None, timeout: Any = None, wait_all_ranks: bo
     import torch.distributed as dist
 
     from .cpp_backend import python_group
+    from .process_group import JacklringProcessGroup
 
     pg = group if group is not None else dist.distributed_c10d._get_default_group()
-    jacklring_group = python_group(pg)  # the group itself, or the Python group behind its C++ Backend
+    jacklring_group = python_group(pg, JacklringProcessGroup)  # the group itself, or the Python group behind its C++ Backend
     if jacklring_group is not None:
         jacklring_group.monitored_barrier(timeout, wait_all_ranks=wait_all_ranks)
     else:
