@@ -7,8 +7,10 @@
     python -m adapter.bench -n 2 --compare gloo --plot allsum.png   # + a log-log picture
 
 All backends live in the same processes and are timed in interleaved rounds (median of
-rounds), so machine noise hits every column alike. With mpi in the list the ranks are
-started by the venv's mpirun; otherwise as plain subprocesses.
+rounds), so machine noise hits every column alike. Ranks start as users start them: jacklring's
+columns in a job under `launcher -n N`, Open MPI's (mpi-sm, mpi-tcp, mpi-adapter) in jobs of
+their own under the venv's mpirun (so they are not interleaved with ours); the table's caption
+says so, and a placement probe (a cache line's round trip between CPUs 0 and 1) comes first.
 busbw follows nccl-tests: all-reduce busbw = 2(n-1)/n * bytes / time.
 
 ring is the ring backend as configured (on one host: shared memory); ring-unix and ring-tcp are
@@ -35,7 +37,6 @@ import contextlib
 import json
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -46,6 +47,8 @@ import numpy as np
 
 from jacklring_shared import ports as port_choice
 from jacklring_shared.secret_text import drawn_secret_text
+
+from .bench_report import FLOOR, human, parse_size, report  # report and parse_size: benchmarks/netns_bench.py too
 
 DEFAULT_SIZES = "4,64,1K,4K,16K,64K,256K,1M,4M,16M,64M"
 # Extra ring groups in the same processes, each formed with these settings.
@@ -61,27 +64,12 @@ OURS = ("ring", *RING_VARIANTS, "jaccl", *JACCL_VARIANTS, "mpi-adapter")
 OTHERS = ("gloo", "mpi-sm", "mpi-tcp", "mlx")
 # --api: the user-facing calls over the configured group, beside the backend's own all_reduce.
 APIS = {"numpy": "numpy-api", "tensor": "tensor-api", "torch": "torch-api"}
-# Beside torch-api: torch's own cost per call, a C++ c10d Backend that does nothing (csrc/torch/floor.h).
-FLOOR = "torch-floor"
 MPI_BTLS = {"mpi-sm": "self,sm", "mpi-tcp": "self,tcp"}
 
 
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
     """count distinct free TCP ports on host, below the ephemeral range (jacklring_shared.ports)."""
     return port_choice.free_ports([host] * count)
-
-
-def parse_size(text: str) -> int:
-    text = text.strip().upper().removesuffix("B").removesuffix("I")
-    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
-    return int(float(text.rstrip("KMG")) * scale)
-
-
-def human(n: int) -> str:
-    for unit, scale in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
-        if n >= scale and n % scale == 0:
-            return f"{n // scale}{unit}"
-    return str(n)
 
 
 # ---- worker side ------------------------------------------------------------------------------
@@ -264,61 +252,33 @@ def worker(args: argparse.Namespace) -> None:
         dist.destroy_process_group()
 
 
-def report(args: argparse.Namespace, results: dict, n: int, link_rate: float | None = None) -> None:
-    """Print the table; with link_rate (bytes/s per direction of each rank's link) a column
-    "link" gives busbw as a fraction of it (benchmarks/netns_bench.py shapes such links)."""
-    factor = 2 * (n - 1) / n
-    names = [name for name in args.backends if any(key[1] == name for key in results)]
-    pick = min if args.stat == "min" else statistics.median
-    print(f"# all_sum float32, {n} ranks, {args.stat} of {args.rounds} interleaved rounds; "
-          f"time in us, algbw/busbw in GB/s" + (f", link = busbw / {link_rate / 1e9:.4g} GB/s" if link_rate else ""))
-    head = f"{'bytes':>8}"
-    for name in names:
-        head += f" | {name + ' time':>14} {'algbw':>7} {'busbw':>7}" + (f" {'link':>5}" if link_rate else "") + f" {'ok':>3}"
-    print(head)
-    for nbytes in args.sizes:
-        line = f"{human(nbytes):>8}"
-        for name in names:
-            res = results[(nbytes, name)]
-            t = pick(res["times"])
-            alg = nbytes / t / 1e9
-            line += f" | {t * 1e6:>14.1f} {alg:>7.3f} {alg * factor:>7.3f}"
-            if link_rate:
-                line += f" {alg * factor * 1e9 / link_rate:>5.2f}"
-            line += f" {'-' if res['ok'] is None else 'yes' if res['ok'] else 'NO':>3}"
-        print(line)
-    if len(names) > 1:
-        base = names[0]
-        print(f"\n# time ratio vs {base} (>1 means {base} is faster)")
-        print(f"{'bytes':>8} | " + " | ".join(f"{name:>10}" for name in names[1:]))
-        for nbytes in args.sizes:
-            t0 = pick(results[(nbytes, base)]["times"])
-            print(f"{human(nbytes):>8} | " + " | ".join(
-                f"{pick(results[(nbytes, name)]['times']) / t0:>10.2f}" for name in names[1:]))
-    if FLOOR in names and "torch-api" in names:
-        print(f"\n# torch-api / {FLOOR}: how far above torch's own cost per call the jacklring group runs")
-        for nbytes in args.sizes:
-            floor = pick(results[(nbytes, FLOOR)]["times"])
-            print(f"{human(nbytes):>8} | {pick(results[(nbytes, 'torch-api')]['times']) / floor:>10.2f}")
-    if all(results[(nbytes, name)].get("cpu") for nbytes in args.sizes for name in names):
-        print(f"\n# CPU time per call, rank 0, us ({args.stat} of rounds)")
-        print(f"{'bytes':>8} | " + " | ".join(f"{name:>10}" for name in names))
-        for nbytes in args.sizes:
-            print(f"{human(nbytes):>8} | " + " | ".join(
-                f"{pick(results[(nbytes, name)]['cpu']) * 1e6:>10.1f}" for name in names))
-    sys.stdout.flush()
-
-
 # ---- launcher side ----------------------------------------------------------------------------
 
 def jobs(backends: list[str]) -> list[tuple[list[str], str | None]]:
-    """(backends, Open MPI BTL list or None) per job: the first job runs everything it can;
-    each further MPI variant needs a job of its own, since the BTL is chosen per job."""
+    """(backends, Open MPI BTL list or None) per job: jacklring's columns (and every other
+    non-MPI one) in one job started as users start it (`launcher -n N`), each Open MPI variant
+    in a job of its own under mpirun (the BTL is chosen per job; mpi-adapter runs in the first)."""
     variants = [b for b in backends if b in MPI_BTLS]
-    main = [b for b in backends if b not in MPI_BTLS] + variants[:1]
+    main = [b for b in backends if b not in MPI_BTLS and b != "mpi-adapter"]
+    out: list[tuple[list[str], str | None]] = [(main, None)] if main else []
+    mpi_adapter = ["mpi-adapter"] if "mpi-adapter" in backends else []
     if variants:
-        return [(main, MPI_BTLS[variants[0]])] + [([v], MPI_BTLS[v]) for v in variants[1:]]
-    return [(main, "" if "mpi-adapter" in main else None)]
+        out += [(mpi_adapter + variants[:1], MPI_BTLS[variants[0]])] + [([v], MPI_BTLS[v]) for v in variants[1:]]
+    elif mpi_adapter:
+        out.append((mpi_adapter, ""))
+    return out
+
+
+def placement() -> str:
+    """The placement probe: a cache line's round trip between CPUs 0 and 1 (far placements make
+    every same-host collective pay several times more for lines a peer just read)."""
+    try:
+        from adapter.backends.local import _engine
+        ns = _engine.cache_line_round_trip(0, 1, 64, 200)
+    except (ImportError, OSError) as exc:
+        return f"# placement: not measured ({exc})"
+    return (f"# placement: cache-line round trip CPU 0 <-> CPU 1 = {ns:.0f} ns (fastest of 64 batches; "
+            f"near ~20-50 ns, far ~130-190 ns on a quiet host); load average {os.getloadavg()[0]:.1f}")
 
 
 def contract_env(n: int, hosts: list[str], ports, tmp: str, connections: int,
@@ -338,7 +298,8 @@ def contract_env(n: int, hosts: list[str], ports, tmp: str, connections: int,
                BENCH_HOSTFILE_NATIVE=hostfile("ring-native.json", connections),
                BENCH_MLX_HOSTFILE=hostfile("mlx-ring.json", 1),
                MASTER_ADDR=hosts[0], MASTER_PORT=str(next(ports)), WORLD_SIZE=str(n))
-    if len(set(hosts)) > 1 and not (os.environ.get("JACKLRING_SECRET") or os.environ.get("JACKLRING_SECRET_FILE")):
+    from adapter import config
+    if len(set(hosts)) > 1 and not (config.get("JACKLRING_SECRET") or config.get("JACKLRING_SECRET_FILE")):
         env["JACKLRING_SECRET"] = drawn_secret_text()  # ranks on several hosts need one, as the launcher's do
     if any(b == "jaccl" or b in JACCL_VARIANTS for b in backends):
         devices = os.path.join(tmp, "devices.json")
@@ -375,9 +336,13 @@ def launch(args: argparse.Namespace, argv: list[str]) -> int:
     tmp = tempfile.mkdtemp(prefix="jacklring-bench-")
     ports = iter(free_ports(len(RING_VARIANTS) * n * args.connections + 2 * n + 2 + len(JACCL_VARIANTS)))
     env = dict(os.environ, **contract_env(n, ["127.0.0.1"] * n, ports, tmp, args.connections, args.backends))
+    print(placement(), flush=True)
     results = measure(args, argv, env, tmp)
     if results is None:
         return 1
+    print(f"# jacklring's columns ran in ranks started by `launcher -n {n}`"
+          + (f"; Open MPI's in ranks started by `mpirun -n {n}` (a job of their own, so not interleaved "
+             f"with ours)" if any(b in MPI_BTLS or b == "mpi-adapter" for b in args.backends) else ""))
     report(args, results, n)
     if args.plot:
         from .bench_plot import plot_results
@@ -415,7 +380,14 @@ def run_job(args: argparse.Namespace, cmd: list[str], env: dict, btl: str | None
         except subprocess.TimeoutExpired:
             print(f"bench: timed out after {args.timeout} s", file=sys.stderr)
             return 1
-    prefix = rank_prefix or (lambda r: [])
+    if rank_prefix is None:  # as users start ranks: the launcher (rank r's MLX_RANK and hostfile)
+        launcher = [sys.executable, "-m", "launcher.cli", "-n", str(n), "--no-prefix"]
+        try:
+            return subprocess.call(launcher + cmd, env=env, timeout=args.timeout)
+        except subprocess.TimeoutExpired:
+            print(f"bench: timed out after {args.timeout} s", file=sys.stderr)
+            return 1
+    prefix = rank_prefix
     procs = [subprocess.Popen(prefix(r) + cmd, env=dict(env, MLX_RANK=str(r))) for r in range(n)]
     try:
         codes = [p.wait(timeout=args.timeout) for p in procs]

@@ -24,8 +24,7 @@ def _pyplot():
 def plot_results(path: str | Path, results: dict, names: list[str], sizes: list[int], n: int,
                  stat: str = "median", title: str = "", size_label: Callable[[int], str] = str) -> Path:
     """Write the figure to `path` (its suffix picks the format: .png, .svg, .pdf); returns it.
-    results: {(bytes, name): {"times": [seconds per round, ...], "ok": bool}} as bench gathers;
-    size_label: a size's tick label (bench passes its own, so this module never imports it)."""
+    results: {(bytes, name): {"times": [seconds per round, ...], "ok": bool}} as bench gathers."""
     plt = _pyplot()
     pick = min if stat == "min" else statistics.median
     factor = 2 * (n - 1) / n if n > 1 else 1.0
@@ -37,6 +36,7 @@ def plot_results(path: str | Path, results: dict, names: list[str], sizes: list[
         xs = [b for b, _ in points]
         time_ax.plot(xs, [t * 1e6 for _, t in points], marker="o", markersize=3, label=name)
         bw_ax.plot(xs, [b / t / 1e9 * factor for b, t in points], marker="o", markersize=3, label=name)
+
     for ax, label in ((time_ax, f"time per all_sum, us ({stat})"), (bw_ax, "busbw, GB/s")):
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")

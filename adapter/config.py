@@ -225,9 +225,12 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
             "two ranks sending large messages to each other before receiving do not deadlock"),
     Setting("JACKLRING_SOCKET_BUFFER_BYTES", byte_size, 4 << 20,
             "send and receive buffer size requested for every TCP connection"),
+    Setting("JACKLRING_NO_NATIVE", flag, False,
+            "1: install without the native shared-memory engine, or do not use it at run time; same-host ranks "
+            "then use sockets (one warning line)"),
     Setting("JACKLRING_SPIN_US", microseconds, None,
             "how long a waiting rank busy-polls before sleeping; sockets: default 50 us, 0 when ranks outnumber "
-            "CPUs; shared memory: default 0 (it yields the CPU while checking instead)"),
+            "CPUs; shared memory: default 1 us of pause instructions (then it yields the CPU while checking)"),
     # JACCL
     Setting("JACKLRING_JACCL_TRANSPORT", choice("auto", "tcp", "rdma"), "auto",
             "JACCL's links: RDMA when every rank has its devices (auto), always the TCP mesh, or RDMA only"),
@@ -246,10 +249,10 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
     # torch process group
     Setting("JACKLRING_TORCH_BACKEND", choice("auto", "ring", "jaccl", "mpi", "nccl"), "auto",
             "what the torch process group runs on; auto: the launcher's backend, else a ring formed through the store"),
-    Setting("JACKLRING_TORCH_NATIVE", choice("auto", "0", "1"), "auto",
-            "the torch process group's C++ c10d Backend (built by scripts/setup.sh): auto where its ranks share "
-            "memory (synchronous all-reduces then run in C++), 1 whenever its cached build loads, 0 never "
-            "(the Python group)"),
+    Setting("JACKLRING_TORCH_NATIVE", choice("0", "1"), "0",
+            "1: the torch process group is the C++ c10d Backend (built by scripts/setup.sh) where its cached build "
+            "loads: synchronous all-reduces of a group whose ranks share memory run in C++, everything else in the "
+            "Python group behind it; 0: the Python group alone (docs/torch.md, 'The C++ Backend')"),
     Setting("JACKLRING_TORCH_MONITORED_BARRIER", flag, True,
             "torch.distributed.monitored_barrier answers on jacklring groups (routed when the first group forms); "
             "0 leaves torch's function alone"),

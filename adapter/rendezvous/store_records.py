@@ -144,12 +144,14 @@ class RecordBook:
         self._store.set(self.key_name(self._rank), value)
         return value
 
-    def gather(self, mine: bytes | None, wait_s: float, ranks: list[int] | None = None) -> list[Record]:
+    def gather(self, mine: bytes | None, wait_s: float, ranks: list[int] | None = None,
+               watch: "Callable[[list[int]], None] | None" = None) -> list[Record]:
         """The records of `ranks` (default every rank), verified, in that order; `mine` is this
         rank's published record (defended meanwhile), None when it published none. Raises
         IntegrityError naming the key when a value fails its check for TAMPER_GRACE_S (its owner
         had that long to overwrite it), DistributedError naming the ranks that published nothing
-        when wait_s passes."""
+        when wait_s passes. watch(missing) is called every round with the ranks whose record has
+        not come (it may raise: a rank known to have left)."""
         wanted = list(range(self._size)) if ranks is None else list(ranks)
         start = time.monotonic()
         deadline = start + wait_s
@@ -205,6 +207,8 @@ class RecordBook:
                         f"store's port unreachable (docs/security.md)")
                 raise DistributedError(f"rank {self._rank}: jacklring rendezvous: ranks {missing} did not "
                                        f"publish their {self._what} within {wait_s:g} s")
+            if watch is not None:
+                watch([q for q in wanted if q not in found and q not in bad])
             pause = min(POLL_S[min(rounds, len(POLL_S) - 1)], max(0.0, deadline - now))
             self._wait_briefly([q for q in wanted if q not in found and q not in bad], pause)
             rounds += 1
@@ -256,7 +260,8 @@ class RecordBook:
 
 
 def seal(store, prefix: str, key: auth.Auth, rank: int, records: list[Record], wait_s: float,
-         names: Callable[[int], str]) -> tuple[RecordBook, bytes]:
+         names: Callable[[int], str], watch: "Callable[[list[int]], None] | None" = None
+         ) -> tuple[RecordBook, bytes]:
     """Check that every rank read the same records (those of this run): each rank publishes the
     nonces of the records it read at `prefix`seal/RANK and reads everyone's. Returns the seal
     book and this rank's seal (keep it defended while peers may read it). IntegrityError naming
@@ -275,7 +280,7 @@ def seal(store, prefix: str, key: auth.Auth, rank: int, records: list[Record], w
 
     book = RecordBook(store, f"{prefix}seal/", key, rank, size, what="seal", belongs=belongs)
     mine = book.publish(",".join(runs))
-    for sealed in book.gather(mine, wait_s):
+    for sealed in book.gather(mine, wait_s, watch=watch):
         for q, (ours, theirs) in enumerate(zip(runs, sealed.value.split(","))):
             if ours != theirs:
                 raise IntegrityError(

@@ -13,7 +13,7 @@ import socket
 from .. import config
 from ..backends.base import Backend
 from ..backends.transport import auth, tcp
-from ..errors import ConfigError, DistributedError, IntegrityError
+from ..errors import LINK, ConfigError, DistributedError, IntegrityError, PeerError, with_failure
 from . import store_grow, store_records, store_secret
 
 log = logging.getLogger("jacklring.torch")
@@ -50,8 +50,11 @@ def store_ring(store, rank: int, size: int, timeout_s: float, scope: str = "",
             book = store_records.RecordBook(store, prefix, job, rank, size)
             record = book.publish(mine)
             records = book.gather(record, wait_s)
-            # before any rank dials an address: did every rank read this run's records?
-            seals, sealed = store_records.seal(store, prefix, job, rank, records, wait_s, book.key_name)
+            # before any rank dials an address: did every rank read this run's records? (this
+            # rank's record kept in place meanwhile, for peers still reading it)
+            with book.defended(record):
+                seals, sealed = store_records.seal(store, prefix, job, rank, records, wait_s, book.key_name,
+                                                   watch=lambda missing: _left(rank, records, missing))
         except (DistributedError, ConfigError):
             raise
         except Exception as exc:  # the store itself is gone (its server's process ended)
@@ -73,6 +76,23 @@ def store_ring(store, rank: int, size: int, timeout_s: float, scope: str = "",
     else:
         lineage.refuse(ring, growth or "it was formed through a store that no newcomer is told how to reach")
     return ring
+
+
+def _left(rank: int, records: list[store_records.Record], missing: list[int]) -> None:
+    """PeerError naming the first rank that has not sealed and whose listener, open when it
+    published its record, now refuses connections: it has left, and the seal would wait for it
+    until the deadline. A bare connection that closes at once is what a live listener drops
+    quietly (a liveness probe)."""
+    for q in missing:
+        try:
+            with socket.create_connection(tcp.parse_address(records[q].value), timeout=0.2):
+                continue
+        except ConnectionRefusedError:
+            error = PeerError(f"rank {rank}: rank {q} died while the group formed (it published its record "
+                              f"listening, then refused connections before it confirmed the records it read)")
+            raise with_failure(error, culprit=q, peer=q, how=LINK) from None
+        except OSError:
+            continue  # slow or unreachable: not evidence that it left
 
 
 def formation_prefix(scope: str, size: int) -> str:

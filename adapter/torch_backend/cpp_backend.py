@@ -1,12 +1,12 @@
 """Which process group torch gets: the C++ c10d Backend (csrc/torch/) or the Python one.
 
-JACKLRING_TORCH_NATIVE chooses: 0 always the Python group (today's path, for comparison and
-bisecting); 1 the C++ Backend whenever its cached build loads (native.py), else the Python
-group with one warning naming why; auto (the default) the C++ Backend only where it has a
-native fast path to offer: a group whose ranks all share one segment of the shared-memory
-engine. There its synchronous all-reduces run in C++ (csrc/torch/native.cpp); everything else
-is handed to the Python group, which costs a C++ -> Python hop more than the Python group alone,
-so elsewhere auto stays on the Python group.
+JACKLRING_TORCH_NATIVE chooses: 0 (the default) the Python group; 1 the C++ Backend whenever
+its cached build loads (native.py), else the Python group with one warning naming why. Where the
+group's ranks all share one segment of the shared-memory engine, the C++ Backend runs the
+synchronous all-reduces itself (csrc/torch/native.cpp); everything else it hands to the Python
+group. It is not the default yet: the Works of the operations it hands over are C++ Works, whose
+exception() is torch's RuntimeError copy of the error rather than the exception wait() raised
+(docs/torch.md, "The C++ Backend").
 
 Either way the Python JacklringProcessGroup exists: the C++ Backend delegates to it what it does
 not run itself, in issue order on the same executors.
@@ -33,24 +33,17 @@ def _say_once(level: int, why: str) -> None:
 ENGINE_OP_NAMES = ("SUM", "PRODUCT", "MAX", "MIN", "BAND", "BOR", "BXOR")
 
 
-def native_fast_path_available(group: Any) -> bool:
-    """Whether the C++ Backend can run this group's collectives natively: its ranks share one
-    segment of the shared-memory engine (every rank on this host, a ring group)."""
-    return group.shared_memory() is not None
-
-
 def choose(group: Any) -> Any:
     """What the creator hands torch for the Python process group `group`: the group itself or a
     C++ Backend delegating to it (and running its synchronous all-reduces natively where the
     group shares memory)."""
-    mode = config.get("JACKLRING_TORCH_NATIVE")
-    if mode == "0" or (mode == "auto" and not native_fast_path_available(group)):
+    if config.get("JACKLRING_TORCH_NATIVE") != "1":
         return group
     from . import native
 
     module, why = native.load()
     if module is None:
-        _say_once(logging.WARNING if mode == "1" else logging.INFO, why)
+        _say_once(logging.WARNING, why)
         return group
     backend = module.JacklringBackend(group.rank(), group.size(), group)
     segment = group.shared_memory()

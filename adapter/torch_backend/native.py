@@ -17,6 +17,7 @@ failure (a missing symbol after a hand-copied cache, a file someone else owns) i
 from __future__ import annotations
 
 import argparse
+import fcntl
 import hashlib
 import importlib.util
 import logging
@@ -124,11 +125,15 @@ def build(root: Path | None = None, verbose: bool = False, source_dir: Path = SO
     _private_dirs(work, root)
     library = directory / f"{module_name(key)}.so"
     if not library.exists():
-        cpp_extension.load(MODULE, [str(source_dir / s) for s in SOURCES], extra_cflags=list(CFLAGS),
-                           extra_include_paths=[str(source_dir.parent)], build_directory=str(work),
-                           verbose=verbose)
-        partial = directory / f".{module_name(key)}.so.{os.getpid()}"
-        shutil.copyfile(work / f"{MODULE}.so", partial)
+        # Held from compile to copy: another checkout building other sources into the same
+        # objects directory must not relink the library before it is copied under this key.
+        with open(work / ".build.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            cpp_extension.load(MODULE, [str(source_dir / s) for s in SOURCES], extra_cflags=list(CFLAGS),
+                               extra_include_paths=[str(source_dir.parent)], build_directory=str(work),
+                               verbose=verbose)
+            partial = directory / f".{module_name(key)}.so.{os.getpid()}"
+            shutil.copyfile(work / f"{MODULE}.so", partial)
         partial.chmod(0o700)
         os.replace(partial, library)  # whole or absent: a job never sees half a library
     check_private(library)

@@ -34,14 +34,14 @@ def device_backends(depth: int = 6) -> dict[str, str]:
     return {}
 
 
-def check_pairing(rank: int, devices: dict[str, str], name: str) -> None:
+def check_pairing(rank: int, devices: dict[str, str], own: str) -> None:
     """Raise ConfigError (a RuntimeError) when a device is paired with a backend this torch build
-    lacks; warn when it is paired with one that exists, since jacklring (registered as `name`,
-    passed in so that this module never imports the package back) serves that device."""
+    lacks; warn when it is paired with one that exists, since jacklring (registered as `own`)
+    serves that device."""
     import torch.distributed as dist
 
     for device, backend in sorted(devices.items()):
-        if backend == name:
+        if backend == own:
             continue
         spec = ",".join(f"{d}:{b}" for d, b in devices.items())
         available = getattr(dist, _AVAILABLE.get(backend, ""), None)
@@ -49,7 +49,7 @@ def check_pairing(rank: int, devices: dict[str, str], name: str) -> None:
             raise ConfigError(
                 f"rank {rank}: init_process_group({spec!r}) pairs {device} tensors with {backend}, but "
                 f"Distributed package doesn't have {backend.upper()} built in (this torch build); use "
-                f"\"{name}\" alone, which runs {device} tensors too")
-        warnings.warn(f"rank {rank}: init_process_group({spec!r}): the {name} process group serves "
+                f"\"{own}\" alone, which runs {device} tensors too")
+        warnings.warn(f"rank {rank}: init_process_group({spec!r}): the {own} process group serves "
                       f"{device} tensors too, so {backend} is not used (torch stops at a backend that is a "
                       "whole process group)", RuntimeWarning, stacklevel=3)

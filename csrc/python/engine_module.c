@@ -11,6 +11,7 @@
 #include <math.h>
 
 #include "../shm/engine.h"
+#include "../shm/probe.h"
 
 typedef struct {
     PyObject_HEAD
@@ -419,8 +420,31 @@ static const jl_api API = {
     .dtype_size = jl_dtype_size,
 };
 
+/* cache_line_round_trip(cpu_a, cpu_b, rounds, trips) -> ns, fastest batch (csrc/shm/probe.h) */
+static PyObject *cache_line_round_trip(PyObject *Py_UNUSED(module), PyObject *args) {
+    int a, b, rounds, trips;
+    if (!PyArg_ParseTuple(args, "iiii", &a, &b, &rounds, &trips))
+        return NULL;
+    double ns;
+    Py_BEGIN_ALLOW_THREADS
+    ns = jl_cache_line_round_trip(a, b, rounds, trips);
+    Py_END_ALLOW_THREADS
+    if (ns < 0) {
+        errno = (int)-ns;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    return PyFloat_FromDouble(ns);
+}
+
+static PyMethodDef module_methods[] = {
+    {"cache_line_round_trip", cache_line_round_trip, METH_VARARGS,
+     "cache_line_round_trip(cpu_a, cpu_b, rounds, trips): ns of a cache line's round trip between two CPUs"},
+    {NULL, NULL, 0, NULL},
+};
+
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "_engine", "jacklring's shared-memory engine (csrc/shm).", -1, NULL, NULL, NULL, NULL, NULL,
+    PyModuleDef_HEAD_INIT, "_engine", "jacklring's shared-memory engine (csrc/shm).", -1, module_methods, NULL, NULL,
+    NULL, NULL,
 };
 
 PyMODINIT_FUNC PyInit__engine(void) {

@@ -56,7 +56,7 @@ extern "C" {
 typedef enum {
     JL_OK = 0,
     JL_MISMATCH = 1,    /* peer `peer` published a different header (in status.header) */
-    JL_PEER_LEFT = 2,   /* peer `peer` left after an error; culprit: the rank it blamed or itself */
+    JL_PEER_LEFT = 2,   /* peer `peer` left after an error; culprit: the rank it blamed, or itself, or -1 when it blamed this rank */
     JL_PEER_EXITED = 3, /* peer `peer`'s process exited while this rank waited for it */
     JL_LINK_CLOSED = 4, /* watched socket `fd` (peer rank `culprit`) hung up */
     JL_TIMEOUT = 5,     /* the deadline passed while peer `peer` was at `peer_step` < `step` */
@@ -104,8 +104,9 @@ typedef struct {
     /* Called (from the waiting thread, without the GIL) when a wait stalls; may be NULL. */
     void (*stall_report)(void *arg, int32_t peer);
     void *stall_arg;
-    /* Called (same thread, no GIL) when a signal interrupted a futex sleep; nonzero ends the
-     * call with JL_INTERRUPTED (Python: a handler raised, e.g. KeyboardInterrupt). May be NULL. */
+    /* Called (same thread, no GIL) when a signal interrupted a futex sleep, and at each liveness
+     * check of a long wait; nonzero ends the call with JL_INTERRUPTED (Python: a signal handler
+     * raised, e.g. KeyboardInterrupt). May be NULL. */
     int (*interrupted)(void *arg);
 } jl_settings;
 

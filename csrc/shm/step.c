@@ -64,8 +64,13 @@ static int left(jl_ctx *ctx, int32_t q, uint64_t broken, jl_status *st) {
     int32_t name = ctx->names[q];
     st->code = JL_PEER_LEFT;
     st->peer = q;
-    /* A relayed death names the rank q blamed, unless that is q itself or this rank. */
-    st->culprit = (culprit >= 0 && culprit != name && culprit != ctx->names[ctx->member]) ? (int32_t)culprit : name;
+    /* A relayed death names the rank q blamed, unless that is q itself. When q blamed this rank,
+     * q gave up waiting for it (this process was stopped or starved): naming live q would get it
+     * excluded by a shrink, so nobody is named (-1) and Python words it as such. */
+    if (culprit == ctx->names[ctx->member])
+        st->culprit = -1;
+    else
+        st->culprit = (culprit >= 0 && culprit != name) ? (int32_t)culprit : name;
     return -1;
 }
 
@@ -156,6 +161,13 @@ static int sleep_for(jl_ctx *ctx, int32_t q, uint64_t step, int64_t deadline_ns,
         if (now >= check_at) {
             if ((rc = check_alive(ctx, q, step, st)) != 0)
                 break;
+            /* A signal may have gone to another thread (no EINTR here): ask now and then too. */
+            if (ctx->settings.interrupted && ctx->settings.interrupted(ctx->settings.stall_arg)) {
+                st->code = JL_INTERRUPTED;
+                st->peer = q;
+                rc = -1;
+                break;
+            }
             every = every * 2 < LIVENESS_MAX_NS ? every * 2 : LIVENESS_MAX_NS;
             check_at = now + every;
         }

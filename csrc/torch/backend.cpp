@@ -16,18 +16,24 @@ JacklringBackend::JacklringBackend(int rank, int size, py::object delegate)
     : c10d::Backend(rank, size), delegate_(std::move(delegate)) {}
 
 JacklringBackend::~JacklringBackend() {
-  // The last reference may go on any thread; after finalization there is nothing to release.
+  // The last reference may go on any thread: every Python reference is dropped here with the
+  // GIL (members are destroyed after this body, without it); after finalization there is
+  // nothing left to release.
+  native_.reset();
   if (Py_IsInitialized() && !_Py_IsFinalizing()) {
     py::gil_scoped_acquire gil;
     delegate_ = py::object();
+    keepalive_ = py::object();
   } else {
     delegate_.release();
+    keepalive_.release();
   }
 }
 
 template <typename... Args>
 c10::intrusive_ptr<c10d::Work> JacklringBackend::delegated(c10d::OpType op, const char* method, Args&&... args) {
   delegated_since_idle_.store(true, std::memory_order_relaxed);
+  sequence_.fetch_add(1, std::memory_order_relaxed);
   py::gil_scoped_acquire gil;
   py::object work = delegate_.attr(method)(std::forward<Args>(args)...);
   return c10::make_intrusive<DelegatedWork>(getRank(), op, std::move(work));
@@ -90,6 +96,9 @@ bool JacklringBackend::native_all_reduce(at::Tensor& tensor, const c10d::ReduceO
     // The Python group words the status as its own path does and raises it (pybind11 carries
     // that exception to the caller unchanged).
     py::gil_scoped_acquire gil;
+    if (result == JL_INTERRUPTED && PyErr_Occurred()) {
+      throw py::error_already_set();  // a signal handler raised (KeyboardInterrupt): that error
+    }
     py::tuple st = py::make_tuple(status.code, status.peer, status.culprit, status.fd, status.sys_errno,
                                   status.step, status.peer_step,
                                   py::bytes(reinterpret_cast<const char*>(status.header), JL_HEADER_BYTES));
@@ -110,6 +119,7 @@ c10::intrusive_ptr<c10d::Work> JacklringBackend::allreduce(std::vector<at::Tenso
   // Synchronous calls (async_op=False) run here; asynchronous ones (DDP's bucket all-reduces)
   // go to the Python group's communication thread, so backward keeps overlapping them.
   if (!opts.asyncOp && tensors.size() == 1 && native_all_reduce(tensors[0], opts.reduceOp)) {
+    sequence_.fetch_add(1, std::memory_order_relaxed);
     return c10::make_intrusive<DoneWork>(getRank(), c10d::OpType::ALLREDUCE, tensors);
   }
   return delegated(c10d::OpType::ALLREDUCE, "allreduce", tensors, opts);

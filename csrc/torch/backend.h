@@ -80,6 +80,9 @@ class __attribute__((visibility("hidden"))) JacklringBackend : public c10d::Back
   c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
   void monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) override;
+  // The group's collectives so far, native and handed over alike (torch's debug checks compare it).
+  void setSequenceNumberForGroup() override { sequence_.store(0, std::memory_order_relaxed); }
+  uint64_t getSequenceNumberForGroup() override { return sequence_.load(std::memory_order_relaxed); }
   void shutdown() override;
   void abort() override;
 
@@ -99,6 +102,8 @@ class __attribute__((visibility("hidden"))) JacklringBackend : public c10d::Back
   // its communication thread, so the next native op first waits for that thread to be idle
   // (issue order). Relaxed: only the thread issuing ops reads and writes it in a correct program.
   std::atomic<bool> delegated_since_idle_{false};
+  // Relaxed: a count read for diagnostics, ordered by nothing else.
+  std::atomic<uint64_t> sequence_{0};
 };
 
 }  // namespace jacklring

@@ -1,6 +1,7 @@
-"""One rank of test_over_backends.py's dead-peer test: `dead_peer_worker.py BACKEND OUT.json`.
-The last rank leaves after a barrier; the others run a forced recursive-doubling all_sum and
-write which error they got and how long it took."""
+"""One rank of test_over_backends.py's failure tests: `dead_peer_worker.py BACKEND OUT.json [absent]`.
+The last rank leaves after a barrier (with `absent`: rank n - 2 stays but never calls the
+collective); the others run a forced recursive-doubling all_sum and write which error they got
+and how long it took."""
 from __future__ import annotations
 
 import json
@@ -13,10 +14,14 @@ import numpy as np
 import adapter
 
 backend, out_path = sys.argv[1], sys.argv[2]
+absent = sys.argv[3:] == ["absent"]
 g = adapter.init(strict=True, backend=backend)
 rank, n = g.rank(), g.size()
 adapter.barrier(group=g)
-if rank == n - 1:
+if absent and rank == n - 2:
+    time.sleep(20)  # alive, but never in the collective
+    os._exit(0)
+if rank == n - 1 and not absent:
     os._exit(0)
 time.sleep(0.5)
 start = time.monotonic()

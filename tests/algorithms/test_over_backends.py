@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -70,7 +72,9 @@ def test_jaccl_mesh_schedules_give_identical_bits(n: int, tmp_path) -> None:
 def test_the_table_chooses_log_latency_where_the_steps_are_fewer(monkeypatch) -> None:
     monkeypatch.delenv("JACKLRING_ALGORITHM", raising=False)
     assert Chooser("ring", 8).choose("all_reduce", 4) == "rd"
-    assert Chooser("ring", 3).choose("all_reduce", 4) == "native"  # folding: as many steps as the ring
+    assert Chooser("ring", 4).choose("all_reduce", 4) == "native"  # measured: rd lost at 4 hosts
+    assert Chooser("ring", 4).choose("all_reduce", 64 << 10) == "rh"
+    assert Chooser("ring", 5).choose("all_reduce", 64 << 10) == "native"  # folding: as many steps as the ring
     assert Chooser("ring", 8).choose("all_reduce", 64 << 20) == "native"  # bandwidth: the pipelined ring
     monkeypatch.setenv("JACKLRING_ALGORITHM", "all_reduce=native, broadcast=tree")
     assert Chooser("ring", 8).choose("all_reduce", 4) == "native"
@@ -140,3 +144,46 @@ def test_hosts_with_several_ranks_stage_and_their_leaders_run_the_schedule(backe
             got = json.load(f)
         assert got["staged"], f"rank {r} did not run in stages"
         assert got["sum"] == want, f"rank {r}: the leaders did not run recursive doubling (or not in its order)"
+
+
+@pytest.mark.timeout(150)
+def test_dist_all_reduce_makes_the_same_choice(tmp_path) -> None:
+    """4 ranks of the jacklring torch process group over TCP with JACKLRING_ALGORITHM=all_reduce=rd:
+    dist.all_reduce goes through the ring backend's choice (recursive doubling's bits say so)."""
+    pytest.importorskip("torch")
+    n = 4
+    port = ranks.free_ports(1)[0]
+    outs = [str(tmp_path / f"rank{r}.json") for r in range(n)]
+    env = dict(os.environ, **ENV, PYTHONPATH=os.path.dirname(HERE) + "/..", PYTHONUNBUFFERED="1")
+    env["JACKLRING_ALGORITHM"] = "all_reduce=rd"
+    procs = [subprocess.Popen([sys.executable, os.path.join(HERE, "torch_worker.py"), str(r), str(n), str(port), outs[r]],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(n)]
+    ranks.assert_all_ok(ranks.collect(procs, timeout=120))
+    want = doubling_sum(n, 64).tobytes().hex()
+    assert want != linear_sum(n, 64).tobytes().hex()
+    for r, path in enumerate(outs):
+        with open(path) as f:
+            assert json.load(f)["sum"] == want, f"rank {r}: dist.all_reduce did not run recursive doubling"
+
+
+@pytest.mark.timeout(150)
+def test_a_rank_that_never_calls_is_named_by_every_survivor(tmp_path) -> None:
+    """4 ring ranks, recursive doubling forced, rank 2 alive but never in the all_sum: rank 3
+    waits for it in step 0, ranks 0 and 1 wait for ranks 2 and 3 in step 1. Every survivor names
+    rank 2 at the deadline: rank 3 tells its schedule's partners it is stuck on rank 2, though
+    rank 1 never reached it before (point_to_point.py's expected partners)."""
+    n = 4
+    env = dict(ENV, JACKLRING_ALGORITHM="all_reduce=rd", JACKLRING_TIMEOUT="3")
+    hostfile = ranks.ring_hostfile(n, directory=str(tmp_path))
+    outs = [str(tmp_path / f"rank{r}.json") for r in range(n)]
+    procs = []
+    for r in range(n):
+        procs += ranks.spawn(n, os.path.join(HERE, "dead_peer_worker.py"), ["ring", outs[r], "absent"], env=env,
+                             hostfile=hostfile, ranks=[r])
+    ranks.assert_all_ok(ranks.collect(procs, timeout=90))
+    for r in (0, 1, 3):
+        with open(outs[r]) as f:
+            got = json.load(f)
+        assert "raised" in got, f"rank {r}: all_sum returned without rank 2"
+        assert "rank 2 is the rank that went silent" in got["message"], f"rank {r}: {got['message']}"
+        assert got["seconds"] < 3 + 3, f"rank {r} took {got['seconds']:.1f} s: {got['message']}"

@@ -25,6 +25,9 @@ DATA_PATH = ("all_sum_max_min_every_dtype_and_count", "sum_scatter_and_reduce_sc
              "send_recv_any_pair_in_both_orders_and_sizes")
 
 
+FORCED = "all_reduce=rh,all_gather=rd,reduce_scatter=rh,broadcast=tree,barrier=dissemination"
+
+
 @dataclass(frozen=True)
 class Variant:
     id: str  # the test id's first part: "ring", "ring-tcp", "mpi-chunked"
@@ -133,6 +136,12 @@ VARIANTS = [
     Variant("ring-4k-segments", "ring", (2,), env={"JACKLRING_RING_SEGMENT_BYTES": "4096"}, checks=DATA_PATH),
     # Local ranks talk over Unix sockets by default; TCP must work on its own.
     Variant("ring-tcp", "ring", (3,), env={"JACKLRING_LOCAL_TRANSPORT": "tcp"}, checks=DATA_PATH),
+    # Every collective through the log-latency schedules (adapter/backends/algorithms), a group size
+    # that folds (not a power of two), over sockets: the ring's point-to-point links, JACCL's mesh.
+    Variant("ring-log-latency", "ring", (5,), env={"JACKLRING_LOCAL_TRANSPORT": "tcp", "JACKLRING_ALGORITHM": FORCED},
+            checks=DATA_PATH),
+    Variant("jaccl-log-latency", "jaccl", (6,), env={"JACKLRING_LOCAL_TRANSPORT": "tcp", "JACKLRING_ALGORITHM": FORCED,
+                                                     "CONTRACT_SHARED_MEMORY": "0"}, checks=DATA_PATH),
     # JACKLRING_LOCAL_TRANSPORT=unix puts local JACCL ranks on Unix sockets (TCP by default).
     Variant("jaccl-unix", "jaccl", (3,), env={"JACKLRING_LOCAL_TRANSPORT": "unix"}, checks=DATA_PATH),
     # Ranks that disagree on the local transport (rank 0 TCP, the others Unix sockets) still connect.

@@ -326,3 +326,27 @@ def test_a_connection_acknowledged_but_not_yet_taken_hears_the_verdict(tmp_path)
     print("; ".join(f"rank {r}: {t:.2f} s, culprit {c}: {m[-200:]}"
                     for r, (t, c, m) in sorted(outcome["results"].items())))
     assert not outcome["problems"], "\n".join(outcome["problems"])
+
+
+# The split cells over shared memory, repeated: kill / split / 4 ranks / shm named a live rank in
+# about 2% of trials (1 in 25 to 1 in 80 here; 4 in 41 in the review): a neighbour's abort notice
+# was acknowledged before its listener queued it, the neighbour left, and the reader found no
+# notice and nothing arriving (transport/handshake.py, Acceptor._acking). The default run repeats
+# the kill cell 3 times; BLAME_MATRIX_SPLIT_REPEATS=N runs every split cell over
+# shared memory N times (N=100 sees a 1-in-100 race with 63% odds per cell, N=300 with 95%).
+SPLIT_REPEATS = int(os.environ.get("BLAME_MATRIX_SPLIT_REPEATS", "0"))
+SPLIT_CELLS = ([(fault, "split", n, "shm") for fault in FAULTS for n in SIZES] if SPLIT_REPEATS
+               else [("kill", "split", 4, "shm")])
+
+
+@pytest.mark.timeout(60 + 15 * max(SPLIT_REPEATS, 5))
+@pytest.mark.parametrize("fault, phase, n, transport", SPLIT_CELLS)
+def test_the_split_cells_over_shared_memory_trial_after_trial(tmp_path, fault, phase, n, transport):
+    problems = []
+    for attempt in range(SPLIT_REPEATS or 3):
+        trial = tmp_path / str(attempt)
+        trial.mkdir()
+        outcome = run_trial(trial, fault, phase, n, transport)
+        record(fault, phase, n, transport, outcome)
+        problems += [f"trial {attempt}: {p}" for p in outcome["problems"]]
+    assert not problems, "\n".join(problems)

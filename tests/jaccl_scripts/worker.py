@@ -96,7 +96,12 @@ def all_reduce_in_rank_order(b, nbytes: int) -> bool:
     the mesh does, except where the TCP mesh hands large ones of 3+ ranks to the ring order."""
     from adapter.backends.jaccl.algorithms import SHARED_LINK_RING_BYTES
 
-    return b.mode == "mesh" and (getattr(b._algorithms, "_ring", None) is None or nbytes < SHARED_LINK_RING_BYTES)
+    algorithms = b._algorithms
+    chooser = getattr(algorithms, "chooser", None)
+    if b.mode == "mesh" and chooser is not None and chooser.choose("all_reduce", nbytes) != "native":
+        return False  # a log-latency schedule (adapter/backends/algorithms): its own fixed order
+    mesh = getattr(algorithms, "mesh", algorithms)
+    return b.mode == "mesh" and (getattr(mesh, "_ring", None) is None or nbytes < SHARED_LINK_RING_BYTES)
 
 
 def run_ops(b, report: dict) -> None:

@@ -93,10 +93,10 @@ def define_suite() -> type:
         # torch's monitored-barrier tests call dist.monitored_barrier, which the first jacklring
         # group routes to jacklring's barrier on its own (adapter/torch_backend/barrier_route.py).
         # Loaded once here, not in every forked rank: each process's first same-host group would
-        # bind patomic again (cheap since atomic_words skips the atomics package, but still a load).
-        from adapter.backends.local import atomic_words
+        # load the native engine again (a small extension, but still a load).
+        from adapter.backends.local import engine
 
-        atomic_words.available()
+        engine.why_missing()
     DistributedTest, TestDistBackend = distributed_test.DistributedTest, distributed_test.TestDistBackend
 
     class TorchSuite(TestDistBackend, DistributedTest._DistTestBase):

@@ -233,3 +233,37 @@ def barrier_dissemination(x: PeerExchange) -> None:
         x.sendrecv(k, {(r + s) % n: _EMPTY}, {(r - s) % n: _EMPTY})
         k += 1
         s <<= 1
+
+
+def pair_partners(n: int, rank: int) -> set[int]:
+    """The ranks this one exchanges with in the pair schedules (rd, rh, halving, doubling): a
+    failure tells them first, since they are the ones that may wait for it."""
+    f = Fold(n, rank)
+    found = {f.partner} if f.partner >= 0 else set()
+    if f.virtual >= 0:
+        d = 1
+        while d < f.p:
+            found.add(f.real(f.virtual ^ d))
+            d <<= 1
+    return found
+
+
+def tree_partners(n: int, rank: int, root: int) -> set[int]:
+    """The binomial tree's parent and children of rank."""
+    rel, found, mask = (rank - root) % n, set(), 1
+    while mask < n:
+        if rel & mask:
+            found.add((rank - mask) % n)
+            break
+        if rel + mask < n:
+            found.add((rank + mask) % n)
+        mask <<= 1
+    return found
+
+
+def dissemination_partners(n: int, rank: int) -> set[int]:
+    found, s = set(), 1
+    while s < n:
+        found |= {(rank + s) % n, (rank - s) % n}
+        s <<= 1
+    return found - {rank}

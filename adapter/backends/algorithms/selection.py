@@ -33,20 +33,29 @@ _INF = 1 << 62
 # "Log-latency schedules"); the rest follow the step counts (docs/algorithms.md).
 TABLE: tuple[Row, ...] = (
     # Ring, all_reduce. The one-pass path takes n - 1 hops and sends (n - 1) x the message; rd takes
-    # log2(p) (+2 folding) pair steps. Fewer steps than n - 1 from 4 ranks (a power of two) and 6
-    # (folded). netns 8 hosts: rd 4 B  vs native, 64 KiB rh vs native (run A, docs/benchmarks.md).
-    Row("all_reduce", "ring", 4, 16 << 10, "rd"),
-    Row("all_reduce", "ring", 4, 4 << 20, "rh"),
+    # log2(p) (+2 folding) pair steps over point-to-point connections, each dearer than a ring hop.
+    # netns runs "after-4" (load 12), "after-8" (load 16-24), "after-16" (load 17-32),
+    # docs/benchmarks.md, chosen vs native: 4 B rd 1.04 vs 0.83 ms (4 hosts: rd loses),
+    # 3.1 vs 8.9 ms (8), 14.4 vs 41.4 ms (16); 64 KiB rh 1.7 vs 2.4 ms (4), 7.8 vs 10.6 ms (8),
+    # 31.3 vs 78.4 ms (16); 1 MiB rh 9.6 vs 8.8 ms (4: rh loses), 25.7 vs 26.9 ms (8),
+    # 60.2 vs 86.5 ms (16). 16 MiB: not measured with rh; the pipelined ring keeps it.
+    Row("all_reduce", "ring", 8, 16 << 10, "rd"),
+    Row("all_reduce", "ring", 8, 1 << 20, "rh"),
+    Row("all_reduce", "ring", 4, 16 << 10, "native"),
+    Row("all_reduce", "ring", 4, 64 << 10, "rh"),
     # JACCL mesh, all_reduce: its one step sends n - 1 messages per rank through one interface;
-    # rd sends log2(p). netns 8 and 16 hosts (run A).
+    # rd sends log2(p). Same runs: 4 B rd 4.0 vs 6.2 ms (8 hosts), 21.5 vs 24.7 ms (16 hosts);
+    # 64 KiB rh 10.6 vs 10.1 ms (8: a tie), 43.6 vs 53.6 ms (16); 1 MiB rh 23.7 vs 29.1 ms,
+    # 69.5 vs 180 ms. Below 8 ranks not measured: the mesh keeps its one step.
     Row("all_reduce", "jaccl", 8, 16 << 10, "rd"),
     Row("all_reduce", "jaccl", 8, 1 << 20, "rh"),
     # all_gather, reduce_scatter, broadcast, barrier: by the step counts (n - 1 ring hops, or
-    # n - 1 mesh messages, against log2 n), small messages only.
-    Row("all_gather", "ring", 4, 16 << 10, "rd"),
-    Row("reduce_scatter", "ring", 4, 256 << 10, "rh"),
-    Row("broadcast", "ring", 4, 64 << 10, "tree"),
-    Row("barrier", "ring", 4, _INF, "dissemination"),
+    # n - 1 mesh messages, against log2 n), small messages only; not measured in netns yet.
+    # From 8 ranks, as all_reduce's rd: at 4 a point-to-point step costs more than a ring hop.
+    Row("all_gather", "ring", 8, 16 << 10, "rd"),
+    Row("reduce_scatter", "ring", 8, 256 << 10, "rh"),
+    Row("broadcast", "ring", 8, 64 << 10, "tree"),
+    Row("barrier", "ring", 8, _INF, "dissemination"),
     Row("all_gather", "jaccl", 8, 16 << 10, "rd"),
     Row("reduce_scatter", "jaccl", 8, 256 << 10, "rh"),
     Row("broadcast", "jaccl", 8, 64 << 10, "tree"),
@@ -54,7 +63,8 @@ TABLE: tuple[Row, ...] = (
 )
 
 # The folded schedules of a group size that is not a power of two add two steps: below this many
-# ranks they take as many steps as the ring (3 ranks: 3 against 2; 5: 4 against 4).
+# ranks they take as many steps as the ring (3 ranks: 3 against 2; 5: 4 against 4), so a row's
+# group sizes that are not a power of two start here.
 _FOLDED_FROM = 6
 
 

@@ -44,7 +44,7 @@ class ScheduledMesh:
     """MeshAlgorithms' interface: a collective runs a schedule when the chooser says so."""
 
     def __init__(self, mesh: MeshAlgorithms, link: FrameExchange, size: int) -> None:
-        self._mesh = mesh
+        self._mesh = self.mesh = mesh  # mesh: the schedules of algorithms.py, for tests to look at
         self._peers = MeshPeers(link, size)
         self.chooser = Chooser("jaccl", size)
         self._scratch: dict[tuple[str, np.dtype], np.ndarray] = {}

@@ -12,6 +12,7 @@ import logging
 import os
 from typing import TYPE_CHECKING, NoReturn
 
+from ... import config
 from ...errors import DEADLINE, SHARED, CollectiveTimeout, MismatchError, PeerError, with_failure
 
 if TYPE_CHECKING:
@@ -34,7 +35,7 @@ _warned = False
 
 def why_missing() -> str | None:
     """None when the engine is usable, else why not."""
-    if os.environ.get("JACKLRING_NO_NATIVE") == "1" and _WHY is None:
+    if _WHY is None and config.get("JACKLRING_NO_NATIVE"):
         return "JACKLRING_NO_NATIVE=1"
     return _WHY
 
@@ -61,7 +62,12 @@ def raise_status(group: "SharedGroup", status: tuple, header: bytes | None) -> N
         raise MismatchError(group.mismatch_text(header or b"", bytes(theirs), member))
     if code == PEER_LEFT:
         name = group.names[member]
-        if culprit != name:
+        if culprit < 0:
+            # the peer gave up waiting for this (stopped, resumed) rank: naming it would get a live
+            # rank excluded by a shrink, so nobody is named
+            text = (f"rank {name} (pid {group.pids[member]}) gave up waiting for this rank: this process was stopped or "
+                    f"too slow, and the others may have carried on without it (shared memory)")
+        elif culprit != name:
             text = (f"rank {culprit} died or failed (reported by rank {name} (pid {group.pids[member]}), which left "
                     f"the group after that) (shared memory)")
         else:

@@ -195,6 +195,7 @@ class RingBackend(Backend):
         self._p2p = PointToPoint(state, plumbing.small_limit)
         # Log-latency schedules over the point-to-point connections (scheduled.py), by size and group size.
         self._scheduled = Scheduled(RingPeers(rank, self._size, self._p2p, plumbing.check_header), plumbing.buffer)
+        plumbing.on_close.append(self._p2p.drop_streams)
         self._collective = plumbing.collective
         self._shm_small = -1   # JACKLRING_SHM_SMALL_BYTES, once shared memory is attached
         self._shm_one_step = -1  # the largest all_reduce that takes the one-step path

@@ -321,10 +321,22 @@ def _notice_from(ring: RingState, peer: int) -> int | None:
         return codes
 
     def last_said() -> list[int]:
-        """What peer said, once the standby connection to it (if one is being made) is filed."""
+        """What peer said, once the standby connection to it (if one is being made) is filed and
+        its notice, if one is in its handshake, is queued: the listener acknowledges a notice
+        before its acceptor files it, so peer may have left (and refuse) with its notice still
+        arriving here; reading none then named peer, alive or not (issue #48: a live rank in
+        1 trial of 25 of the split cells over shared memory)."""
         if standby is not None:
             standby.settle(peer, time.monotonic() + NOTICE_WAIT_S)
-        return said()
+        codes = said()
+        until = time.monotonic() + NOTICE_WAIT_S
+        while not codes and peer in ring.listeners[0].arriving(PURPOSE_NOTICE) and time.monotonic() < until:
+            taken = ring.listeners[0].take(match, min(until, time.monotonic() + RECHECK_S), None)
+            if taken is not None:
+                taken[0].close()
+                codes.append(taken[1].channel)
+            codes += said()
+        return codes
     deadline = time.monotonic() + NOTICE_WAIT_S
     probed = 0.0
     codes = said()

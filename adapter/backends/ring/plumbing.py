@@ -60,6 +60,8 @@ class Plumbing:
         self._both_directions = config.get("JACKLRING_RING_DIRECTIONS") == 2
         self._pool: dict[tuple, np.ndarray] = {}
         self._small_view: memoryview | None = None
+        # Run when the links close on a failure: the schedules' connections close with them.
+        self.on_close: list[Callable[[], None]] = []
 
     # ---- one collective -----------------------------------------------------------------------
 
@@ -204,6 +206,8 @@ class Plumbing:
         for link in state.right + state.left:
             link.reset()
             link.close()
+        for hook in self.on_close:
+            hook()
 
     def _run(self) -> None:
         state = self._state

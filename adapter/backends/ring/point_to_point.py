@@ -80,6 +80,9 @@ class PointToPoint:
         self._send_locks = {q: threading.Lock() for q in range(size)}
         self._recv_locks = {q: threading.Lock() for q in range(size)}
         state.standby = Standby(state)  # a notice at a deadline needs no handshake then (standby.py)
+        # The running schedule's partners (scheduled.py): told of a failure even before a
+        # connection to them exists, since they may be waiting for this rank.
+        self.expected: set[int] = set()
 
     def send(self, buf: np.ndarray, dst: int) -> None:
         with self._send_locks[dst]:
@@ -104,7 +107,17 @@ class PointToPoint:
     def _partners(self) -> set[int]:
         """The ranks this one exchanges messages with: they may be waiting for it."""
         with self._lock:
-            return set(self._out) | set(self._in)
+            return set(self._out) | set(self._in) | self.expected
+
+    def drop_streams(self) -> None:
+        """Close the point-to-point connections (not the standby ones, which carry the notices
+        after a failure): a partner waiting on one of them in a collective's schedule
+        (scheduled.py) sees the end at once instead of its liveness check's next round."""
+        with self._lock:
+            for sock in list(self._out.values()) + list(self._in.values()):
+                sock.close()
+            self._out.clear()
+            self._in.clear()
 
     def close(self) -> None:
         with self._lock:

@@ -35,6 +35,10 @@ class RingPeers:
         self._out = np.empty(0, np.uint8)
         self._in = np.empty(0, np.uint8)
 
+    def expect(self, partners: set[int]) -> None:
+        """The partners of the schedule about to run (point_to_point.py tells them of a failure)."""
+        self._p2p.expected = partners
+
     def _grown(self, buf: np.ndarray, nbytes: int) -> np.ndarray:
         return buf if buf.size >= nbytes else np.empty(max(nbytes, 2 * buf.size, 4096), np.uint8)
 
@@ -67,26 +71,30 @@ class Scheduled:
     def choose(self, collective: str, nbytes: int) -> str:
         return self.chooser.choose(collective, nbytes)
 
-    def all_reduce(self, header: bytes, choice: str, src: np.ndarray, dst: np.ndarray, op: ReduceOp) -> None:
+    def _start(self, header: bytes, partners: set[int]) -> None:
         self._peers.header = header
+        self._peers.expect(partners)
+
+    def all_reduce(self, header: bytes, choice: str, src: np.ndarray, dst: np.ndarray, op: ReduceOp) -> None:
+        self._start(header, schedules.pair_partners(self._peers.size, self._peers.rank))
         scratch = self._buffer("alg-scratch", src.dtype, src.size)
         run = schedules.all_reduce_doubling if choice == "rd" else schedules.all_reduce_halving
         run(self._peers, src, dst, op, scratch)
 
     def reduce_scatter(self, header: bytes, src: np.ndarray, dst: np.ndarray, op: ReduceOp) -> None:
-        self._peers.header = header
+        self._start(header, schedules.pair_partners(self._peers.size, self._peers.rank))
         work = self._buffer("alg-work", src.dtype, src.size)
         scratch = self._buffer("alg-scratch", src.dtype, src.size)
         schedules.reduce_scatter_halving(self._peers, src, dst, op, work, scratch)
 
     def all_gather(self, header: bytes, src: np.ndarray, dst: np.ndarray) -> None:
-        self._peers.header = header
+        self._start(header, schedules.pair_partners(self._peers.size, self._peers.rank))
         schedules.all_gather_doubling(self._peers, src, dst)
 
     def broadcast(self, header: bytes, buf: np.ndarray, root: int) -> None:
-        self._peers.header = header
+        self._start(header, schedules.tree_partners(self._peers.size, self._peers.rank, root))
         schedules.broadcast_tree(self._peers, buf, root)
 
     def barrier(self, header: bytes) -> None:
-        self._peers.header = header
+        self._start(header, schedules.dissemination_partners(self._peers.size, self._peers.rank))
         schedules.barrier_dissemination(self._peers)

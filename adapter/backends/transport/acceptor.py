@@ -50,6 +50,16 @@ log = logging.getLogger("jacklring.tcp")
 
 MAX_PENDING = 64             # unfinished handshakes per listener
 MAX_LOGGED = 20              # rejections logged one by one per listener; the rest are counted
+# A flood of connections from sources over their budget costs the thread an accept() and a
+# close() each, under the GIL the job's own threads need. So a listener is served at most
+# ACCEPT_BATCH connections per wake-up, and one whose batch closed SHED_TO_PAUSE or more unread
+# is not polled for FLOOD_PAUSE_S: the flood waits in the kernel's backlog (or is refused
+# there once it is full), which costs the job no GIL. At most ~ACCEPT_BATCH / FLOOD_PAUSE_S
+# accepts a second reach Python under a flood; a real peer's connection waits in the backlog
+# meanwhile (docs/security.md).
+ACCEPT_BATCH = 64
+SHED_TO_PAUSE = 16
+FLOOD_PAUSE_S = 0.05
 
 class _Pending:
     __slots__ = ("sock", "peer", "expires", "buf", "need", "hello", "hello_bytes", "nonce_s", "key", "checking")
@@ -87,12 +97,16 @@ class Acceptor:
         self._check = check
         self._conflicts: list[tuple[layout.View, str]] = []
         self._pending: list[_Pending] = []
+        # The connection whose acknowledgement is being sent: out of _pending, not yet in _ready,
+        # but the connector may already have it (and go on, and leave): still arriving.
+        self._acking: _Pending | None = None
         self._ready: list[tuple[Hello, socket.socket, str]] = []
         self._cond = threading.Condition()
         self._rejected = 0
         self._rejected_from: list[str] = []
         self._budget = SourceBudget()
         self._shed = 0   # connections closed unread: their source was over its handshake budget
+        self._paused: dict[int, float] = {}  # listening fd -> when it is polled again (a flood)
         self._closed = False
         # (which hellos, frame): an acknowledged connection of those that is closed untaken gets
         # the frame first (see farewell)
@@ -127,7 +141,8 @@ class Acceptor:
         in its handshake (its hello read, not yet proven): not authenticated, so only a reason
         to wait a little for it, never evidence on its own."""
         with self._cond:
-            return {p.hello.sender for p in list(self._pending)
+            acking = self._acking
+            return {p.hello.sender for p in list(self._pending) + ([acking] if acking is not None else [])
                     if p.hello is not None and p.hello.purpose == purpose and p.hello.token == self._token
                     and p.hello.receiver == self._rank}
 
@@ -248,11 +263,14 @@ class Acceptor:
                 self._reject(item, "no complete handshake within "
                              f"{HANDSHAKE_TIMEOUT_S:g} s" if item.buf or item.hello else
                              f"it sent nothing within {HANDSHAKE_TIMEOUT_S:g} s")
-            timeout = min((p.expires for p in self._pending), default=now + 1.0) - now
+            timeout = min([*(p.expires for p in self._pending), *self._paused.values()], default=now + 1.0) - now
             # poll, not select: a process with many open files has descriptors above 1024
             poller = select.poll()
             by_fd: dict[int, object] = {}
             for s in (*self._listening, self._wake_r):
+                if self._paused.get(s.fileno(), 0.0) > now:
+                    continue  # flooded: left in the kernel's backlog for now
+                self._paused.pop(s.fileno(), None)
                 by_fd[s.fileno()] = s
             for p in self._pending:
                 by_fd[p.sock.fileno()] = p
@@ -275,36 +293,43 @@ class Acceptor:
                     self._accept_all(target)  # type: ignore[arg-type]
 
     def _accept_all(self, listening: socket.socket) -> None:
-        while True:
-            try:
-                sock, addr = listening.accept()
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError as exc:
-                if exc.errno in (errno.ECONNABORTED, errno.EMFILE, errno.ENFILE, errno.ENOBUFS):
-                    return
-                raise
-            uid = peer_uid(sock) if sock.family == socket.AF_UNIX else None
-            source = ("uid", uid) if sock.family == socket.AF_UNIX else (addr[0] if isinstance(addr, tuple) else addr)
-            if not self._budget.take(source):
-                sock.close()  # no handshake work for a source beyond its budget; a real rank retries
-                self._shed += 1
-                if self._shed == 1:
-                    log.warning("%s: %s opens more than %g connections per second (burst %d) on %s: the "
-                                "excess is closed unread", self._label, _describe(addr), HANDSHAKES_PER_S,
-                                BURST, self._where)
-                continue
-            peer = _describe(addr)
-            item = _Pending(sock, peer, time.monotonic() + HANDSHAKE_TIMEOUT_S)
-            if sock.family == socket.AF_UNIX:
-                if uid != os.getuid():
-                    self._reject(item, f"the local process belongs to uid {uid}, not this job's user")
-                    continue
-            sock.setblocking(False)
-            self._pending.append(item)
-            if len(self._pending) > MAX_PENDING:
-                oldest = self._pending.pop(0)
-                self._reject(oldest, f"more than {MAX_PENDING} connections were waiting to finish a handshake")
+        shed_before = self._shed
+        for _ in range(ACCEPT_BATCH):
+            if not self._accept_one(listening):
+                break
+        if self._shed - shed_before >= SHED_TO_PAUSE:
+            self._paused[listening.fileno()] = time.monotonic() + FLOOD_PAUSE_S
+
+    def _accept_one(self, listening: socket.socket) -> bool:
+        """Accept one connection; False when none was waiting or the listener cannot accept now."""
+        try:
+            sock, addr = listening.accept()
+        except (BlockingIOError, InterruptedError):
+            return False
+        except OSError as exc:
+            if exc.errno in (errno.ECONNABORTED, errno.EMFILE, errno.ENFILE, errno.ENOBUFS):
+                return False
+            raise
+        uid = peer_uid(sock) if sock.family == socket.AF_UNIX else None
+        source = ("uid", uid) if sock.family == socket.AF_UNIX else (addr[0] if isinstance(addr, tuple) else addr)
+        if not self._budget.take(source):
+            sock.close()  # no handshake work for a source beyond its budget; a real rank retries
+            self._shed += 1
+            if self._shed == 1:
+                log.warning("%s: %s opens more than %g connections per second (burst %d) on %s: the "
+                            "excess is closed unread", self._label, _describe(addr), HANDSHAKES_PER_S,
+                            BURST, self._where)
+            return True
+        item = _Pending(sock, _describe(addr), time.monotonic() + HANDSHAKE_TIMEOUT_S)
+        if sock.family == socket.AF_UNIX and uid != os.getuid():
+            self._reject(item, f"the local process belongs to uid {uid}, not this job's user")
+            return True
+        sock.setblocking(False)
+        self._pending.append(item)
+        if len(self._pending) > MAX_PENDING:
+            oldest = self._pending.pop(0)
+            self._reject(oldest, f"more than {MAX_PENDING} connections were waiting to finish a handshake")
+        return True
 
     def _progress(self, item: _Pending) -> None:
         try:
@@ -377,6 +402,13 @@ class Acceptor:
 
     def _on_proof(self, item: _Pending, proof: bytes) -> None:
         self._pending.remove(item)
+        self._acking = item
+        try:
+            self._acknowledge(item, proof)
+        finally:
+            self._acking = None
+
+    def _acknowledge(self, item: _Pending, proof: bytes) -> None:
         hello = item.hello
         assert hello is not None
         key = item.key or self._auth

@@ -152,7 +152,10 @@ CASES = {
 chosen = [c for c in extra() if not c.startswith("--")] or list(CASES)
 if "--expect-ring-from-hostfile" in extra():  # under our launcher: the MLX_* ring, not a store ring
     import os
-    assert JL.underlying_backend == "ring" and JL.rendezvous == "environment", JL.description()
+
+    from adapter.torch_backend.cpp_backend import python_group
+    behind = python_group(JL)  # the Python group itself, or the one behind the C++ Backend
+    assert behind.underlying_backend == "ring" and behind.rendezvous == "environment", behind.description()
     assert os.environ.get("MLX_HOSTFILE"), "the launcher did not set MLX_HOSTFILE"
     print(f"rank {rank}: underlying backend: ring (MLX_HOSTFILE)", flush=True)
 for name in chosen:
