@@ -194,7 +194,8 @@ class RingBackend(Backend):
         self._plumbing = plumbing = Plumbing(state, self._words)
         self._p2p = PointToPoint(state, plumbing.small_limit)
         # Log-latency schedules over the point-to-point connections (scheduled.py), by size and group size.
-        self._scheduled = Scheduled(RingPeers(rank, self._size, self._p2p, plumbing.check_header), plumbing.buffer)
+        self._scheduled = Scheduled(RingPeers(rank, self._size, self._p2p, plumbing.check_header), plumbing.buffer,
+                                    between_hosts=not plumbing.on_one_host)
         plumbing.on_close.append(self._p2p.drop_streams)
         self._collective = plumbing.collective
         self._shm_small = -1   # JACKLRING_SHM_SMALL_BYTES, once shared memory is attached

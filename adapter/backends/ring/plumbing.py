@@ -48,13 +48,14 @@ class Plumbing:
         self._words = words
         self._lock = threading.Lock()  # one collective at a time on the ring links
         self.small_limit: int = config.get("JACKLRING_RING_SMALL_BYTES")
+        # Every rank on this host (the same answer on every rank): bytes are memory copies and
+        # hops cost scheduler rounds, not network steps.
+        self.on_one_host: bool = ranks_on_this_host(state.addresses, state.rank) == state.size
         one_pass_limit = config.get("JACKLRING_RING_ONE_PASS_BYTES")
         if one_pass_limit is None:
-            # Unset: 32 KiB between hosts. With every rank on this host (the same answer on every
-            # rank), bytes are memory copies and hops cost scheduler rounds, so the one-pass path
-            # (half the hops) wins up to the small limit.
-            local = ranks_on_this_host(state.addresses, state.rank) == state.size
-            one_pass_limit = self.small_limit * state.size if local else 32 * 1024
+            # Unset: 32 KiB between hosts; on one host the one-pass path (half the hops) wins up
+            # to the small limit.
+            one_pass_limit = self.small_limit * state.size if self.on_one_host else 32 * 1024
         self._one_pass_limit: int = one_pass_limit
         self._segment_bytes = config.get("JACKLRING_RING_SEGMENT_BYTES")
         self._both_directions = config.get("JACKLRING_RING_DIRECTIONS") == 2
