@@ -298,7 +298,7 @@ class RingBackend(Backend):
         state = self._state
         if state.shm is not None and src.nbytes <= self._shm_one_step and not state.abandon_on_failure:
             # The small-message hot path: what _shared does, one call shorter.
-            self._collective(header, shared.run, state, SharedGroup.all_reduce, header, src, dst, op)
+            plumbing.on_shared(header, state.shm, SharedGroup.all_reduce, src, dst, op)
             return
         if self._shared(header, SharedGroup.all_reduce, src, dst, op):
             return
@@ -436,7 +436,7 @@ class RingBackend(Backend):
         state = self._state
         if state.shm is None or state.abandon_on_failure:
             return False
-        self._collective(header, shared.run, state, body, header, *args)
+        self._plumbing.on_shared(header, state.shm, body, *args)
         return True
 
     def _staged(self, header: bytes, body, *args) -> bool:

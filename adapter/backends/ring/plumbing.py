@@ -16,6 +16,8 @@ from ... import config
 from ...errors import CollectiveTimeout, DistributedError, MismatchError, PeerError, failure_of, with_failure
 from ..base import ReduceOp
 from ..elements import DTYPE_CODES, byte_view, dtype_code, reduce_many, split_evenly
+from ..local import use
+from ..local.segment import SharedGroup
 from ..protocol import mismatch_message
 from ..transport import blame
 from . import origin
@@ -82,6 +84,33 @@ class Plumbing:
         paths below call running() themselves)."""
         with self.running(header):
             body(*args)
+
+    def on_shared(self, header: bytes, group: SharedGroup, body: Callable, *args) -> None:
+        """body(group, header, *args) over the group's shared memory as one collective:
+        running() and local.use.run in one frame (serialised, numbered, under the deadline; on
+        an error the peers are told at once, then the group is given up), since the frames cost
+        more than a 4-byte all_reduce over shared memory itself."""
+        lock = self._lock
+        lock.acquire()
+        try:
+            self._start(header)
+        except BaseException:
+            lock.release()
+            raise
+        try:
+            state = self._state
+            group.deadline = state.deadline
+            group.what = state.what
+            try:
+                body(group, header, *args)
+            except BaseException as exc:
+                use.broken(group, exc)  # the peers learn at once, as local.use.run tells them
+                raise
+        except BaseException as caught:
+            self._failed(caught)  # raises what names the culprit, or returns for caught itself
+            raise
+        finally:
+            lock.release()
 
     # ---- the socket paths, one collective each ----------------------------------------------
 
