@@ -79,6 +79,15 @@ def _all_reduce(x: Any, op: ReduceOp, group: Group | None, out: Any = None, what
     g = default_group(group)
     backend = g.backend
     if out is not None:
+        if out is x and type(x) is np.ndarray and (x.dtype, op) in _REDUCIBLE:
+            flags = x.flags
+            if flags.c_contiguous and flags.writeable:
+                # In place (out=x) on a C-contiguous array of a native supported dtype: every
+                # check of out= holds, so none is made (the hottest call, kept to one frame here).
+                if backend.size() > 1:
+                    whole = x if x.ndim == 1 else x.reshape(-1)
+                    backend.all_reduce(whole, whole, op)
+                return out
         return _all_reduce_into(g, x, op, out, what)
     if backend.size() == 1:
         return x

@@ -13,7 +13,7 @@ import socket
 from .. import config
 from ..backends.base import Backend
 from ..backends.transport import auth, tcp
-from ..errors import ConfigError, DistributedError, IntegrityError, PeerError
+from ..errors import LINK, ConfigError, DistributedError, IntegrityError, PeerError, with_failure
 from . import store_grow, store_records, store_secret
 
 log = logging.getLogger("jacklring.torch")
@@ -90,8 +90,7 @@ def _left(rank: int, records: list[store_records.Record], missing: list[int]) ->
         except ConnectionRefusedError:
             error = PeerError(f"rank {rank}: rank {q} died while the group formed (it published its record "
                               f"listening, then refused connections before it confirmed the records it read)")
-            error.culprit, error.peer = q, q  # type: ignore[attr-defined]
-            raise error from None
+            raise with_failure(error, culprit=q, peer=q, how=LINK) from None
         except OSError:
             continue  # slow or unreachable: not evidence that it left
 

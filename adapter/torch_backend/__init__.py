@@ -98,9 +98,10 @@ def monitored_barrier(group: Any = None, timeout: Any = None, wait_all_ranks: bo
     import torch.distributed as dist
 
     from .cpp_backend import python_group
+    from .process_group import JacklringProcessGroup
 
     pg = group if group is not None else dist.distributed_c10d._get_default_group()
-    jacklring_group = python_group(pg)  # the group itself, or the Python group behind its C++ Backend
+    jacklring_group = python_group(pg, JacklringProcessGroup)  # the group itself, or the Python group behind its C++ Backend
     if jacklring_group is not None:
         jacklring_group.monitored_barrier(timeout, wait_all_ranks=wait_all_ranks)
     else:

@@ -75,12 +75,11 @@ def _enable_native(backend: Any, segment: Any, timeout_s: float) -> None:
     backend.enable_native(_engine.API, segment.context(), segment, timeout_s, HEADER_MAGIC, OP_ALL_REDUCE, reduce)
 
 
-def python_group(pg: Any) -> Any:
-    """The Python JacklringProcessGroup behind a torch process group (itself, or the delegate of
-    its C++ Backend); None for any other group."""
-    from .process_group import JacklringProcessGroup
-
-    if isinstance(pg, JacklringProcessGroup):
+def python_group(pg: Any, group_class: type) -> Any:
+    """The Python group (of `group_class`, JacklringProcessGroup, passed in so that this module
+    never imports process_group.py back) behind a torch process group: itself, or the delegate of
+    its C++ Backend; None for any other group."""
+    if isinstance(pg, group_class):
         return pg
     try:
         import torch
@@ -89,7 +88,7 @@ def python_group(pg: Any) -> Any:
     except (AttributeError, RuntimeError, ValueError):
         return None
     delegate = getattr(backend, "delegate", None)
-    return delegate if isinstance(delegate, JacklringProcessGroup) else None
+    return delegate if isinstance(delegate, group_class) else None
 
 
 FLOOR_NAME = "jacklring_floor"

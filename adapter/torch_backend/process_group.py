@@ -476,4 +476,5 @@ _OPERATIONS = (
     "monitored_barrier", "send", "recv", "recv_anysource", "shutdown", "abort",
 )
 dynamo.make_opaque(JacklringProcessGroup, _OPERATIONS)
-shrink.install(JacklringProcessGroup, cpp_backend.python_group)  # dist.shrink_group on these groups (shrink.py)
+# dist.shrink_group on these groups (shrink.py)
+shrink.install(JacklringProcessGroup, lambda pg: cpp_backend.python_group(pg, JacklringProcessGroup))

@@ -44,12 +44,12 @@ say("SUM", ",".join(str(int(m)) for m in members), float(y[0]))
 time.sleep(1)  # answer the excluded rank's late join
 """
 
-TRIALS = int(os.environ.get("JACKLRING_FAULT_REPEAT", "1"))
+TRIALS = int(os.environ.get("FAULT_REPEAT", "1"))
 
 
-# The plain TCP case runs when JACKLRING_FAULT_REPEAT is set; by default the case where the
+# The plain TCP case runs when FAULT_REPEAT is set; by default the case where the
 # resumed rank insists covers TCP's blame (its ERR line) and the agreement's rule at once.
-CASES = [("auto", False), ("tcp", True)] + ([("tcp", False)] if "JACKLRING_FAULT_REPEAT" in os.environ else [])
+CASES = [("auto", False), ("tcp", True)] + ([("tcp", False)] if "FAULT_REPEAT" in os.environ else [])
 
 
 @pytest.mark.timeout(60 * TRIALS)

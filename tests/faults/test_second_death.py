@@ -42,7 +42,7 @@ y = all_sum(np.full(16, float(r + 1), np.float32))
 say("SUM", ",".join(str(int(m)) for m in members), float(y[0]), round(time.monotonic() - started, 2))
 """
 
-TRIALS = int(os.environ.get("JACKLRING_FAULT_REPEAT", "1"))
+TRIALS = int(os.environ.get("FAULT_REPEAT", "1"))
 
 
 @pytest.mark.timeout(90 * TRIALS)

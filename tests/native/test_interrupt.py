@@ -8,7 +8,7 @@ import threading
 import time
 
 import pytest
-from segments import attach
+from engine_segments import attach
 
 from adapter.errors import PeerError
 

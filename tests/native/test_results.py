@@ -8,7 +8,7 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 import pytest
-from segments import CHUNK, attach, together
+from engine_segments import CHUNK, attach, together
 
 from adapter.backends.base import ReduceOp
 from adapter.errors import MismatchError

@@ -21,7 +21,7 @@ NO_MLX = pytest.mark.skipif(not MLX_LAUNCH.exists(), reason=f"{MLX_LAUNCH} is mi
 
 
 def _run(args: list[str], tmp_path: Path) -> list[str]:
-    env = dict(os.environ, OMP_NUM_THREADS="1", JACKLRING_SECRET="mlx-launch-test-secret-0123456789abcdef")
+    env = dict(os.environ, OMP_NUM_THREADS="1", JACKLRING_SECRET="9f2c4be1a7d05e63c8b1f0a4d2e97c15")
     env.pop("RANK", None)
     env.pop("WORLD_SIZE", None)
     r = subprocess.run([str(MLX_LAUNCH), *args, "--", sys.executable, str(SCRIPT)], capture_output=True,

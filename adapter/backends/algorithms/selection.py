@@ -85,10 +85,14 @@ def choose_from_table(collective: str, backend: str, nbytes: int, size: int) -> 
 
 class Chooser:
     """One group's choices: JACKLRING_ALGORITHM read once, at the group's creation (a malformed
-    value is a ConfigError there), then the table; choices are cached per (collective, bytes)."""
+    value is a ConfigError there), then the table (between hosts; native on one host); choices
+    are cached per (collective, bytes)."""
 
-    def __init__(self, backend: str, size: int) -> None:
+    def __init__(self, backend: str, size: int, between_hosts: bool = True) -> None:
         self.backend, self.size = backend, size
+        # The table was measured between hosts; a group entirely on this host keeps its own
+        # schedule there (hops cost scheduler rounds, not network steps), unless one is forced.
+        self.between_hosts = between_hosts
         self.forced: dict[str, str] = dict(config.get("JACKLRING_ALGORITHM"))
         self._cache: dict[tuple[str, int], str] = {}
 
@@ -98,7 +102,7 @@ class Chooser:
         if found is None:
             found = self.forced.get(collective, "auto")
             if found == "auto":
-                found = choose_from_table(collective, self.backend, nbytes, self.size)
+                found = choose_from_table(collective, self.backend, nbytes, self.size) if self.between_hosts else "native"
             if len(self._cache) > 256:
                 self._cache.clear()
             self._cache[key] = found

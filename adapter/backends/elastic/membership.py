@@ -180,9 +180,8 @@ def _reach(seat: Seat, peer: int, answer_timeout: float) -> Channel | None:
     """An authenticated connection to peer's listener, or None when it is gone or does not answer."""
     address = seat.addresses[peer]
     who = f"rank {peer} ({address})"
-    # Its Unix socket where it is on this host (tcp.open_to: counted by uid there, so a flood
-    # from 127.0.0.1 cannot spend this rank's handshakes); a listener over its budget closes
-    # unread: try again, a little later, until the window for this answer ends.
+    # Its Unix socket where it is on this host (tcp.open_to: counted by uid there, so a flood from 127.0.0.1 cannot spend
+    # its handshakes); a listener over its budget closes unread: try again, a little later, until this answer's window ends.
     until = time.monotonic() + answer_timeout * HANDSHAKE_RETRIES
     pause = 0.01
     while True:

@@ -114,7 +114,10 @@ class SharedGroup:
     # ---- collectives (header: checked against every peer's; None for inner stages) ---------
 
     def all_reduce(self, header: bytes | None, src: np.ndarray, dst: np.ndarray, op: ReduceOp) -> None:
-        status = self._seg.all_reduce(_raw(src), _raw(dst), DTYPE_CODES[src.dtype], OP_CODES[op], header, self.deadline)
+        code = DTYPE_CODES[src.dtype]
+        if code == _BF16_CODE:  # _raw(), inlined on the hot path
+            src, dst = src.view(np.uint8), dst.view(np.uint8)
+        status = self._seg.all_reduce(src, dst, code, OP_CODES[op], header, self.deadline)
         if status is not None:
             engine.raise_status(self, status, header)
 

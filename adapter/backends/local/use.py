@@ -80,6 +80,12 @@ def run(group: SharedGroup, deadline: float, what: object, body: Callable, *args
     try:
         body(group, *args)
     except BaseException as exc:
-        culprit = failure_of(exc).culprit
-        group.mark_broken(-1 if culprit is None else culprit)  # whom the peers should blame
+        broken(group, exc)
         raise
+
+
+def broken(group: SharedGroup, exc: BaseException) -> None:
+    """A collective over `group` failed with exc: tell the peers at once whom to blame (run()'s
+    error path, shared with the ring's inlined one, Plumbing.on_shared)."""
+    culprit = failure_of(exc).culprit
+    group.mark_broken(-1 if culprit is None else culprit)  # whom the peers should blame

@@ -194,7 +194,8 @@ class RingBackend(Backend):
         self._plumbing = plumbing = Plumbing(state, self._words)
         self._p2p = PointToPoint(state, plumbing.small_limit)
         # Log-latency schedules over the point-to-point connections (scheduled.py), by size and group size.
-        self._scheduled = Scheduled(RingPeers(rank, self._size, self._p2p, plumbing.check_header), plumbing.buffer)
+        self._scheduled = Scheduled(RingPeers(rank, self._size, self._p2p, plumbing.check_header), plumbing.buffer,
+                                    between_hosts=not plumbing.on_one_host)
         plumbing.on_close.append(self._p2p.drop_streams)
         self._collective = plumbing.collective
         self._shm_small = -1   # JACKLRING_SHM_SMALL_BYTES, once shared memory is attached
@@ -297,7 +298,7 @@ class RingBackend(Backend):
         state = self._state
         if state.shm is not None and src.nbytes <= self._shm_one_step and not state.abandon_on_failure:
             # The small-message hot path: what _shared does, one call shorter.
-            self._collective(header, shared.run, state, SharedGroup.all_reduce, header, src, dst, op)
+            plumbing.on_shared(header, state.shm, SharedGroup.all_reduce, src, dst, op)
             return
         if self._shared(header, SharedGroup.all_reduce, src, dst, op):
             return
@@ -435,7 +436,7 @@ class RingBackend(Backend):
         state = self._state
         if state.shm is None or state.abandon_on_failure:
             return False
-        self._collective(header, shared.run, state, body, header, *args)
+        self._plumbing.on_shared(header, state.shm, body, *args)
         return True
 
     def _staged(self, header: bytes, body, *args) -> bool:

@@ -16,6 +16,8 @@ from ... import config
 from ...errors import CollectiveTimeout, DistributedError, MismatchError, PeerError, failure_of, with_failure
 from ..base import ReduceOp
 from ..elements import DTYPE_CODES, byte_view, dtype_code, reduce_many, split_evenly
+from ..local import use
+from ..local.segment import SharedGroup
 from ..protocol import mismatch_message
 from ..transport import blame
 from . import origin
@@ -48,13 +50,14 @@ class Plumbing:
         self._words = words
         self._lock = threading.Lock()  # one collective at a time on the ring links
         self.small_limit: int = config.get("JACKLRING_RING_SMALL_BYTES")
+        # Every rank on this host (the same answer on every rank): bytes are memory copies and
+        # hops cost scheduler rounds, not network steps.
+        self.on_one_host: bool = ranks_on_this_host(state.addresses, state.rank) == state.size
         one_pass_limit = config.get("JACKLRING_RING_ONE_PASS_BYTES")
         if one_pass_limit is None:
-            # Unset: 32 KiB between hosts. With every rank on this host (the same answer on every
-            # rank), bytes are memory copies and hops cost scheduler rounds, so the one-pass path
-            # (half the hops) wins up to the small limit.
-            local = ranks_on_this_host(state.addresses, state.rank) == state.size
-            one_pass_limit = self.small_limit * state.size if local else 32 * 1024
+            # Unset: 32 KiB between hosts; on one host the one-pass path (half the hops) wins up
+            # to the small limit.
+            one_pass_limit = self.small_limit * state.size if self.on_one_host else 32 * 1024
         self._one_pass_limit: int = one_pass_limit
         self._segment_bytes = config.get("JACKLRING_RING_SEGMENT_BYTES")
         self._both_directions = config.get("JACKLRING_RING_DIRECTIONS") == 2
@@ -81,6 +84,33 @@ class Plumbing:
         paths below call running() themselves)."""
         with self.running(header):
             body(*args)
+
+    def on_shared(self, header: bytes, group: SharedGroup, body: Callable, *args) -> None:
+        """body(group, header, *args) over the group's shared memory as one collective:
+        running() and local.use.run in one frame (serialised, numbered, under the deadline; on
+        an error the peers are told at once, then the group is given up), since the frames cost
+        more than a 4-byte all_reduce over shared memory itself."""
+        lock = self._lock
+        lock.acquire()
+        try:
+            self._start(header)
+        except BaseException:
+            lock.release()
+            raise
+        try:
+            state = self._state
+            group.deadline = state.deadline
+            group.what = state.what
+            try:
+                body(group, header, *args)
+            except BaseException as exc:
+                use.broken(group, exc)  # the peers learn at once, as local.use.run tells them
+                raise
+        except BaseException as caught:
+            self._failed(caught)  # raises what names the culprit, or returns for caught itself
+            raise
+        finally:
+            lock.release()
 
     # ---- the socket paths, one collective each ----------------------------------------------
 

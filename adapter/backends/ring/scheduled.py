@@ -63,10 +63,11 @@ class Scheduled:
     """The collectives a ring group runs by a schedule of algorithms/ (the caller runs them inside
     Plumbing.collective, which serialises them, numbers them and handles failure)."""
 
-    def __init__(self, peers: RingPeers, buffer: Callable[[str, np.dtype, int], np.ndarray]) -> None:
+    def __init__(self, peers: RingPeers, buffer: Callable[[str, np.dtype, int], np.ndarray],
+                 between_hosts: bool = True) -> None:
         self._peers = peers
         self._buffer = buffer
-        self.chooser = Chooser("ring", peers.size)
+        self.chooser = Chooser("ring", peers.size, between_hosts)
 
     def choose(self, collective: str, nbytes: int) -> str:
         return self.chooser.choose(collective, nbytes)

@@ -52,12 +52,6 @@ def attach(state: RingState, gather: Callable[[bytes], list[bytes]]) -> shm.Plac
     return placement
 
 
-def run(state: RingState, body: Callable, *args) -> None:
-    """Run one collective over the group's shared memory, body(group, *args), under the
-    current collective's deadline and description; on any error the peers are told at once."""
-    use.run(state.shm, state.deadline, state.what, body, *args)
-
-
 def run_staged(state: RingState, body: Callable, *args) -> None:
     """Run one collective in stages, body(staging, *args), under the group's deadline."""
     staged.run(state.hier, state.deadline, state.timeout, state.what, body, *args)

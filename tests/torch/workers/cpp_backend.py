@@ -38,7 +38,7 @@ def main() -> None:
     pg = dist.distributed_c10d._get_default_group()
     backend = pg._get_backend(torch.device("cpu"))
     assert type(backend).__name__ == "JacklringBackend", type(backend)
-    assert isinstance(python_group(pg), JacklringProcessGroup)
+    assert isinstance(python_group(pg, JacklringProcessGroup), JacklringProcessGroup)
     assert pg.name() == "jacklring", pg.name()  # C++ readers (DDP's logging data) see this name
     gloo = dist.new_group(backend="gloo")
     native = backend.native  # the ranks share memory: synchronous all-reduces run in C++

@@ -154,7 +154,8 @@ if "--expect-ring-from-hostfile" in extra():  # under our launcher: the MLX_* ri
     import os
 
     from adapter.torch_backend.cpp_backend import python_group
-    behind = python_group(JL)  # the Python group itself, or the one behind the C++ Backend
+    from adapter.torch_backend.process_group import JacklringProcessGroup
+    behind = python_group(JL, JacklringProcessGroup)  # the Python group itself, or the one behind the C++ Backend
     assert behind.underlying_backend == "ring" and behind.rendezvous == "environment", behind.description()
     assert os.environ.get("MLX_HOSTFILE"), "the launcher did not set MLX_HOSTFILE"
     print(f"rank {rank}: underlying backend: ring (MLX_HOSTFILE)", flush=True)

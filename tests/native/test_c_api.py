@@ -6,7 +6,7 @@ from __future__ import annotations
 import ctypes
 
 import numpy as np
-from segments import attach, together
+from engine_segments import attach, together
 
 from adapter.backends.local import _engine
 
