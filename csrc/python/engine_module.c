@@ -12,19 +12,18 @@
 
 #include "../shm/engine.h"
 #include "../shm/probe.h"
-
-typedef struct {
-    PyObject_HEAD
-    jl_ctx *ctx;
-    PyObject *stall; /* callable(peer member) or NULL */
-    jl_settings settings;
-} Segment;
+#include "segment_object.h"
+#include "shell.h"
 
 static void stall_report(void *arg, int32_t peer) {
     Segment *self = arg;
     PyGILState_STATE gil = PyGILState_Ensure();
     if (self->stall != NULL) {
-        PyObject *res = PyObject_CallFunction(self->stall, "i", (int)peer);
+        /* the fast path's header, or None: the Python side's collective is described already */
+        PyObject *res = self->running == NULL
+                            ? PyObject_CallFunction(self->stall, "iO", (int)peer, Py_None)
+                            : PyObject_CallFunction(self->stall, "iy#", (int)peer, (const char *)self->running,
+                                                    (Py_ssize_t)JL_HEADER_BYTES);
         if (res == NULL)
             PyErr_WriteUnraisable(self->stall);
         Py_XDECREF(res);
@@ -42,7 +41,7 @@ static int interrupted(void *arg) {
     return raised;
 }
 
-static PyObject *status_tuple(const jl_status *st) {
+PyObject *jl_status_tuple(const jl_status *st) {
     return Py_BuildValue("iiiiiKKy#", st->code, st->peer, st->culprit, st->fd, st->sys_errno,
                          (unsigned long long)st->step, (unsigned long long)st->peer_step,
                          (const char *)st->header, (Py_ssize_t)JL_HEADER_BYTES);
@@ -97,7 +96,7 @@ static PyObject *result(int rc, const jl_status *st) {
         Py_RETURN_NONE;
     if (rc == JL_INTERRUPTED && PyErr_Occurred())
         return NULL; /* the signal handler's exception */
-    return status_tuple(st);
+    return jl_status_tuple(st);
 }
 
 static int nargs(Py_ssize_t got, Py_ssize_t want, const char *name) {
@@ -415,7 +414,7 @@ static PyGetSetDef Segment_getset[] = {
     {NULL, NULL, NULL, NULL, NULL},
 };
 
-static PyTypeObject SegmentType = {
+PyTypeObject SegmentType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "adapter.backends.local._engine.Segment",
     .tp_basicsize = sizeof(Segment),
@@ -487,7 +486,7 @@ PyMODINIT_FUNC PyInit__engine(void) {
         Py_XDECREF(api);
         goto fail;
     }
-    if (PyModule_AddIntConstant(m, "ABI_VERSION", JL_ABI_VERSION) < 0)
+    if (PyModule_AddIntConstant(m, "ABI_VERSION", JL_ABI_VERSION) < 0 || jl_shell_add_types(m) < 0)
         goto fail;
     return m;
 fail:

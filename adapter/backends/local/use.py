@@ -14,7 +14,7 @@ from typing import Callable
 
 from ... import config
 from ...errors import failure_of
-from . import shm
+from . import engine, shm
 from .segment import PAGE, SharedGroup
 
 log = logging.getLogger("jacklring.shm")
@@ -69,6 +69,11 @@ def attach(rank: int, size: int, gather: Callable[[bytes], list[bytes]], describ
                         stall_report_s=config.get("JACKLRING_STALL_REPORT"),
                         small_bytes=config.get("JACKLRING_SHM_SMALL_BYTES"))
     return placement
+
+
+def new_lock() -> object:
+    """The lock a group's collectives take (one at a time), shared with the engine's fast path."""
+    return engine.new_lock()
 
 
 def run(group: SharedGroup, deadline: float, what: object, body: Callable, *args) -> None:

@@ -254,6 +254,8 @@ class RingBackend(Backend):
     @timeout.setter
     def timeout(self, seconds: float) -> None:
         self._state.timeout = seconds
+        if self.fast is not None:
+            self.fast.timeout = seconds  # type: ignore[attr-defined]
 
     @property
     def right(self) -> list[Stream]:
@@ -419,6 +421,7 @@ class RingBackend(Backend):
         shared.attach_memory(self, state, self._plumbing)
         if state.shm is not None:
             self._shm_one_step = min(self._shm_small, state.shm.chunk_bytes)
+        self.fast = shared.fast_path(self, state, self._plumbing)
 
     def whole_group_segment(self) -> "SharedGroup | None":
         """The segment that the whole group shares (every rank on this host), else None: what a

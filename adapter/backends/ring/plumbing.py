@@ -6,7 +6,6 @@ small path and the reduce-scatter / all-gather / broadcast over every channel (a
 from __future__ import annotations
 
 import socket
-import threading
 import time
 from typing import Callable
 
@@ -48,7 +47,9 @@ class Plumbing:
     def __init__(self, state: RingState, words: Wording) -> None:
         self._state = state
         self._words = words
-        self._lock = threading.Lock()  # one collective at a time on the ring links
+        # One collective at a time, whichever path runs it: the engine's fast path (the group's
+        # Shell, ring/shared.py) takes this same lock in C.
+        self._lock = use.new_lock()
         self.small_limit: int = config.get("JACKLRING_RING_SMALL_BYTES")
         # Every rank on this host (the same answer on every rank): bytes are memory copies and
         # hops cost scheduler rounds, not network steps.
@@ -111,6 +112,31 @@ class Plumbing:
             raise
         finally:
             lock.release()
+
+    @property
+    def lock(self) -> object:
+        """The lock every collective of this group takes (the engine's fast path too)."""
+        return self._lock
+
+    def fast_failed(self, header: bytes, deadline: float, status: object) -> None:
+        """The engine's fast path (the Shell) failed a collective it numbered and started at
+        `deadline` over state.shm: status is the engine's status tuple, or the exception a signal
+        handler raised. Called with the lock held; raises what on_shared raises for it."""
+        state = self._state
+        group = state.shm
+        state.deadline = group.deadline = deadline  # type: ignore[union-attr]
+        state.what = group.what = Described(header)  # type: ignore[union-attr]
+        try:
+            try:
+                if isinstance(status, BaseException):
+                    raise status
+                group.raise_status(status, header)  # type: ignore[union-attr]
+            except BaseException as exc:
+                use.broken(group, exc)  # type: ignore[arg-type]
+                raise
+        except BaseException as caught:
+            self._failed(caught)
+            raise
 
     # ---- the socket paths, one collective each ----------------------------------------------
 

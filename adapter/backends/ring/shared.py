@@ -14,7 +14,9 @@ import numpy as np
 
 from ..elements import dtype_code
 from ..local import shm, staged, use
-from .header import HEADER, HEADER_MAGIC, OP_SHM, describe_header
+from ..local.segment import OP_CODES
+from ..protocol import REDUCE_CODES
+from .header import HEADER, HEADER_MAGIC, OP_ALL_REDUCE, OP_SHM, describe_header
 from .plumbing import Plumbing
 from .state import RingState
 
@@ -39,6 +41,18 @@ def attach_memory(ring: "RingBackend", state: RingState, plumbing: Plumbing) -> 
         state.shm = placement.group
         return
     state.hier = staged.form(ring, placement, "ring")
+
+
+def fast_path(ring: "RingBackend", state: RingState, plumbing: Plumbing) -> object | None:
+    """The engine's one-call all_reduce over the whole group's segment (None without one): it
+    takes the plumbing's lock, refuses once the group failed, numbers with the segment's sequence
+    and packs the ring's header, as Plumbing.header and on_shared do."""
+    group = state.shm
+    if group is None or group.size != state.size or state.hier is not None:
+        return None
+    extras = [REDUCE_CODES[op] + state.stage for op, _ in sorted(OP_CODES.items(), key=lambda item: item[1])]
+    return group.fast_path(plumbing.lock, ring.failure, plumbing.fast_failed, state.timeout, HEADER_MAGIC,
+                           OP_ALL_REDUCE, extras)
 
 
 def attach(state: RingState, gather: Callable[[bytes], list[bytes]]) -> shm.Placement:

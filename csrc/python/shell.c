@@ -1,0 +1,456 @@
+/* The binding's fast path: one C call from adapter.ops to jl_all_reduce.
+ *
+ * Lock: the lock every path of a group takes to run one collective at a time (the ring's
+ * Python paths take it as they took a threading.Lock; Shell takes it in C). Blocked, it waits
+ * without the GIL; a signal handler that raises ends the wait, as threading.Lock's does.
+ *
+ * Shell: what a group's Python shell does around an all_reduce over its segment (the lock, the
+ * "given up" check, the sequence number, the header, the deadline) for the common case only: an
+ * exact numpy array, C-contiguous, a native dtype and an op the library accepts for it, in place
+ * (out=x), into a separate array of its shape and dtype, or into a fresh array. Anything else
+ * returns NotImplemented before anything happened, and the caller runs its Python path, which
+ * words every refusal as it always did. A failed collective goes to the group's Python failure
+ * handler (failed(header, deadline, status tuple or exception), called with the lock held; it
+ * raises), so every exception and message is the Python path's. Nothing is allocated on success
+ * beyond a fresh result array. */
+#include "shell.h"
+
+#include <math.h>
+#include <string.h>
+#include <time.h>
+
+#include "segment_object.h"
+
+#define JL_OPS 7
+#define JL_DTYPES 16
+
+/* ---- Lock ------------------------------------------------------------------------------- */
+
+typedef struct {
+    PyObject_HEAD
+    PyThread_type_lock lock;
+    int held; /* read and written with the GIL held */
+} Lock;
+
+/* Take the lock: 1 taken, 0 not (only when !blocking), -1 a signal handler raised. */
+static int lock_take(Lock *self, int blocking) {
+    if (PyThread_acquire_lock_timed(self->lock, 0, 0) != PY_LOCK_ACQUIRED) {
+        if (!blocking)
+            return 0;
+        for (;;) {
+            PyLockStatus r;
+            Py_BEGIN_ALLOW_THREADS
+            r = PyThread_acquire_lock_timed(self->lock, -1, 1);
+            Py_END_ALLOW_THREADS
+            if (r == PY_LOCK_ACQUIRED)
+                break;
+            if (Py_MakePendingCalls() < 0) /* PY_LOCK_INTR: run the handlers, as threading.Lock */
+                return -1;
+        }
+    }
+    self->held = 1;
+    return 1;
+}
+
+static void lock_give(Lock *self) {
+    self->held = 0;
+    PyThread_release_lock(self->lock);
+}
+
+static PyObject *Lock_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
+    if (PyTuple_GET_SIZE(args) != 0 || (kwargs != NULL && PyDict_GET_SIZE(kwargs) != 0)) {
+        PyErr_SetString(PyExc_TypeError, "Lock() takes no arguments");
+        return NULL;
+    }
+    Lock *self = (Lock *)type->tp_alloc(type, 0);
+    if (self == NULL)
+        return NULL;
+    self->lock = PyThread_allocate_lock();
+    if (self->lock == NULL) {
+        Py_DECREF(self);
+        return PyErr_NoMemory();
+    }
+    return (PyObject *)self;
+}
+
+static void Lock_dealloc(Lock *self) {
+    if (self->lock != NULL) {
+        if (self->held)
+            PyThread_release_lock(self->lock);
+        PyThread_free_lock(self->lock);
+    }
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *Lock_acquire(Lock *self, PyObject *args, PyObject *kwargs) {
+    int blocking = 1;
+    static char *keywords[] = {"blocking", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|p", keywords, &blocking))
+        return NULL;
+    int r = lock_take(self, blocking);
+    return r < 0 ? NULL : PyBool_FromLong(r);
+}
+
+static PyObject *Lock_release(Lock *self, PyObject *Py_UNUSED(unused)) {
+    if (!self->held) {
+        PyErr_SetString(PyExc_RuntimeError, "release unlocked lock");
+        return NULL;
+    }
+    lock_give(self);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Lock_exit(Lock *self, PyObject *Py_UNUSED(args)) {
+    return Lock_release(self, NULL);
+}
+
+static PyObject *Lock_locked(Lock *self, PyObject *Py_UNUSED(unused)) {
+    return PyBool_FromLong(self->held);
+}
+
+static PyMethodDef Lock_methods[] = {
+    {"acquire", (PyCFunction)(void (*)(void))Lock_acquire, METH_VARARGS | METH_KEYWORDS, "acquire(blocking=True) -> bool"},
+    {"release", (PyCFunction)Lock_release, METH_NOARGS, "release()"},
+    {"locked", (PyCFunction)Lock_locked, METH_NOARGS, "locked() -> bool"},
+    {"__enter__", (PyCFunction)(void (*)(void))Lock_acquire, METH_VARARGS | METH_KEYWORDS, NULL},
+    {"__exit__", (PyCFunction)Lock_exit, METH_VARARGS, NULL},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject LockType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "adapter.backends.local._engine.Lock",
+    .tp_basicsize = sizeof(Lock),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "One collective at a time: the lock a group's Python paths and its Shell share.",
+    .tp_new = Lock_new,
+    .tp_dealloc = (destructor)Lock_dealloc,
+    .tp_methods = Lock_methods,
+};
+
+/* ---- Shell ------------------------------------------------------------------------------ */
+
+typedef struct {
+    PyObject_HEAD
+    Segment *segment;
+    Lock *lock;
+    PyObject *failure;    /* .why: None while the group is usable */
+    PyObject *failed;     /* failed(header, deadline, status tuple or exception): raises */
+    PyObject *empty_like; /* numpy.empty_like */
+    PyObject *ndarray;    /* numpy.ndarray */
+    double timeout;       /* seconds per collective */
+    uint16_t magic;
+    uint8_t op_code;               /* the header's operation (all_reduce) */
+    int64_t extra[JL_OPS];         /* the header's extra field per jl_op */
+    unsigned char reducible[JL_DTYPES]; /* bit op set: the library accepts (dtype code, op) */
+    unsigned char header[JL_HEADER_BYTES];
+} Shell;
+
+static PyObject *why_name; /* "why", interned */
+
+/* The engine's dtype code of a buffer numpy filled, 0 when the fast path does not take it (a
+ * byte order or type spelled any other way). */
+static int dtype_of(const Py_buffer *view) {
+    const char *f = view->format;
+    int code = 0;
+    if (f == NULL)
+        return 0;
+    if (f[0] != '\0' && f[1] == '\0') {
+        switch (f[0]) {
+        case '?': code = JL_BOOL; break;
+        case 'b': code = JL_INT8; break;
+        case 'h': code = JL_INT16; break;
+        case 'i': code = JL_INT32; break;
+        case 'l': case 'q': code = JL_INT64; break;
+        case 'B': code = JL_UINT8; break;
+        case 'H': code = JL_UINT16; break;
+        case 'I': code = JL_UINT32; break;
+        case 'L': case 'Q': code = JL_UINT64; break;
+        case 'e': code = JL_FLOAT16; break;
+        case 'f': code = JL_FLOAT32; break;
+        case 'd': code = JL_FLOAT64; break;
+        default: return 0;
+        }
+    } else if (f[0] == 'Z' && f[1] != '\0' && f[2] == '\0') {
+        code = f[1] == 'f' ? JL_COMPLEX64 : f[1] == 'd' ? JL_COMPLEX128 : 0;
+    }
+    return code != 0 && (size_t)view->itemsize == jl_dtype_size(code) ? code : 0;
+}
+
+static int same_shape(const Py_buffer *a, const Py_buffer *b) {
+    if (a->ndim != b->ndim)
+        return 0;
+    for (int i = 0; i < a->ndim; i++)
+        if (a->shape[i] != b->shape[i])
+            return 0;
+    return 1;
+}
+
+static double monotonic_s(void) {
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now); /* time.monotonic()'s clock */
+    return (double)now.tv_sec + (double)now.tv_nsec * 1e-9;
+}
+
+/* The ring's "<HBBIQq" header (ring/header.py), little-endian as x86 and arm64 store it. */
+static void pack_header(Shell *self, int dtype, uint64_t seq, uint64_t nbytes, int op) {
+    unsigned char *h = self->header;
+    uint32_t seq32 = (uint32_t)seq;
+    memcpy(h, &self->magic, 2);
+    h[2] = self->op_code;
+    h[3] = (unsigned char)dtype;
+    memcpy(h + 4, &seq32, 4);
+    memcpy(h + 8, &nbytes, 8);
+    memcpy(h + 16, &self->extra[op], 8);
+}
+
+/* A collective failed: the group's failure handler words and raises it (lock held). */
+static void hand_failure(Shell *self, int rc, const jl_status *st, double deadline) {
+    PyObject *what;
+    if (rc == JL_INTERRUPTED && PyErr_Occurred()) {
+        PyObject *type, *value, *trace;
+        PyErr_Fetch(&type, &value, &trace);
+        PyErr_NormalizeException(&type, &value, &trace);
+        if (trace != NULL)
+            PyException_SetTraceback(value, trace);
+        Py_XDECREF(type);
+        Py_XDECREF(trace);
+        what = value;
+    } else {
+        what = jl_status_tuple(st);
+    }
+    if (what == NULL)
+        return;
+    PyObject *r = PyObject_CallFunction(self->failed, "y#dO", (const char *)self->header, (Py_ssize_t)JL_HEADER_BYTES,
+                                        deadline, what);
+    Py_DECREF(what);
+    if (r != NULL) {
+        Py_DECREF(r);
+        PyErr_SetString(PyExc_SystemError, "the shared-memory failure handler returned without raising");
+    }
+}
+
+#define C_BUFFER (PyBUF_C_CONTIGUOUS | PyBUF_FORMAT)
+
+/* all_reduce(x, out, op): op a jl_op; out x (in place), None (a fresh result) or a separate
+ * array. Returns the result, or NotImplemented when this call is not the fast path's. */
+static PyObject *Shell_all_reduce(Shell *self, PyObject *const *args, Py_ssize_t n) {
+    if (n != 3) {
+        PyErr_Format(PyExc_TypeError, "all_reduce takes 3 arguments (%zd given)", n);
+        return NULL;
+    }
+    PyObject *x = args[0], *out = args[1];
+    int overflow;
+    long op = PyLong_AsLongAndOverflow(args[2], &overflow);
+    PyTypeObject *ndarray = (PyTypeObject *)self->ndarray;
+    jl_ctx *ctx = self->segment->ctx;
+    if (Py_TYPE(x) != ndarray || (out != x && out != Py_None && Py_TYPE(out) != ndarray) || ctx == NULL ||
+        op < 0 || op >= JL_OPS) {
+        PyErr_Clear(); /* a non-integer op: the Python path says so */
+        Py_RETURN_NOTIMPLEMENTED;
+    }
+    Py_buffer src, dst;
+    if (PyObject_GetBuffer(x, &src, out == x ? (C_BUFFER | PyBUF_WRITABLE) : C_BUFFER) < 0) {
+        PyErr_Clear(); /* not C-contiguous, read-only, ... */
+        Py_RETURN_NOTIMPLEMENTED;
+    }
+    int dtype = dtype_of(&src);
+    PyObject *result = NULL;
+    void *into = src.buf;
+    int own_dst = 0;
+    if (dtype == 0 || !(self->reducible[dtype] >> op & 1))
+        goto not_mine;
+    if (out == x) {
+        result = x;
+        Py_INCREF(result);
+    } else {
+        if (out == Py_None) {
+            result = PyObject_CallOneArg(self->empty_like, x);
+            if (result == NULL)
+                goto error;
+        } else {
+            result = out;
+            Py_INCREF(result);
+        }
+        if (PyObject_GetBuffer(result, &dst, C_BUFFER | PyBUF_WRITABLE) < 0) {
+            if (out == Py_None)
+                goto error;
+            PyErr_Clear();
+            goto not_mine;
+        }
+        own_dst = 1;
+        const char *a = src.buf, *b = dst.buf;
+        if (dtype_of(&dst) != dtype || !same_shape(&src, &dst) || !(a + src.len <= b || b + dst.len <= a))
+            goto not_mine; /* the Python path refuses it, or finds it in place, and says so */
+        into = dst.buf;
+    }
+    int taken = lock_take(self->lock, 1);
+    if (taken < 0)
+        goto error;
+    PyObject *why = PyObject_GetAttr(self->failure, why_name);
+    if (why == NULL) {
+        lock_give(self->lock);
+        goto error;
+    }
+    Py_DECREF(why);
+    ctx = self->segment->ctx; /* closed while this thread waited for the lock? */
+    if (why != Py_None || ctx == NULL) {
+        lock_give(self->lock); /* the Python path raises what the group's state says */
+        goto not_mine;
+    }
+    size_t item = jl_dtype_size(dtype);
+    pack_header(self, dtype, jl_next_sequence(ctx), (uint64_t)src.len, (int)op);
+    double deadline = monotonic_s() + self->timeout;
+    int64_t deadline_ns = (isinf(deadline) || deadline * 1e9 >= 9.2e18) ? JL_NO_DEADLINE : (int64_t)(deadline * 1e9);
+    jl_status st;
+    int rc;
+    self->segment->running = self->header;
+    Py_BEGIN_ALLOW_THREADS
+    rc = jl_all_reduce(ctx, src.buf, into, (size_t)src.len / item, dtype, (int)op, self->header, deadline_ns, &st);
+    Py_END_ALLOW_THREADS
+    self->segment->running = NULL;
+    PyBuffer_Release(&src);
+    if (own_dst)
+        PyBuffer_Release(&dst);
+    if (rc != JL_OK)
+        hand_failure(self, rc, &st, deadline);
+    lock_give(self->lock);
+    if (rc != JL_OK) {
+        Py_DECREF(result);
+        return NULL;
+    }
+    return result;
+not_mine:
+    PyBuffer_Release(&src);
+    if (own_dst)
+        PyBuffer_Release(&dst);
+    Py_XDECREF(result);
+    Py_RETURN_NOTIMPLEMENTED;
+error:
+    PyBuffer_Release(&src);
+    if (own_dst)
+        PyBuffer_Release(&dst);
+    Py_XDECREF(result);
+    return NULL;
+}
+
+/* Shell(segment, lock, failure, failed, empty_like, ndarray, timeout, magic, op_code, extras,
+ * reducible): extras, the header's extra field per jl_op (7 ints); reducible, 16 bytes by dtype
+ * code, bit op set where the library accepts (dtype, op). */
+static int Shell_init(Shell *self, PyObject *args, PyObject *kwargs) {
+    PyObject *segment, *lock, *failure, *failed, *empty_like, *ndarray, *extras;
+    double timeout;
+    int magic, op_code;
+    const char *reducible;
+    Py_ssize_t reducible_len;
+    static char *keywords[] = {"segment", "lock", "failure", "failed", "empty_like", "ndarray", "timeout",
+                               "magic", "op_code", "extras", "reducible", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!O!OOOO!diiOy#", keywords, &SegmentType, &segment, &LockType,
+                                     &lock, &failure, &failed, &empty_like, &PyType_Type, &ndarray, &timeout, &magic,
+                                     &op_code, &extras, &reducible, &reducible_len))
+        return -1;
+    if (reducible_len != JL_DTYPES) {
+        PyErr_Format(PyExc_ValueError, "reducible: %d bytes, one per dtype code", JL_DTYPES);
+        return -1;
+    }
+    PyObject *fast = PySequence_Fast(extras, "extras");
+    if (fast == NULL)
+        return -1;
+    if (PySequence_Fast_GET_SIZE(fast) != JL_OPS) {
+        Py_DECREF(fast);
+        PyErr_Format(PyExc_ValueError, "extras: one per reduction, %d", JL_OPS);
+        return -1;
+    }
+    for (int i = 0; i < JL_OPS; i++) {
+        long long v = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(fast, i));
+        if (v == -1 && PyErr_Occurred()) {
+            Py_DECREF(fast);
+            return -1;
+        }
+        self->extra[i] = (int64_t)v;
+    }
+    Py_DECREF(fast);
+    memcpy(self->reducible, reducible, JL_DTYPES);
+    self->timeout = timeout;
+    self->magic = (uint16_t)magic;
+    self->op_code = (uint8_t)op_code;
+    Py_INCREF(segment);
+    Py_XSETREF(self->segment, (Segment *)segment);
+    Py_INCREF(lock);
+    Py_XSETREF(self->lock, (Lock *)lock);
+    Py_INCREF(failure);
+    Py_XSETREF(self->failure, failure);
+    Py_INCREF(failed);
+    Py_XSETREF(self->failed, failed);
+    Py_INCREF(empty_like);
+    Py_XSETREF(self->empty_like, empty_like);
+    Py_INCREF(ndarray);
+    Py_XSETREF(self->ndarray, ndarray);
+    return 0;
+}
+
+static void Shell_dealloc(Shell *self) {
+    Py_XDECREF(self->segment);
+    Py_XDECREF(self->lock);
+    Py_XDECREF(self->failure);
+    Py_XDECREF(self->failed);
+    Py_XDECREF(self->empty_like);
+    Py_XDECREF(self->ndarray);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *Shell_get_timeout(Shell *self, void *Py_UNUSED(closure)) {
+    return PyFloat_FromDouble(self->timeout);
+}
+
+static int Shell_set_timeout(Shell *self, PyObject *value, void *Py_UNUSED(closure)) {
+    double t = value == NULL ? -1.0 : PyFloat_AsDouble(value);
+    if (t == -1.0 && (value == NULL || PyErr_Occurred())) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_AttributeError, "the timeout cannot be deleted");
+        return -1;
+    }
+    self->timeout = t;
+    return 0;
+}
+
+static PyMethodDef Shell_methods[] = {
+    {"all_reduce", (PyCFunction)(void (*)(void))Shell_all_reduce, METH_FASTCALL,
+     "all_reduce(x, out, op) -> the result, or NotImplemented (the Python path's call)"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef Shell_getset[] = {
+    {"timeout", (getter)Shell_get_timeout, (setter)Shell_set_timeout, "seconds per collective", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject ShellType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "adapter.backends.local._engine.Shell",
+    .tp_basicsize = sizeof(Shell),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "A group's all_reduce of numpy arrays over its segment in one call (csrc/python/shell.c).",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Shell_init,
+    .tp_dealloc = (destructor)Shell_dealloc,
+    .tp_methods = Shell_methods,
+    .tp_getset = Shell_getset,
+};
+
+int jl_shell_add_types(PyObject *module) {
+    why_name = PyUnicode_InternFromString("why");
+    if (why_name == NULL || PyType_Ready(&LockType) < 0 || PyType_Ready(&ShellType) < 0)
+        return -1;
+    Py_INCREF(&LockType);
+    if (PyModule_AddObject(module, "Lock", (PyObject *)&LockType) < 0) {
+        Py_DECREF(&LockType);
+        return -1;
+    }
+    Py_INCREF(&ShellType);
+    if (PyModule_AddObject(module, "Shell", (PyObject *)&ShellType) < 0) {
+        Py_DECREF(&ShellType);
+        return -1;
+    }
+    return 0;
+}
