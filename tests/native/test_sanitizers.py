@@ -43,7 +43,7 @@ def sanitized(tmp_path_factory) -> dict[str, str]:
         pytest.skip("the compiler has no ASan/UBSan runtime")
     folder = tmp_path_factory.mktemp("asan")
     module = folder / ("_engine" + sysconfig.get_config_var("EXT_SUFFIX"))
-    sources = [str(p) for p in sorted(Path(ROOT, "csrc", "shm").glob("*.c"))] + [str(p) for p in sorted(Path(ROOT, "csrc", "python").glob("*.c"))]
+    sources = [str(p) for folder in ("shm", "python") for p in sorted(Path(ROOT, "csrc", folder).glob("*.c"))]
     subprocess.run(["cc", "-std=c11", "-O1", "-g", "-fno-omit-frame-pointer", "-fsanitize=address,undefined",
                     "-fno-sanitize-recover=all", "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC",
                     "-I", sysconfig.get_paths()["include"], *sources, "-o", str(module)], check=True)
