@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from typing import Callable
 
 import numpy as np
@@ -29,6 +28,7 @@ from ..base import GroupFailure, ReduceOp
 from ..elements import DTYPE_CODES, dtype_code
 from ..local import staged, use
 from ..local.segment import SharedGroup
+from ..local.shell import CollectiveShell
 from ..local.shm import Placement
 from ..local.staged import Staging
 from ..protocol import OP_CODES, REDUCE_CODES, Request, mismatch_message
@@ -58,18 +58,6 @@ def mismatch(rank: int, peer: int, mine: bytes, theirs: bytes) -> str:
     return mismatch_message(rank, peer, a, b, f"{counts} [shared memory]")
 
 
-class _Described:
-    """Formats a header only when an error message needs it (off the hot path)."""
-
-    __slots__ = ("header",)
-
-    def __init__(self, header: bytes) -> None:
-        self.header = header
-
-    def __str__(self) -> str:
-        return describe(self.header)
-
-
 def attach(rank: int, size: int, gather: Callable[[bytes], list[bytes]], transport: Transport) -> Placement:
     """Find which ranks share a host and give each such host a segment (placement.shared False:
     none anywhere, the mesh carries the collectives). A group all on this host also watches the
@@ -96,35 +84,28 @@ class SharedCollectives:
         self.staging = staging
         self.timeout = timeout
         self._failure = failure
-        self._busy = busy
-        self._refuse = refuse
-        self._seq = 0
+        # One collective at a time (refused while another thread runs one), numbered, with
+        # header, deadline and failure: the same shell as the ring's (local/shell.py).
+        self._shell = CollectiveShell(failure, describe, self._failed, lock=busy, refuse=refuse)
+        self._shell.attach(group)  # the segment keeps the count
         self._size = group.size if group is not None else len(staging.host_of)  # type: ignore[union-attr]
         self._rank = group.rank if group is not None else staging.rank  # type: ignore[union-attr]
 
+    def _failed(self, exc: BaseException) -> None:
+        self._failure.mark(f"{type(exc).__name__}: {exc}")
+
     def _run(self, what: str, kind: int, reduce: int, arr: np.ndarray | None, extra: int, body, *args) -> None:
-        if not self._busy.acquire(blocking=False):
-            raise self._refuse(what)
-        try:
-            if self._failure.why is not None:
-                self._failure.check()
-            self._seq += 1
-            if arr is None:
-                header = HEADER.pack(kind, 0, 0, 0, self._seq & SEQ_MASK, 0, 0, 0)
-            else:
-                code = DTYPE_CODES.get(arr.dtype) or dtype_code(arr.dtype)
-                header = HEADER.pack(kind, reduce, code, 0, self._seq & SEQ_MASK, 0, extra, arr.nbytes)
-            deadline = time.monotonic() + self.timeout
-            try:
-                if self.staging is not None:
-                    staged.run(self.staging, deadline, self.timeout, _Described(header), body, header, *args)
-                else:
-                    use.run(self.group, deadline, _Described(header), body, header, *args)  # type: ignore[arg-type]
-            except BaseException as exc:
-                self._failure.mark(f"{type(exc).__name__}: {exc}")
-                raise
-        finally:
-            self._busy.release()
+        # JACCL's headers carry the collective's own number (the count after it).
+        seq = (self._shell.seq + 1) & SEQ_MASK
+        if arr is None:
+            header = HEADER.pack(kind, 0, 0, 0, seq, 0, 0, 0)
+        else:
+            code = DTYPE_CODES.get(arr.dtype) or dtype_code(arr.dtype)
+            header = HEADER.pack(kind, reduce, code, 0, seq, 0, extra, arr.nbytes)
+        if self.staging is not None:
+            self._shell.on_stages(header, self.timeout, self.staging, body, *args, name=what)
+        else:
+            self._shell.on_segment(header, self.timeout, self.group, body, *args, name=what)  # type: ignore[arg-type]
 
     def all_reduce(self, src: np.ndarray, dst: np.ndarray, op: ReduceOp) -> None:
         body = staged.all_reduce if self.staging is not None else SharedGroup.all_reduce

@@ -94,6 +94,7 @@ class SharedGroup:
             if not isinstance(segment, int):
                 os.close(fd)
         self._open = True
+        self._final_sequence = 0
 
     # ---- set-up by the owner --------------------------------------------------------------
 
@@ -143,12 +144,16 @@ class SharedGroup:
     @property
     def sequence(self) -> int:
         """The group's collectives so far (the number in every header): kept by the engine
-        (jl_sequence), the one count that Python, the engine's fast path and C++ callers share."""
-        return self._seg.sequence
+        (jl_sequence), the one count that Python, the engine's fast path and C++ callers share.
+        Once closed, the count it ended with."""
+        return self._seg.sequence if self._open else self._final_sequence
 
     @sequence.setter
     def sequence(self, value: int) -> None:
-        self._seg.sequence = value
+        if self._open:
+            self._seg.sequence = value
+        else:
+            self._final_sequence = value
 
     # ---- collectives (header: checked against every peer's; None for inner stages) ---------
 
@@ -203,6 +208,8 @@ class SharedGroup:
             self._seg.mark_broken(culprit if culprit is not None else -1)
 
     def close(self) -> None:
+        if self._open:
+            self._final_sequence = self._seg.sequence
         self._open = False
         self._seg.close()
 

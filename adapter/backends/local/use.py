@@ -1,6 +1,6 @@
 """How a backend uses shared memory: attach() forms the segment under the JACKLRING_* settings
-that every backend reads alike, run() runs one collective over it under the backend's deadline
-and marks the group broken on any error so that waiting peers fail at once.
+that every backend reads alike; broken() marks the group broken after an error so that waiting
+peers fail at once (local/shell.py runs each collective).
 
 JACKLRING_LOCAL_TRANSPORT chooses: auto and shm use shared memory between the ranks of a host
 (shm also logs a warning when they cannot); unix and tcp never do. Ranks that disagree fall back
@@ -76,21 +76,8 @@ def new_lock() -> object:
     return engine.new_lock()
 
 
-def run(group: SharedGroup, deadline: float, what: object, body: Callable, *args) -> None:
-    """Run one collective, body(group, *args), with this deadline and description (what: its
-    str() names the collective in errors); on any error tell the peers at once, so those waiting
-    for this rank fail now instead of at the deadline."""
-    group.deadline = deadline
-    group.what = what
-    try:
-        body(group, *args)
-    except BaseException as exc:
-        broken(group, exc)
-        raise
-
-
 def broken(group: SharedGroup, exc: BaseException) -> None:
-    """A collective over `group` failed with exc: tell the peers at once whom to blame (run()'s
-    error path, shared with the ring's inlined one, Plumbing.on_shared)."""
+    """A collective over `group` failed with exc: tell the peers at once whom to blame
+    (local/shell.py's error path)."""
     culprit = failure_of(exc).culprit
     group.mark_broken(-1 if culprit is None else culprit)  # whom the peers should blame

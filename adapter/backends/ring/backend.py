@@ -299,8 +299,9 @@ class RingBackend(Backend):
         header = plumbing.header(OP_ALL_REDUCE, src, REDUCE_CODES[op])
         state = self._state
         if state.shm is not None and src.nbytes <= self._shm_one_step and not state.abandon_on_failure:
-            # The small-message hot path: what _shared does, one call shorter.
-            plumbing.on_shared(header, state.shm, SharedGroup.all_reduce, src, dst, op)
+            # The small-message hot path (when the fast path did not take it): what _shared does,
+            # one call shorter.
+            state.shell.on_segment(header, state.timeout, state.shm, SharedGroup.all_reduce, src, dst, op)
             return
         if self._shared(header, SharedGroup.all_reduce, src, dst, op):
             return
@@ -421,7 +422,7 @@ class RingBackend(Backend):
         shared.attach_memory(self, state, self._plumbing)
         if state.shm is not None:
             self._shm_one_step = min(self._shm_small, state.shm.chunk_bytes)
-        self.fast = shared.fast_path(self, state, self._plumbing)
+        self.fast = shared.fast_path(state)
 
     def whole_group_segment(self) -> "SharedGroup | None":
         """The segment that the whole group shares (every rank on this host), else None: what a
@@ -439,7 +440,7 @@ class RingBackend(Backend):
         state = self._state
         if state.shm is None or state.abandon_on_failure:
             return False
-        self._plumbing.on_shared(header, state.shm, body, *args)
+        state.shell.on_segment(header, state.timeout, state.shm, body, *args)
         return True
 
     def _staged(self, header: bytes, body, *args) -> bool:
@@ -448,7 +449,7 @@ class RingBackend(Backend):
         state = self._state
         if state.hier is None or state.abandon_on_failure:
             return False
-        self._collective(header, shared.run_staged, state, body, header, *args)
+        state.shell.on_stages(header, state.timeout, state.hier, body, *args)
         return True
 
     # ---- as the leaders' ring of a group spanning hosts (local/staged.py's Leaders) ---------
