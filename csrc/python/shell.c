@@ -4,8 +4,9 @@
  * Python paths take it as they took a threading.Lock; Shell takes it in C). Blocked, it waits
  * without the GIL; a signal handler that raises ends the wait, as threading.Lock's does.
  *
- * Shell: what a group's Python shell does around an all_reduce over its segment (the lock, the
- * "given up" check, the sequence number, the header, the deadline) for the common case only: an
+ * Shell: what a group's Python shell (adapter/backends/local/shell.py) does around an all_reduce
+ * over its segment (the lock, the "given up" check, the sequence number, the header in the ring's
+ * or JACCL's layout, the deadline) for the common case only: an
  * exact numpy array, C-contiguous, a native dtype and an op the library accepts for it, in place
  * (out=x), into a separate array of its shape and dtype, or into a fresh array. Anything else
  * returns NotImplemented before anything happened, and the caller runs its Python path, which
@@ -23,6 +24,8 @@
 
 #define JL_OPS 7
 #define JL_DTYPES 16
+#define SHELL_RING 0  /* ring/header.py "<HBBIQq": magic, op, dtype, count so far, bytes, extra */
+#define SHELL_JACCL 1 /* jaccl/frame_header.py "<BBBBIIiQ": op, reduce, dtype, 0, own number, 0, 0, bytes */
 
 /* ---- Lock ------------------------------------------------------------------------------- */
 
@@ -139,6 +142,8 @@ typedef struct {
     PyObject *empty_like; /* numpy.empty_like */
     PyObject *ndarray;    /* numpy.ndarray */
     double timeout;       /* seconds per collective */
+    int layout;           /* SHELL_RING or SHELL_JACCL: the header's layout */
+    int refuse;           /* a busy lock: NotImplemented (the Python path refuses), not a wait */
     uint16_t magic;
     uint8_t op_code;               /* the header's operation (all_reduce) */
     int64_t extra[JL_OPS];         /* the header's extra field per jl_op */
@@ -192,9 +197,20 @@ static double monotonic_s(void) {
     return (double)now.tv_sec + (double)now.tv_nsec * 1e-9;
 }
 
-/* The ring's "<HBBIQq" header (ring/header.py), little-endian as x86 and arm64 store it. */
+/* The header in the group's layout, little-endian as x86 and arm64 store it. seq: the count of
+ * collectives before this one (the ring's headers carry it, JACCL's carry this one's number). */
 static void pack_header(Shell *self, int dtype, uint64_t seq, uint64_t nbytes, int op) {
     unsigned char *h = self->header;
+    memset(h, 0, JL_HEADER_BYTES);
+    if (self->layout == SHELL_JACCL) {
+        uint32_t own = (uint32_t)(seq + 1);
+        h[0] = self->op_code;
+        h[1] = (unsigned char)self->extra[op];
+        h[2] = (unsigned char)dtype;
+        memcpy(h + 4, &own, 4);
+        memcpy(h + 16, &nbytes, 8);
+        return;
+    }
     uint32_t seq32 = (uint32_t)seq;
     memcpy(h, &self->magic, 2);
     h[2] = self->op_code;
@@ -284,9 +300,11 @@ static PyObject *Shell_all_reduce(Shell *self, PyObject *const *args, Py_ssize_t
             goto not_mine; /* the Python path refuses it, or finds it in place, and says so */
         into = dst.buf;
     }
-    int taken = lock_take(self->lock, 1);
+    int taken = lock_take(self->lock, !self->refuse);
     if (taken < 0)
         goto error;
+    if (taken == 0)
+        goto not_mine; /* another thread runs a collective: the Python path refuses, in its words */
     PyObject *why = PyObject_GetAttr(self->failure, why_name);
     if (why == NULL) {
         lock_give(self->lock);
@@ -335,20 +353,28 @@ error:
 }
 
 /* Shell(segment, lock, failure, failed, empty_like, ndarray, timeout, magic, op_code, extras,
- * reducible): extras, the header's extra field per jl_op (7 ints); reducible, 16 bytes by dtype
- * code, bit op set where the library accepts (dtype, op). */
+ * reducible, layout=0, refuse=False): extras, the header's extra field (the ring's) or reduce
+ * byte (JACCL's) per jl_op (7 ints); reducible, 16 bytes by dtype code, bit op set where the
+ * library accepts (dtype, op); layout, SHELL_RING or SHELL_JACCL; refuse, whether a busy lock
+ * means NotImplemented (the group refuses a second thread) rather than a wait. */
 static int Shell_init(Shell *self, PyObject *args, PyObject *kwargs) {
     PyObject *segment, *lock, *failure, *failed, *empty_like, *ndarray, *extras;
     double timeout;
     int magic, op_code;
     const char *reducible;
     Py_ssize_t reducible_len;
+    int layout = SHELL_RING, refuse = 0;
     static char *keywords[] = {"segment", "lock", "failure", "failed", "empty_like", "ndarray", "timeout",
-                               "magic", "op_code", "extras", "reducible", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!O!OOOO!diiOy#", keywords, &SegmentType, &segment, &LockType,
-                                     &lock, &failure, &failed, &empty_like, &PyType_Type, &ndarray, &timeout, &magic,
-                                     &op_code, &extras, &reducible, &reducible_len))
+                               "magic", "op_code", "extras", "reducible", "layout", "refuse", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!O!OOOO!diiOy#|ip", keywords, &SegmentType, &segment,
+                                     &LockType, &lock, &failure, &failed, &empty_like, &PyType_Type, &ndarray,
+                                     &timeout, &magic, &op_code, &extras, &reducible, &reducible_len, &layout,
+                                     &refuse))
         return -1;
+    if (layout != SHELL_RING && layout != SHELL_JACCL) {
+        PyErr_Format(PyExc_ValueError, "unknown header layout %d", layout);
+        return -1;
+    }
     if (reducible_len != JL_DTYPES) {
         PyErr_Format(PyExc_ValueError, "reducible: %d bytes, one per dtype code", JL_DTYPES);
         return -1;
@@ -372,6 +398,8 @@ static int Shell_init(Shell *self, PyObject *args, PyObject *kwargs) {
     Py_DECREF(fast);
     memcpy(self->reducible, reducible, JL_DTYPES);
     self->timeout = timeout;
+    self->layout = layout;
+    self->refuse = refuse;
     self->magic = (uint16_t)magic;
     self->op_code = (uint8_t)op_code;
     Py_INCREF(segment);

@@ -5,12 +5,14 @@ the fast path waits (tests/shm/scripts/shell_paths.py says what each job checks)
 from __future__ import annotations
 
 import pytest
-from ranks import assert_all_ok, run
+from ranks import assert_all_ok, jaccl_env, run
 
 
 @pytest.mark.timeout(60)
-def test_fast_and_python_paths_mix_agree_and_fail_alike():
-    assert_all_ok(run(2, "shm/scripts/shell_paths.py", ["mix"], timeout=50))
+@pytest.mark.parametrize("backend", ["ring", "jaccl"])
+def test_fast_and_python_paths_mix_agree_and_fail_alike(backend, tmp_path):
+    env = jaccl_env(2, str(tmp_path)) if backend == "jaccl" else {}
+    assert_all_ok(run(2, "shm/scripts/shell_paths.py", ["mix"], timeout=50, env=env))
 
 
 @pytest.mark.timeout(60)

@@ -18,7 +18,6 @@ protocol.mismatch_message, as on the mesh.
 from __future__ import annotations
 
 import logging
-import threading
 from typing import Callable
 
 import numpy as np
@@ -27,8 +26,9 @@ from ...errors import DistributedError
 from ..base import GroupFailure, ReduceOp
 from ..elements import DTYPE_CODES, dtype_code
 from ..local import staged, use
+from ..local.segment import OP_CODES as ENGINE_OPS
 from ..local.segment import SharedGroup
-from ..local.shell import CollectiveShell
+from ..local.shell import JACCL_HEADER, CollectiveShell
 from ..local.shm import Placement
 from ..local.staged import Staging
 from ..protocol import OP_CODES, REDUCE_CODES, Request, mismatch_message
@@ -79,7 +79,7 @@ class SharedCollectives:
     time (the group's lock), numbered, under the group's timeout, fatal to the group on error."""
 
     def __init__(self, group: SharedGroup | None, staging: Staging | None, timeout: float, failure: GroupFailure,
-                 busy: threading.Lock, refuse: Callable[[str], DistributedError]) -> None:
+                 busy: object, refuse: Callable[[str], DistributedError]) -> None:
         self.group = group
         self.staging = staging
         self.timeout = timeout
@@ -90,6 +90,14 @@ class SharedCollectives:
         self._shell.attach(group)  # the segment keeps the count
         self._size = group.size if group is not None else len(staging.host_of)  # type: ignore[union-attr]
         self._rank = group.rank if group is not None else staging.rank  # type: ignore[union-attr]
+
+    def fast_path(self) -> object | None:
+        """The engine's one-call all_reduce over the whole group's segment, in JACCL's header
+        layout (None when the group is staged or has no segment)."""
+        if self.group is None:
+            return None
+        reduces = [REDUCE_CODES[op] for op, _ in sorted(ENGINE_OPS.items(), key=lambda item: item[1])]
+        return self._shell.fast_path(self.timeout, 0, ALL_REDUCE, reduces, JACCL_HEADER)
 
     def _failed(self, exc: BaseException) -> None:
         self._failure.mark(f"{type(exc).__name__}: {exc}")

@@ -60,6 +60,10 @@ def new_lock() -> object:
     return threading.Lock() if why_missing() else _engine.Lock()
 
 
+def is_engine_lock(lock: object) -> bool:
+    return _engine is not None and type(lock) is _engine.Lock
+
+
 def shell_type():
     """The engine's Shell type, the fast path (only when why_missing() is None)."""
     return _engine.Shell

@@ -122,16 +122,18 @@ class SharedGroup:
         return self._seg.context()
 
     def fast_path(self, lock: object, failure: GroupFailure, failed: Callable[[bytes, float, object], None],
-                  timeout: float, magic: int, op_code: int, extras: list[int]) -> object:
+                  timeout: float, magic: int, op_code: int, extras: list[int], layout: int = 0,
+                  refuse: bool = False) -> object:
         """The engine's fast path over this segment (_engine.Shell, csrc/python/shell.c):
         shell.all_reduce(x, out, OP_CODES[op]) runs an all_reduce of numpy arrays in one call,
-        taking `lock` (engine.new_lock(): the one its group's other paths take), refusing when
-        failure.why is set, numbering it with this segment's sequence and packing the header
-        (magic, op_code, dtype code, sequence, byte count, extras[engine op]); it returns
-        NotImplemented for any call it does not take. A failure goes to failed(header, deadline,
-        status or exception), called with the lock held, which must raise."""
+        taking `lock` (engine.new_lock(): the one its group's other paths take; refuse: when it
+        is busy, NotImplemented instead of a wait), refusing when failure.why is set, numbering it
+        with this segment's sequence and packing the header in `layout` (local/shell.py: the
+        ring's magic, op_code, dtype code, sequence, byte count, extras[engine op]; or JACCL's);
+        it returns NotImplemented for any call it does not take. A failure goes to
+        failed(header, deadline, status or exception), called with the lock held, which raises."""
         return engine.shell_type()(self._seg, lock, failure, failed, np.empty_like, np.ndarray, timeout, magic,
-                                   op_code, extras, _reducible())
+                                   op_code, extras, _reducible(), layout, refuse)
 
     def raise_status(self, status: tuple, header: bytes | None) -> None:
         """Raise what a failed engine call's status means (local/engine.py's wording)."""

@@ -76,6 +76,11 @@ def new_lock() -> object:
     return engine.new_lock()
 
 
+def is_engine_lock(lock: object) -> bool:
+    """Whether the engine's fast path can take this lock (one new_lock() made with the engine)."""
+    return engine.is_engine_lock(lock)
+
+
 def broken(group: SharedGroup, exc: BaseException) -> None:
     """A collective over `group` failed with exc: tell the peers at once whom to blame
     (local/shell.py's error path)."""

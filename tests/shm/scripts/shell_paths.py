@@ -1,14 +1,17 @@
 """The engine's fast path (Group.fast, csrc/python/shell.c) beside the Python path, over shared
 memory. argv[1] says what to check:
 
-mix (2 ranks): the ranks mix out=x, fresh results, out=other (fast) with non-contiguous, bfloat16
+mix (2 ranks, ring or JACCL): the ranks mix out=x, fresh results, out=other (fast) with non-contiguous, bfloat16
   and all_reduce(op) calls (Python path) in one job: bit-identical results, the same sequence
   number everywhere (the segment's), no mismatch; then another thread of rank 0 runs while rank
   0's fast call waits for a late rank 1 (the GIL is released); then a mismatch (different sizes)
   through the fast path on one sub-group and through the Python path on another: the same
   exception and words, and the same refusal afterwards.
 dead (3 ranks): rank 2 exits while rank 0 waits in the fast path and rank 1 in the Python path:
-  both raise PeerError naming rank 2, and the group refuses afterwards as today."""
+  both raise PeerError naming rank 2, and the group refuses afterwards as today.
+
+Under JACCL the sequence number is not read (its backend does not show it): a header packed apart
+by the two paths shows as a mismatch in the mixed calls."""
 import os
 import sys
 import threading
@@ -22,8 +25,8 @@ from adapter.errors import DistributedError, MismatchError, PeerError, failure_o
 
 g = adapter.init(strict=True)
 r, n = g.rank(), g.size()
-state = g.backend.state
-if state.shm is None or g.fast is None:
+state = getattr(g.backend, "state", None)  # the ring's
+if (state is not None and state.shm is None) or g.fast is None:
     sys.exit(f"rank {r}: expected shared memory and the fast path")
 
 
@@ -44,7 +47,6 @@ def want(size: int, dtype, op=np.add) -> np.ndarray:
 
 
 def mix() -> None:
-    ran = 0
     for i in range(60):
         size = (1, 5, 1000, 70000)[i % 4]  # 70000 x 8 bytes: more than one chunk of the segment
         dtype = (np.float32, np.int64, np.float64, np.float16)[i % 4]
@@ -62,7 +64,6 @@ def mix() -> None:
             got = adapter.all_sum(wide[:, 0])  # not contiguous: the Python path
         else:
             got = adapter.all_reduce(x, "sum", out=x)  # the Python path (ops._all_reduce)
-        ran += 1
         if got.tobytes() != want(size, dtype).tobytes():
             fail(f"collective {i} (path {how}): {got[:5]} != {want(size, dtype)[:5]}")
         y = data(r, 9, ml_dtypes.bfloat16)  # bfloat16 has no buffer protocol: the Python path
@@ -72,16 +73,14 @@ def mix() -> None:
         got = adapter.all_max(z) if (i + r) % 2 else adapter.all_reduce(z, "max")
         if got.tobytes() != want(3, np.int32, np.maximum).tobytes():
             fail(f"max after collective {i}")
-        ran += 2
     # The fast path took its calls (and left the others): asked directly, as ops asks.
     x = data(r, 4, np.float32)
     if g.fast.all_reduce(x, x, 0) is NotImplemented or g.fast.all_reduce(x[::2], None, 0) is not NotImplemented:
         fail("the fast path took the wrong calls")
-    ran += 1
-    seqs = adapter.all_gather(np.array([state.seq], np.int64))
-    ran += 1
-    if state.seq != state.shm.sequence or len(set(seqs.tolist())) != 1:
-        fail(f"sequence numbers: this rank {state.seq}, its segment {state.shm.sequence}, all {seqs.tolist()}")
+    if state is not None:
+        seqs = adapter.all_gather(np.array([state.seq], np.int64))
+        if state.seq != state.shm.sequence or len(set(seqs.tolist())) != 1:
+            fail(f"sequence numbers: this rank {state.seq}, its segment {state.shm.sequence}, all {seqs.tolist()}")
 
 
 def gil() -> None:
