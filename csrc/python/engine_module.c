@@ -285,6 +285,8 @@ static PyObject *Segment_configure(Segment *self, PyObject *args) {
 }
 
 static PyObject *Segment_close(Segment *self, PyObject *Py_UNUSED(unused)) {
+    if (self->ctx != NULL)
+        self->sequence = jl_sequence(self->ctx);
     jl_detach(self->ctx);
     self->ctx = NULL;
     Py_RETURN_NONE;
@@ -302,11 +304,10 @@ static PyObject *Segment_step(Segment *self, void *Py_UNUSED(closure)) {
     return PyLong_FromUnsignedLongLong(jl_step(self->ctx));
 }
 
-/* The group's sequence number (jl_sequence): read and set by Python's paths while attached. */
+/* The group's sequence number (jl_sequence): read and set by Python's paths; once the segment
+ * is closed, the count it ended with (a group keeps its numbers after its segment goes). */
 static PyObject *Segment_get_sequence(Segment *self, void *Py_UNUSED(closure)) {
-    if (closed(self))
-        return NULL;
-    return PyLong_FromUnsignedLongLong(jl_sequence(self->ctx));
+    return PyLong_FromUnsignedLongLong(self->ctx != NULL ? jl_sequence(self->ctx) : self->sequence);
 }
 
 static int Segment_set_sequence(Segment *self, PyObject *value, void *Py_UNUSED(closure)) {
@@ -317,9 +318,10 @@ static int Segment_set_sequence(Segment *self, PyObject *value, void *Py_UNUSED(
     unsigned long long v = PyLong_AsUnsignedLongLong(value);
     if (v == (unsigned long long)-1 && PyErr_Occurred())
         return -1;
-    if (closed(self))
-        return -1;
-    jl_set_sequence(self->ctx, (uint64_t)v);
+    if (self->ctx != NULL)
+        jl_set_sequence(self->ctx, (uint64_t)v);
+    else
+        self->sequence = (uint64_t)v;
     return 0;
 }
 

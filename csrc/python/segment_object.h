@@ -15,6 +15,7 @@ typedef struct {
     jl_settings settings;
     /* The header of the fast path's collective in progress (for a stall report), else NULL. */
     const unsigned char *running;
+    uint64_t sequence; /* once closed: the count it ended with (jl_sequence while attached) */
 } Segment;
 
 /* The Segment type (engine_module.c). */

@@ -65,3 +65,4 @@ def test_the_table_runs_a_collective_on_a_segments_context():
     finally:
         for g in groups:
             g.close()
+    assert groups[0].sequence == 7  # a closed segment keeps the count it ended with

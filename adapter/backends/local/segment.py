@@ -94,7 +94,6 @@ class SharedGroup:
             if not isinstance(segment, int):
                 os.close(fd)
         self._open = True
-        self._final_sequence = 0
 
     # ---- set-up by the owner --------------------------------------------------------------
 
@@ -148,14 +147,17 @@ class SharedGroup:
         """The group's collectives so far (the number in every header): kept by the engine
         (jl_sequence), the one count that Python, the engine's fast path and C++ callers share.
         Once closed, the count it ended with."""
-        return self._seg.sequence if self._open else self._final_sequence
+        return self._seg.sequence
 
     @sequence.setter
     def sequence(self, value: int) -> None:
-        if self._open:
-            self._seg.sequence = value
-        else:
-            self._final_sequence = value
+        self._seg.sequence = value
+
+    @property
+    def counter(self) -> object:
+        """The engine object whose `sequence` attribute is that count (read and advanced in C,
+        without a Python frame: local/shell.py counts there)."""
+        return self._seg
 
     # ---- collectives (header: checked against every peer's; None for inner stages) ---------
 
@@ -210,8 +212,6 @@ class SharedGroup:
             self._seg.mark_broken(culprit if culprit is not None else -1)
 
     def close(self) -> None:
-        if self._open:
-            self._final_sequence = self._seg.sequence
         self._open = False
         self._seg.close()
 

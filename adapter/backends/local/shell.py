@@ -61,7 +61,7 @@ class CollectiveShell:
         self._describe = describe
         self._failed = failed
         self._refuse = refuse
-        self._count = 0
+        self._counter: object = _Count()  # what keeps the count: its `sequence`
         self._segment: SharedGroup | None = None
 
     # ---- the sequence number ----------------------------------------------------------------
@@ -69,16 +69,11 @@ class CollectiveShell:
     @property
     def seq(self) -> int:
         """Collectives run so far (in every header): the segment's count while one is attached."""
-        segment = self._segment
-        return self._count if segment is None else segment.sequence
+        return self._counter.sequence  # type: ignore[attr-defined]
 
     @seq.setter
     def seq(self, value: int) -> None:
-        segment = self._segment
-        if segment is None:
-            self._count = value
-        else:
-            segment.sequence = value
+        self._counter.sequence = value  # type: ignore[attr-defined]
 
     @property
     def segment(self) -> "SharedGroup | None":
@@ -87,11 +82,9 @@ class CollectiveShell:
 
     def attach(self, segment: "SharedGroup | None") -> None:
         """Count in `segment` from now on (None: here again); the count moves with it."""
-        old = self._segment
-        if old is not None:
-            self._count = old.sequence
-        if segment is not None:
-            segment.sequence = self._count
+        count = self._counter.sequence  # type: ignore[attr-defined]
+        self._counter = _Count() if segment is None else segment.counter
+        self._counter.sequence = count  # type: ignore[attr-defined]
         self._segment = segment
 
     # ---- one collective ---------------------------------------------------------------------
@@ -105,8 +98,10 @@ class CollectiveShell:
         elif not lock.acquire(False):  # type: ignore[attr-defined]
             raise self._refuse(name)
         try:
-            self.failure.check()
-            self.seq += 1
+            failure = self.failure
+            if failure.why is not None:
+                failure.check()
+            self._counter.sequence += 1  # type: ignore[attr-defined]
             self.deadline = time.monotonic() + timeout
             self.what = Described(header, self._describe)
         except BaseException:
@@ -197,6 +192,15 @@ class CollectiveShell:
         except BaseException as caught:
             self._failed(caught)
             raise
+
+
+class _Count:
+    """The count while no segment keeps it."""
+
+    __slots__ = ("sequence",)
+
+    def __init__(self) -> None:
+        self.sequence = 0
 
 
 class _Running:

@@ -35,6 +35,7 @@ from ...errors import ABORT, ConfigError, DistributedError, PeerError, blaming
 from ..base import Backend, ReduceOp
 from ..elastic import membership, shrinking
 from ..local import staged
+from ..local.segment import OP_CODES as ENGINE_OPS
 from ..local.segment import SharedGroup
 from ..protocol import REDUCE_CODES
 from ..transport import auth, layout, tcp
@@ -295,6 +296,10 @@ class RingBackend(Backend):
     def all_reduce(self, src: np.ndarray, dst: np.ndarray, op: ReduceOp) -> None:
         if self._size == 1:
             return _copy(src, dst)
+        # The engine's one-call path when it takes the call (ops tried it already; a caller of
+        # the backend itself, such as the torch group, gets it here).
+        if self.fast is not None and self.fast.all_reduce(src, dst, ENGINE_OPS[op]) is not NotImplemented:  # type: ignore[attr-defined]
+            return
         plumbing = self._plumbing
         header = plumbing.header(OP_ALL_REDUCE, src, REDUCE_CODES[op])
         state = self._state

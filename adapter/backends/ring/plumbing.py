@@ -57,8 +57,7 @@ class Plumbing:
 
     def header(self, op: int, arr: np.ndarray, extra: int) -> bytes:
         code = DTYPE_CODES.get(arr.dtype) or dtype_code(arr.dtype)
-        state = self._state
-        return HEADER.pack(HEADER_MAGIC, op, code, state.seq, arr.nbytes, extra + state.stage)
+        return HEADER.pack(HEADER_MAGIC, op, code, self._shell.seq, arr.nbytes, extra + self._state.stage)
 
     def running(self, header: bytes) -> object:
         """`with plumbing.running(header):` runs one collective: serialised, sequence-numbered,
