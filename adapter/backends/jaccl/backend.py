@@ -275,11 +275,10 @@ class JacclBackend(Backend):
     # The collectives go over shared memory when the group has it (local.py takes the lock itself).
 
     def all_reduce(self, src: np.ndarray, dst: np.ndarray, op: ReduceOp) -> None:
-        if self._local is not None:
-            # The engine's one-call path when it takes the call (a caller of the backend itself).
-            if self.fast is not None and self.fast.all_reduce(src, dst, ENGINE_OPS[op]) is not NotImplemented:  # type: ignore[attr-defined]
-                return
-            return self._local.all_reduce(src, dst, op)
+        if self._local is not None:  # the engine's one call when it takes it, else the shell's path
+            if self.fast is None or self.fast.all_reduce(src, dst, ENGINE_OPS[op]) is NotImplemented:  # type: ignore[attr-defined]
+                self._local.all_reduce(src, dst, op)
+            return
         with self._one_thread("all_reduce"):
             self._algorithms.all_reduce(src, dst, op)
 
