@@ -148,38 +148,35 @@ typedef struct {
     uint8_t op_code;               /* the header's operation (all_reduce) */
     int64_t extra[JL_OPS];         /* the header's extra field per jl_op */
     unsigned char reducible[JL_DTYPES]; /* bit op set: the library accepts (dtype code, op) */
+    /* The numpy dtype objects the fast path takes (native byte order, builtin: numpy hands out
+     * one object per such dtype) and their codes: an array's dtype is found by identity. */
+    PyObject *dtypes[2 * JL_DTYPES];
+    int codes[2 * JL_DTYPES];
+    int ndtypes;
     unsigned char header[JL_HEADER_BYTES];
 } Shell;
 
-static PyObject *why_name; /* "why", interned */
+static PyObject *why_name;   /* "why", interned */
+static PyObject *dtype_name; /* "dtype", interned */
 
-/* The engine's dtype code of a buffer numpy filled, 0 when the fast path does not take it (a
- * byte order or type spelled any other way). */
-static int dtype_of(const Py_buffer *view) {
-    const char *f = view->format;
-    int code = 0;
-    if (f == NULL)
+/* The engine's dtype code of a numpy array (by its dtype object's identity), 0 when the fast
+ * path does not take it: another byte order, bfloat16 (no buffer protocol), a non-numeric type.
+ * Reading the dtype spares numpy the buffer's format string (built anew at every request). */
+static int dtype_of(Shell *self, PyObject *arr) {
+    PyObject *dtype = PyObject_GetAttr(arr, dtype_name);
+    if (dtype == NULL) {
+        PyErr_Clear();
         return 0;
-    if (f[0] != '\0' && f[1] == '\0') {
-        switch (f[0]) {
-        case '?': code = JL_BOOL; break;
-        case 'b': code = JL_INT8; break;
-        case 'h': code = JL_INT16; break;
-        case 'i': code = JL_INT32; break;
-        case 'l': case 'q': code = JL_INT64; break;
-        case 'B': code = JL_UINT8; break;
-        case 'H': code = JL_UINT16; break;
-        case 'I': code = JL_UINT32; break;
-        case 'L': case 'Q': code = JL_UINT64; break;
-        case 'e': code = JL_FLOAT16; break;
-        case 'f': code = JL_FLOAT32; break;
-        case 'd': code = JL_FLOAT64; break;
-        default: return 0;
-        }
-    } else if (f[0] == 'Z' && f[1] != '\0' && f[2] == '\0') {
-        code = f[1] == 'f' ? JL_COMPLEX64 : f[1] == 'd' ? JL_COMPLEX128 : 0;
     }
-    return code != 0 && (size_t)view->itemsize == jl_dtype_size(code) ? code : 0;
+    int code = 0;
+    for (int i = 0; i < self->ndtypes; i++) {
+        if (self->dtypes[i] == dtype) {
+            code = self->codes[i];
+            break;
+        }
+    }
+    Py_DECREF(dtype);
+    return code;
 }
 
 static int same_shape(const Py_buffer *a, const Py_buffer *b) {
@@ -246,7 +243,7 @@ static void hand_failure(Shell *self, int rc, const jl_status *st, double deadli
     }
 }
 
-#define C_BUFFER (PyBUF_C_CONTIGUOUS | PyBUF_FORMAT)
+#define C_BUFFER PyBUF_C_CONTIGUOUS /* no format: the dtype comes from dtype_of */
 
 /* all_reduce(x, out, op): op a jl_op; out x (in place), None (a fresh result) or a separate
  * array. Returns the result, or NotImplemented when this call is not the fast path's. */
@@ -265,16 +262,18 @@ static PyObject *Shell_all_reduce(Shell *self, PyObject *const *args, Py_ssize_t
         PyErr_Clear(); /* a non-integer op: the Python path says so */
         Py_RETURN_NOTIMPLEMENTED;
     }
+    int dtype = dtype_of(self, x);
+    if (dtype == 0 || !(self->reducible[dtype] >> op & 1))
+        Py_RETURN_NOTIMPLEMENTED;
     Py_buffer src, dst;
     if (PyObject_GetBuffer(x, &src, out == x ? (C_BUFFER | PyBUF_WRITABLE) : C_BUFFER) < 0) {
         PyErr_Clear(); /* not C-contiguous, read-only, ... */
         Py_RETURN_NOTIMPLEMENTED;
     }
-    int dtype = dtype_of(&src);
     PyObject *result = NULL;
     void *into = src.buf;
     int own_dst = 0;
-    if (dtype == 0 || !(self->reducible[dtype] >> op & 1))
+    if ((size_t)src.itemsize != jl_dtype_size(dtype))
         goto not_mine;
     if (out == x) {
         result = x;
@@ -296,7 +295,8 @@ static PyObject *Shell_all_reduce(Shell *self, PyObject *const *args, Py_ssize_t
         }
         own_dst = 1;
         const char *a = src.buf, *b = dst.buf;
-        if (dtype_of(&dst) != dtype || !same_shape(&src, &dst) || !(a + src.len <= b || b + dst.len <= a))
+        if ((out != Py_None && dtype_of(self, out) != dtype) || !same_shape(&src, &dst) ||
+            !(a + src.len <= b || b + dst.len <= a))
             goto not_mine; /* the Python path refuses it, or finds it in place, and says so */
         into = dst.buf;
     }
@@ -352,24 +352,64 @@ error:
     return NULL;
 }
 
+static void dtypes_clear(Shell *self) {
+    for (int i = 0; i < self->ndtypes; i++)
+        Py_CLEAR(self->dtypes[i]);
+    self->ndtypes = 0;
+}
+
+/* The (dtype, code) pairs: a sequence of 2-tuples, at most 2 x JL_DTYPES. */
+static int dtype_table(Shell *self, PyObject *pairs) {
+    PyObject *fast = PySequence_Fast(pairs, "dtypes");
+    if (fast == NULL)
+        return -1;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+    if (n > 2 * JL_DTYPES) {
+        Py_DECREF(fast);
+        PyErr_Format(PyExc_ValueError, "dtypes: at most %d", 2 * JL_DTYPES);
+        return -1;
+    }
+    dtypes_clear(self);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *dtype;
+        int code;
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(fast, i), "Oi", &dtype, &code)) {
+            Py_DECREF(fast);
+            return -1;
+        }
+        if (code <= 0 || code >= JL_DTYPES || jl_dtype_size(code) == 0) {
+            Py_DECREF(fast);
+            PyErr_Format(PyExc_ValueError, "dtypes: unknown code %d", code);
+            return -1;
+        }
+        Py_INCREF(dtype);
+        self->dtypes[self->ndtypes] = dtype;
+        self->codes[self->ndtypes++] = code;
+    }
+    Py_DECREF(fast);
+    return 0;
+}
+
 /* Shell(segment, lock, failure, failed, empty_like, ndarray, timeout, magic, op_code, extras,
- * reducible, layout=0, refuse=False): extras, the header's extra field (the ring's) or reduce
+ * reducible, dtypes, layout=0, refuse=False): dtypes, (numpy dtype, engine code) pairs; extras, the header's extra field (the ring's) or reduce
  * byte (JACCL's) per jl_op (7 ints); reducible, 16 bytes by dtype code, bit op set where the
  * library accepts (dtype, op); layout, SHELL_RING or SHELL_JACCL; refuse, whether a busy lock
  * means NotImplemented (the group refuses a second thread) rather than a wait. */
 static int Shell_init(Shell *self, PyObject *args, PyObject *kwargs) {
-    PyObject *segment, *lock, *failure, *failed, *empty_like, *ndarray, *extras;
+    PyObject *segment, *lock, *failure, *failed, *empty_like, *ndarray, *extras, *dtypes;
     double timeout;
     int magic, op_code;
     const char *reducible;
     Py_ssize_t reducible_len;
     int layout = SHELL_RING, refuse = 0;
     static char *keywords[] = {"segment", "lock", "failure", "failed", "empty_like", "ndarray", "timeout",
-                               "magic", "op_code", "extras", "reducible", "layout", "refuse", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!O!OOOO!diiOy#|ip", keywords, &SegmentType, &segment,
+                               "magic", "op_code", "extras", "reducible", "dtypes", "layout", "refuse", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!O!OOOO!diiOy#O|ip", keywords, &SegmentType, &segment,
                                      &LockType, &lock, &failure, &failed, &empty_like, &PyType_Type, &ndarray,
-                                     &timeout, &magic, &op_code, &extras, &reducible, &reducible_len, &layout,
-                                     &refuse))
+                                     &timeout, &magic, &op_code, &extras, &reducible, &reducible_len, &dtypes,
+                                     &layout, &refuse))
+        return -1;
+    if (dtype_table(self, dtypes) < 0)
         return -1;
     if (layout != SHELL_RING && layout != SHELL_JACCL) {
         PyErr_Format(PyExc_ValueError, "unknown header layout %d", layout);
@@ -418,6 +458,7 @@ static int Shell_init(Shell *self, PyObject *args, PyObject *kwargs) {
 }
 
 static void Shell_dealloc(Shell *self) {
+    dtypes_clear(self);
     Py_XDECREF(self->segment);
     Py_XDECREF(self->lock);
     Py_XDECREF(self->failure);
@@ -468,7 +509,8 @@ static PyTypeObject ShellType = {
 
 int jl_shell_add_types(PyObject *module) {
     why_name = PyUnicode_InternFromString("why");
-    if (why_name == NULL || PyType_Ready(&LockType) < 0 || PyType_Ready(&ShellType) < 0)
+    dtype_name = PyUnicode_InternFromString("dtype");
+    if (why_name == NULL || dtype_name == NULL || PyType_Ready(&LockType) < 0 || PyType_Ready(&ShellType) < 0)
         return -1;
     Py_INCREF(&LockType);
     if (PyModule_AddObject(module, "Lock", (PyObject *)&LockType) < 0) {

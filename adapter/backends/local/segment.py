@@ -48,6 +48,16 @@ def _reducible() -> bytes:
     return bytes(table)
 
 
+def _fast_dtypes() -> list[tuple[np.dtype, int]]:
+    """(dtype, code) for the dtypes the fast path reads by identity: the native numpy ones (both
+    names of a 64-bit integer); bfloat16 has no buffer protocol and stays on the Python path."""
+    pairs = [(dtype, code) for dtype, code in DTYPE_CODES.items() if dtype != BFLOAT16]
+    for alias in (np.dtype(np.longlong), np.dtype(np.ulonglong)):
+        if all(alias is not dtype for dtype, _ in pairs):
+            pairs.append((alias, DTYPE_CODES[alias]))
+    return pairs
+
+
 def _raw(arr: np.ndarray) -> np.ndarray:
     """What the engine's buffer parser reads: the array itself, or its bytes for bfloat16
     (numpy's buffer protocol does not know ml_dtypes' types)."""
@@ -132,7 +142,7 @@ class SharedGroup:
         it returns NotImplemented for any call it does not take. A failure goes to
         failed(header, deadline, status or exception), called with the lock held, which raises."""
         return engine.shell_type()(self._seg, lock, failure, failed, np.empty_like, np.ndarray, timeout, magic,
-                                   op_code, extras, _reducible(), layout, refuse)
+                                   op_code, extras, _reducible(), _fast_dtypes(), layout, refuse)
 
     def raise_status(self, status: tuple, header: bytes | None) -> None:
         """Raise what a failed engine call's status means (local/engine.py's wording)."""
