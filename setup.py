@@ -29,9 +29,9 @@ def extensions() -> list:
     if os.environ.get("JACKLRING_NO_NATIVE") == "1" or not sys.platform.startswith("linux"):
         return []
     sources = [os.path.join("csrc", "shm", name) for name in ("segment.c", "step.c", "reduce.c", "collectives.c", "probe.c")]
-    return [Extension("adapter.backends.local._engine", sources=sources + ["csrc/python/engine_module.c", "csrc/python/shell.c"],
+    return [Extension("adapter.backends.local._engine", sources=sources + ["csrc/python/engine_module.c", "csrc/python/shell.c", "csrc/python/lock.c"],
                       depends=[os.path.join("csrc", "shm", h) for h in ("engine.h", "context.h", "step.h", "reduce.h", "probe.h")]
-                      + [os.path.join("csrc", "python", h) for h in ("segment_object.h", "shell.h")],
+                      + [os.path.join("csrc", "python", h) for h in ("segment_object.h", "shell.h", "lock.h")],
                       extra_compile_args=["-std=c11", "-O3", "-Wall", "-Wextra", "-Werror"])]
 
 

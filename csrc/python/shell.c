@@ -1,9 +1,5 @@
 /* The binding's fast path: one C call from adapter.ops to jl_all_reduce.
  *
- * Lock: the lock every path of a group takes to run one collective at a time (the ring's
- * Python paths take it as they took a threading.Lock; Shell takes it in C). Blocked, it waits
- * without the GIL; a signal handler that raises ends the wait, as threading.Lock's does.
- *
  * Shell: what a group's Python shell (adapter/backends/local/shell.py) does around an all_reduce
  * over its segment (the lock, the "given up" check, the sequence number, the header in the ring's
  * or JACCL's layout, the deadline) for the common case only: an
@@ -20,116 +16,13 @@
 #include <string.h>
 #include <time.h>
 
+#include "lock.h"
 #include "segment_object.h"
 
 #define JL_OPS 7
 #define JL_DTYPES 16
 #define SHELL_RING 0  /* ring/header.py "<HBBIQq": magic, op, dtype, count so far, bytes, extra */
 #define SHELL_JACCL 1 /* jaccl/frame_header.py "<BBBBIIiQ": op, reduce, dtype, 0, own number, 0, 0, bytes */
-
-/* ---- Lock ------------------------------------------------------------------------------- */
-
-typedef struct {
-    PyObject_HEAD
-    PyThread_type_lock lock;
-    int held; /* read and written with the GIL held */
-} Lock;
-
-/* Take the lock: 1 taken, 0 not (only when !blocking), -1 a signal handler raised. */
-static int lock_take(Lock *self, int blocking) {
-    if (PyThread_acquire_lock_timed(self->lock, 0, 0) != PY_LOCK_ACQUIRED) {
-        if (!blocking)
-            return 0;
-        for (;;) {
-            PyLockStatus r;
-            Py_BEGIN_ALLOW_THREADS
-            r = PyThread_acquire_lock_timed(self->lock, -1, 1);
-            Py_END_ALLOW_THREADS
-            if (r == PY_LOCK_ACQUIRED)
-                break;
-            if (Py_MakePendingCalls() < 0) /* PY_LOCK_INTR: run the handlers, as threading.Lock */
-                return -1;
-        }
-    }
-    self->held = 1;
-    return 1;
-}
-
-static void lock_give(Lock *self) {
-    self->held = 0;
-    PyThread_release_lock(self->lock);
-}
-
-static PyObject *Lock_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
-    if (PyTuple_GET_SIZE(args) != 0 || (kwargs != NULL && PyDict_GET_SIZE(kwargs) != 0)) {
-        PyErr_SetString(PyExc_TypeError, "Lock() takes no arguments");
-        return NULL;
-    }
-    Lock *self = (Lock *)type->tp_alloc(type, 0);
-    if (self == NULL)
-        return NULL;
-    self->lock = PyThread_allocate_lock();
-    if (self->lock == NULL) {
-        Py_DECREF(self);
-        return PyErr_NoMemory();
-    }
-    return (PyObject *)self;
-}
-
-static void Lock_dealloc(Lock *self) {
-    if (self->lock != NULL) {
-        if (self->held)
-            PyThread_release_lock(self->lock);
-        PyThread_free_lock(self->lock);
-    }
-    Py_TYPE(self)->tp_free((PyObject *)self);
-}
-
-static PyObject *Lock_acquire(Lock *self, PyObject *args, PyObject *kwargs) {
-    int blocking = 1;
-    static char *keywords[] = {"blocking", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|p", keywords, &blocking))
-        return NULL;
-    int r = lock_take(self, blocking);
-    return r < 0 ? NULL : PyBool_FromLong(r);
-}
-
-static PyObject *Lock_release(Lock *self, PyObject *Py_UNUSED(unused)) {
-    if (!self->held) {
-        PyErr_SetString(PyExc_RuntimeError, "release unlocked lock");
-        return NULL;
-    }
-    lock_give(self);
-    Py_RETURN_NONE;
-}
-
-static PyObject *Lock_exit(Lock *self, PyObject *Py_UNUSED(args)) {
-    return Lock_release(self, NULL);
-}
-
-static PyObject *Lock_locked(Lock *self, PyObject *Py_UNUSED(unused)) {
-    return PyBool_FromLong(self->held);
-}
-
-static PyMethodDef Lock_methods[] = {
-    {"acquire", (PyCFunction)(void (*)(void))Lock_acquire, METH_VARARGS | METH_KEYWORDS, "acquire(blocking=True) -> bool"},
-    {"release", (PyCFunction)Lock_release, METH_NOARGS, "release()"},
-    {"locked", (PyCFunction)Lock_locked, METH_NOARGS, "locked() -> bool"},
-    {"__enter__", (PyCFunction)(void (*)(void))Lock_acquire, METH_VARARGS | METH_KEYWORDS, NULL},
-    {"__exit__", (PyCFunction)Lock_exit, METH_VARARGS, NULL},
-    {NULL, NULL, 0, NULL},
-};
-
-static PyTypeObject LockType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "adapter.backends.local._engine.Lock",
-    .tp_basicsize = sizeof(Lock),
-    .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "One collective at a time: the lock a group's Python paths and its Shell share.",
-    .tp_new = Lock_new,
-    .tp_dealloc = (destructor)Lock_dealloc,
-    .tp_methods = Lock_methods,
-};
 
 /* ---- Shell ------------------------------------------------------------------------------ */
 
@@ -300,20 +193,20 @@ static PyObject *Shell_all_reduce(Shell *self, PyObject *const *args, Py_ssize_t
             goto not_mine; /* the Python path refuses it, or finds it in place, and says so */
         into = dst.buf;
     }
-    int taken = lock_take(self->lock, !self->refuse);
+    int taken = jl_lock_take(self->lock, !self->refuse);
     if (taken < 0)
         goto error;
     if (taken == 0)
         goto not_mine; /* another thread runs a collective: the Python path refuses, in its words */
     PyObject *why = PyObject_GetAttr(self->failure, why_name);
     if (why == NULL) {
-        lock_give(self->lock);
+        jl_lock_give(self->lock);
         goto error;
     }
     Py_DECREF(why);
     ctx = self->segment->ctx; /* closed while this thread waited for the lock? */
     if (why != Py_None || ctx == NULL) {
-        lock_give(self->lock); /* the Python path raises what the group's state says */
+        jl_lock_give(self->lock); /* the Python path raises what the group's state says */
         goto not_mine;
     }
     size_t item = jl_dtype_size(dtype);
@@ -332,7 +225,7 @@ static PyObject *Shell_all_reduce(Shell *self, PyObject *const *args, Py_ssize_t
         PyBuffer_Release(&dst);
     if (rc != JL_OK)
         hand_failure(self, rc, &st, deadline);
-    lock_give(self->lock);
+    jl_lock_give(self->lock);
     if (rc != JL_OK) {
         Py_DECREF(result);
         return NULL;
@@ -510,13 +403,8 @@ static PyTypeObject ShellType = {
 int jl_shell_add_types(PyObject *module) {
     why_name = PyUnicode_InternFromString("why");
     dtype_name = PyUnicode_InternFromString("dtype");
-    if (why_name == NULL || dtype_name == NULL || PyType_Ready(&LockType) < 0 || PyType_Ready(&ShellType) < 0)
+    if (why_name == NULL || dtype_name == NULL || jl_lock_add_type(module) < 0 || PyType_Ready(&ShellType) < 0)
         return -1;
-    Py_INCREF(&LockType);
-    if (PyModule_AddObject(module, "Lock", (PyObject *)&LockType) < 0) {
-        Py_DECREF(&LockType);
-        return -1;
-    }
     Py_INCREF(&ShellType);
     if (PyModule_AddObject(module, "Shell", (PyObject *)&ShellType) < 0) {
         Py_DECREF(&ShellType);
