@@ -29,10 +29,10 @@ def extensions() -> list:
     if os.environ.get("JACKLRING_NO_NATIVE") == "1" or not sys.platform.startswith("linux"):
         return []
     sources = [os.path.join("csrc", "shm", name) for name in ("segment.c", "step.c", "reduce.c", "collectives.c", "probe.c")]
-    return [Extension("adapter.backends.local._engine", sources=sources + ["csrc/python/engine_module.c", "csrc/python/shell.c", "csrc/python/lock.c"],
-                      depends=[os.path.join("csrc", "shm", h) for h in ("engine.h", "context.h", "step.h", "reduce.h", "probe.h")]
-                      + [os.path.join("csrc", "python", h) for h in ("segment_object.h", "shell.h", "lock.h")],
+    sources += [os.path.join("csrc", "python", name) for name in ("engine_module.c", "shell.c", "lock.c")]
+    headers = [os.path.join("csrc", "shm", h) for h in ("engine.h", "context.h", "step.h", "reduce.h", "probe.h")]
+    headers += [os.path.join("csrc", "python", h) for h in ("segment_object.h", "shell.h", "lock.h")]
+    return [Extension("adapter.backends.local._engine", sources=sources, depends=headers,
                       extra_compile_args=["-std=c11", "-O3", "-Wall", "-Wextra", "-Werror"])]
-
 
 setup(ext_modules=extensions(), cmdclass={"build_ext": BuildEngine})
