@@ -203,9 +203,10 @@ static PyObject *Shell_all_reduce(Shell *self, PyObject *const *args, Py_ssize_t
         jl_lock_give(self->lock);
         goto error;
     }
+    int given_up = why != Py_None;
     Py_DECREF(why);
     ctx = self->segment->ctx; /* closed while this thread waited for the lock? */
-    if (why != Py_None || ctx == NULL) {
+    if (given_up || ctx == NULL) {
         jl_lock_give(self->lock); /* the Python path raises what the group's state says */
         goto not_mine;
     }
