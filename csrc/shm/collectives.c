@@ -8,9 +8,14 @@
  * own input read in place) and publishes the result, and finally everyone copies the reduced
  * slices out. A buffer holds member q's reduced slice of chunk k at slot q and the inputs of
  * chunk k+1 at the other slots, so chunk k's result and chunk k+1's inputs travel in one step
- * (pipelined): a message of c chunks costs c + 1 steps. */
+ * (pipelined): a message of c chunks costs c + 1 steps.
+ *
+ * Writes into a member's own buffer (the lines its peers read in the last steps) may use
+ * non-temporal stores for messages from JL_STREAM_MIN_BYTES on, as the context's timing of its
+ * all-reduces chose (copy.c says why); writes into the caller's memory keep plain stores. */
 #include <string.h>
 
+#include "copy.h"
 #include "reduce.h"
 #include "step.h"
 
@@ -41,7 +46,7 @@ static int small_all_reduce(jl_ctx *ctx, const void *src, void *dst, size_t coun
                             const unsigned char *header, int64_t deadline_ns, jl_status *st) {
     size_t bytes = count * jl_dtype_size(dtype);
     int parity = (int)(ctx->step & 1);
-    copy(ctx->buf[ctx->member][parity], src, bytes);
+    jl_copy_shared(ctx->buf[ctx->member][parity], src, bytes, 0);
     if (jl_exchange(ctx, header, deadline_ns, st) < 0)
         return failed(ctx, st);
     const void *parts[JL_MAX_RANKS];
@@ -70,13 +75,19 @@ int jl_all_reduce(jl_ctx *ctx, const void *src, void *dst, size_t count, int dty
     size_t p_lo = 0, p_len = 0;
     int p_parity = 0;
     const void *parts[JL_MAX_RANKS];
+    int timed = count * item >= JL_STREAM_MIN_BYTES;
+    int stream = timed ? jl_stores_pick(&ctx->stores) : 0;
+    int64_t start = timed ? jl_now_ns() : 0;
     for (size_t k = 0; k <= chunks; k++) {
         unsigned char *mine = ctx->buf[r][ctx->step & 1];
         if (pending) {
             size_t a = bound(p_len, n, r), b = bound(p_len, n, r + 1);
             for (int32_t q = 0; q < n; q++)
                 parts[q] = q == r ? in + (p_lo + a) * item : ctx->buf[q][p_parity] + (size_t)r * w * item;
-            jl_reduce(mine + (size_t)r * w * item, parts, n, b - a, dtype, op);
+            if (stream)
+                jl_reduce_stream(mine + (size_t)r * w * item, parts, n, b - a, dtype, op);
+            else
+                jl_reduce(mine + (size_t)r * w * item, parts, n, b - a, dtype, op);
         }
         size_t lo = k * per, len = 0;
         if (k < chunks) {
@@ -85,7 +96,7 @@ int jl_all_reduce(jl_ctx *ctx, const void *src, void *dst, size_t count, int dty
                 if (q == r)
                     continue;
                 size_t a = bound(len, n, q), b = bound(len, n, q + 1);
-                copy(mine + (size_t)q * w * item, in + (lo + a) * item, (b - a) * item);
+                jl_copy_shared(mine + (size_t)q * w * item, in + (lo + a) * item, (b - a) * item, stream);
             }
         }
         int p = jl_exchange(ctx, k == 0 ? header : NULL, deadline_ns, st);
@@ -102,6 +113,8 @@ int jl_all_reduce(jl_ctx *ctx, const void *src, void *dst, size_t count, int dty
         p_len = len;
         p_parity = p;
     }
+    if (timed)
+        jl_stores_took(&ctx->stores, stream, jl_now_ns() - start, count * item);
     return JL_OK;
 }
 
@@ -115,12 +128,13 @@ int jl_reduce_scatter(jl_ctx *ctx, const void *src, void *dst, size_t count, int
     const unsigned char *in = src;
     unsigned char *out = dst;
     const void *parts[JL_MAX_RANKS];
+    int stream = m * item * (size_t)n >= JL_STREAM_MIN_BYTES && ctx->stores.chosen;
     for (size_t lo = 0; lo < (m ? m : 1); lo += w) {
         size_t len = m - lo < w ? m - lo : w;
         unsigned char *mine = ctx->buf[r][ctx->step & 1];
         for (int32_t q = 0; q < n; q++)
             if (q != r)
-                copy(mine + (size_t)q * w * item, in + ((size_t)q * m + lo) * item, len * item);
+                jl_copy_shared(mine + (size_t)q * w * item, in + ((size_t)q * m + lo) * item, len * item, stream);
         int p = jl_exchange(ctx, lo == 0 ? header : NULL, deadline_ns, st);
         if (p < 0)
             return failed(ctx, st);
@@ -142,9 +156,10 @@ int jl_all_gather(jl_ctx *ctx, const void *src, void *dst, size_t count, int dty
     int32_t n = ctx->size, r = ctx->member;
     const unsigned char *in = src;
     unsigned char *out = dst;
+    int stream = m * item >= JL_STREAM_MIN_BYTES && ctx->stores.chosen;
     for (size_t lo = 0; lo < (m ? m : 1); lo += cap) {
         size_t hi = lo + cap < m ? lo + cap : m;
-        copy(ctx->buf[r][ctx->step & 1], in + lo * item, (hi - lo) * item);
+        jl_copy_shared(ctx->buf[r][ctx->step & 1], in + lo * item, (hi - lo) * item, stream);
         int p = jl_exchange(ctx, lo == 0 ? header : NULL, deadline_ns, st);
         if (p < 0)
             return failed(ctx, st);
@@ -164,10 +179,11 @@ int jl_broadcast(jl_ctx *ctx, void *buf, size_t count, int dtype, int32_t root,
         return invalid(st);
     size_t cap = ctx->chunk / item;
     unsigned char *data = buf;
+    int stream = count * item >= JL_STREAM_MIN_BYTES && ctx->stores.chosen;
     for (size_t lo = 0; lo < (count ? count : 1); lo += cap) {
         size_t hi = lo + cap < count ? lo + cap : count;
         if (ctx->member == root)
-            copy(ctx->buf[root][ctx->step & 1], data + lo * item, (hi - lo) * item);
+            jl_copy_shared(ctx->buf[root][ctx->step & 1], data + lo * item, (hi - lo) * item, stream);
         int p = jl_exchange(ctx, lo == 0 ? header : NULL, deadline_ns, st);
         if (p < 0)
             return failed(ctx, st);
