@@ -5,10 +5,10 @@
  * all_reduce, small (one chunk, up to settings.small_bytes): one step, every member reduces the
  * whole message itself. Large: every member copies the slices of its input that the others
  * reduce into its buffer, then reduces its own 1/n slice straight out of the peers' buffers (its
- * own input read in place) and publishes the result, and finally everyone copies the reduced
- * slices out. A buffer holds member q's reduced slice of chunk k at slot q and the inputs of
- * chunk k+1 at the other slots, so chunk k's result and chunk k+1's inputs travel in one step
- * (pipelined): a message of c chunks costs c + 1 steps.
+ * own input read in place) and publishes the result (writing it to its output at once), and
+ * finally everyone copies the others' reduced slices out. A buffer holds member q's reduced
+ * slice of chunk k at slot q and the inputs of chunk k+1 at the other slots, so chunk k's result
+ * and chunk k+1's inputs travel in one step (pipelined): a message of c chunks costs c + 1 steps.
  *
  * Writes into a member's own buffer (the lines its peers read in the last steps) may use
  * non-temporal stores for messages from JL_STREAM_MIN_BYTES on, as the context's timing of its
@@ -84,10 +84,9 @@ int jl_all_reduce(jl_ctx *ctx, const void *src, void *dst, size_t count, int dty
             size_t a = bound(p_len, n, r), b = bound(p_len, n, r + 1);
             for (int32_t q = 0; q < n; q++)
                 parts[q] = q == r ? in + (p_lo + a) * item : ctx->buf[q][p_parity] + (size_t)r * w * item;
-            if (stream)
-                jl_reduce_stream(mine + (size_t)r * w * item, parts, n, b - a, dtype, op);
-            else
-                jl_reduce(mine + (size_t)r * w * item, parts, n, b - a, dtype, op);
+            /* into out too: in place, out's slice r of this chunk is in's, read block by block
+             * before it is written, and no later step reads it */
+            jl_reduce_out(mine + (size_t)r * w * item, out + (p_lo + a) * item, parts, n, b - a, dtype, op, stream);
         }
         size_t lo = k * per, len = 0;
         if (k < chunks) {
@@ -104,6 +103,8 @@ int jl_all_reduce(jl_ctx *ctx, const void *src, void *dst, size_t count, int dty
             return failed(ctx, st);
         if (pending) {
             for (int32_t q = 0; q < n; q++) {
+                if (q == r)
+                    continue; /* written by the reduce */
                 size_t a = bound(p_len, n, q), b = bound(p_len, n, q + 1);
                 copy(out + (p_lo + a) * item, ctx->buf[q][p] + (size_t)q * w * item, (b - a) * item);
             }

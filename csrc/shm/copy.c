@@ -23,10 +23,15 @@
  * is really there. */
 #include <stdint.h>
 #include <string.h>
+#ifdef JL_STORES_TRACE
+#include <stdio.h>
+#endif
 
 #include "copy.h"
 
+#ifndef ROUND
 #define ROUND 1024 /* timed calls between two choices */
+#endif
 #define WARM 2     /* a round's first calls are not trials (the first ones fault pages in) */
 #define TRIALS 12  /* then these: plain, streamed, plain, ... */
 #define MARGIN 10  /* streaming must be this many percent faster (its fence and memory traffic) */
@@ -50,6 +55,10 @@ void jl_stores_took(jl_stores *s, int stream, int64_t ns, size_t bytes) {
         s->best[stream] = cost;
     if (phase == WARM + TRIALS - 1) {
         s->chosen = s->best[1] * 100 < s->best[0] * (100 - MARGIN);
+#ifdef JL_STORES_TRACE /* measurement builds: each choice on stderr */
+        fprintf(stderr, "jl-stores plain %llu stream %llu ns/KiB -> %s\n", (unsigned long long)s->best[0],
+                (unsigned long long)s->best[1], s->chosen ? "stream" : "plain");
+#endif
         s->best[0] = s->best[1] = 0;
     }
 }

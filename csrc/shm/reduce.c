@@ -274,21 +274,28 @@ void jl_reduce(void *dst, const void *const *parts, int nparts, size_t count, in
         in(dst, parts[p], count);
 }
 
-/* Reduced into a small block on the stack (in L1), then streamed to dst: dst is a shared buffer
- * whose lines the peers just read (see copy.c). */
-#define STREAM_BLOCK 8192 /* bytes: a multiple of every element size */
+/* Reduced block by block into a small buffer on the stack (in L1), then written to the shared
+ * buffer (streamed or plain, see copy.c) and to out: the member's own reduced slice never has to
+ * be read back from the shared buffer, where a streamed one is no longer in cache. */
+#define OUT_BLOCK 8192 /* bytes: a multiple of every element size */
 
-void jl_reduce_stream(void *dst, const void *const *parts, int nparts, size_t count, int dtype, int op) {
+void jl_reduce_out(void *shared, void *out, const void *const *parts, int nparts, size_t count, int dtype, int op,
+                   int stream) {
     size_t size = jl_dtype_size(dtype);
-    _Alignas(64) unsigned char block[STREAM_BLOCK];
+    _Alignas(64) unsigned char block[OUT_BLOCK];
     const void *at[JL_MAX_RANKS];
-    size_t per = STREAM_BLOCK / size;
+    size_t per = OUT_BLOCK / size;
     for (size_t lo = 0; lo < count; lo += per) {
         size_t n = count - lo < per ? count - lo : per;
         for (int p = 0; p < nparts; p++)
             at[p] = (const unsigned char *)parts[p] + lo * size;
         jl_reduce(block, at, nparts, n, dtype, op);
-        jl_stream((unsigned char *)dst + lo * size, block, n * size);
+        if (stream)
+            jl_stream((unsigned char *)shared + lo * size, block, n * size);
+        else
+            memcpy((unsigned char *)shared + lo * size, block, n * size);
+        memcpy((unsigned char *)out + lo * size, block, n * size);
     }
-    jl_stream_fence();
+    if (stream)
+        jl_stream_fence();
 }
