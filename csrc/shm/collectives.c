@@ -11,8 +11,9 @@
  * and chunk k+1's inputs travel in one step (pipelined): a message of c chunks costs c + 1 steps.
  *
  * Writes into a member's own buffer (the lines its peers read in the last steps) may use
- * non-temporal stores for messages from JL_STREAM_MIN_BYTES on, as the context's timing of its
- * all-reduces chose (copy.c says why); writes into the caller's memory keep plain stores. */
+ * non-temporal stores for messages from JL_STREAM_MIN_BYTES on (one-step all-reduces: from
+ * JL_STREAM_ONE_STEP_MIN_BYTES), as the context's timing of its all-reduces chose (copy.c says
+ * why); writes into the caller's memory keep plain stores. */
 #include <string.h>
 
 #include "copy.h"
@@ -46,13 +47,18 @@ static int small_all_reduce(jl_ctx *ctx, const void *src, void *dst, size_t coun
                             const unsigned char *header, int64_t deadline_ns, jl_status *st) {
     size_t bytes = count * jl_dtype_size(dtype);
     int parity = (int)(ctx->step & 1);
-    jl_copy_shared(ctx->buf[ctx->member][parity], src, bytes, 0);
+    int timed = bytes >= JL_STREAM_ONE_STEP_MIN_BYTES;
+    int stream = timed ? jl_stores_pick(&ctx->stores_one_step) : 0;
+    int64_t start = timed ? jl_now_ns() : 0;
+    jl_copy_shared(ctx->buf[ctx->member][parity], src, bytes, stream);
     if (jl_exchange(ctx, header, deadline_ns, st) < 0)
         return failed(ctx, st);
     const void *parts[JL_MAX_RANKS];
     for (int32_t q = 0; q < ctx->size; q++)
         parts[q] = ctx->buf[q][parity];
     jl_reduce(dst, parts, ctx->size, count, dtype, op);
+    if (timed)
+        jl_stores_took(&ctx->stores_one_step, stream, jl_now_ns() - start, bytes);
     return JL_OK;
 }
 

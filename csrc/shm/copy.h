@@ -11,6 +11,11 @@
 #ifndef JL_STREAM_MIN_BYTES
 #define JL_STREAM_MIN_BYTES (256 * 1024)
 #endif
+/* The same for an all-reduce that runs in one step (up to settings.small_bytes, 128 KiB by
+ * default): its copy-in is the only write into the shared buffer. */
+#ifndef JL_STREAM_ONE_STEP_MIN_BYTES
+#define JL_STREAM_ONE_STEP_MIN_BYTES (64 * 1024)
+#endif
 
 /* Which stores a context's large collectives use, chosen by timing them (copy.c says why and
  * how). All zero: nothing measured yet. */

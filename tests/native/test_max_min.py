@@ -1,9 +1,9 @@
 """Float MAX/MIN against numpy's own np.maximum/np.minimum over the ranks in rank order, on each
 float dtype itself (not widened): every combination of +0.0, -0.0, NaN, -NaN, ±1 and ±inf across
-the members, on the one-step, the chunked and the streamed (non-temporal) paths. Equal values
-of different sign are where loops differ: numpy's float32/float64 loops and ml_dtypes' bfloat16
-return the second of two equal values, numpy's float16 loop the first; a NaN propagates, the
-first one when both are. Members run as threads over one real segment (engine_segments.py)."""
+the members, on the one-step and the chunked paths, each with plain and non-temporal stores.
+Equal values of different sign are where loops differ: numpy's float32/float64 loops and
+ml_dtypes' bfloat16 return the second of two equal values, numpy's float16 loop the first; a NaN
+propagates, the first one when both are. Members run as threads over one real segment (engine_segments.py)."""
 from __future__ import annotations
 
 import itertools
@@ -19,6 +19,7 @@ FLOATS = [np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16), np.dtype(np.float3
 VALUES = [0.0, -0.0, np.nan, -np.nan, 1.0, -1.0, np.inf, -np.inf]
 UFUNC = {ReduceOp.MAX: np.maximum, ReduceOp.MIN: np.minimum}
 STREAMED = 256 * 1024  # bytes: past copy.h's JL_STREAM_MIN_BYTES
+ONE_STEP = 64 * 1024  # bytes: its JL_STREAM_ONE_STEP_MIN_BYTES
 
 
 def columns(ranks: int, dt: np.dtype, count: int) -> list[np.ndarray]:
@@ -41,12 +42,14 @@ def numpy_rank_order(parts: list[np.ndarray], op: ReduceOp) -> np.ndarray:
 def test_max_min_with_signed_zeros_and_nans_match_numpy(dt, ranks):
     item = dt.itemsize
     bits = np.dtype(f"u{item}")
-    sizes = {"one step": len(VALUES) ** ranks, "chunked": 3 * CHUNK // item + 5, "streamed": STREAMED // item + 7}
-    for path, count in sizes.items():
+    paths = {"one step": (len(VALUES) ** ranks, {}), "chunked": (3 * CHUNK // item + 5, {}),
+             "streamed": (STREAMED // item + 7, {}),
+             "one step streamed": (ONE_STEP // item + 7, dict(chunk=2 * ONE_STEP, small=2 * ONE_STEP))}
+    for path, (count, segment) in paths.items():
         xs = columns(ranks, dt, count)
         for op in (ReduceOp.MAX, ReduceOp.MIN):
             expected = numpy_rank_order(xs, op).view(bits)
-            groups = attach(ranks)
+            groups = attach(ranks, **segment)
             try:
                 # A fresh segment's third large all-reduce uses plain stores, its fourth
                 # non-temporal ones (copy.c's trials).

@@ -16,6 +16,7 @@ from adapter.errors import MismatchError
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 STREAMED = 256 * 1024  # bytes: csrc/shm/copy.h's JL_STREAM_MIN_BYTES
+ONE_STEP = 64 * 1024  # bytes: its JL_STREAM_ONE_STEP_MIN_BYTES
 DTYPES = [np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64,
           np.float16, BF16, np.float32, np.float64, np.complex64, np.complex128]
 UFUNCS = {ReduceOp.SUM: np.add, ReduceOp.PROD: np.multiply, ReduceOp.MAX: np.maximum, ReduceOp.MIN: np.minimum,
@@ -105,27 +106,30 @@ def test_every_dtype_and_op_one_step_and_chunked(dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
 def test_every_dtype_and_op_streamed(dtype):
-    """Past copy.h's JL_STREAM_MIN_BYTES a fresh segment's third and fourth all-reduces are its
-    trials of plain and non-temporal stores (copy.c): both give numpy's bytes, on member slots
-    that do not start on a cache line (3 members)."""
+    """Past copy.h's JL_STREAM_MIN_BYTES (chunked) and JL_STREAM_ONE_STEP_MIN_BYTES (one step), a
+    fresh segment's third and fourth all-reduces are its trials of plain and non-temporal stores
+    (copy.c): both give numpy's bytes, on member slots that do not start on a cache line (3
+    members)."""
     dt = np.dtype(dtype)
-    count = STREAMED // dt.itemsize + 5
-    for ranks in (2, 3):
-        xs = inputs(ranks, count, dt, seed=ranks * 104729 + count)
-        groups = attach(ranks)
-        try:
-            for op in ReduceOp:
-                if not defined(dt, op):
-                    continue
-                expected = reference(xs, op).tobytes()
-                for call in range(4):
-                    dsts = [np.empty_like(x) for x in xs]
-                    assert together(groups, lambda g: g.all_reduce(None, xs[g.rank], dsts[g.rank], op)) == [None] * ranks
-                    for q in range(ranks):
-                        assert dsts[q].tobytes() == expected, (q, dt, op, call)
-        finally:
-            for g in groups:
-                g.close()
+    paths = {"chunked": (dict(), STREAMED // dt.itemsize + 5),
+             "one step": (dict(chunk=2 * ONE_STEP, small=2 * ONE_STEP), ONE_STEP // dt.itemsize + 5)}
+    for path, (segment, count) in paths.items():
+        for ranks in (2, 3):
+            xs = inputs(ranks, count, dt, seed=ranks * 104729 + count)
+            groups = attach(ranks, **segment)
+            try:
+                for op in ReduceOp:
+                    if not defined(dt, op):
+                        continue
+                    expected = reference(xs, op).tobytes()
+                    for call in range(4):
+                        dsts = [np.empty_like(x) for x in xs]
+                        assert together(groups, lambda g: g.all_reduce(None, xs[g.rank], dsts[g.rank], op)) == [None] * ranks
+                        for q in range(ranks):
+                            assert dsts[q].tobytes() == expected, (path, q, dt, op, call)
+            finally:
+                for g in groups:
+                    g.close()
 
 
 @pytest.mark.parametrize("ranks", [2, 4])
