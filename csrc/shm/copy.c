@@ -11,9 +11,11 @@
  * Non-temporal stores send the data to memory, though, and the peers then read it from there:
  * in the near placement that costs more than the plain stores' cache-to-cache transfers, so
  * neither kind wins everywhere. Placement is fixed for a process's life (it changes between
- * jobs), so each context times its large all-reduces: TRIALS calls early in every ROUND alternate
- * between the two kinds, and the rest of the round uses the one whose fastest trial was faster
- * (per byte; the fastest, because a loaded host only ever adds time). Members decide alone:
+ * jobs), so each context times its large all-reduces: early in every ROUND, a run of calls with
+ * plain stores and a run with non-temporal ones (a call's cost depends on the state the previous
+ * call left its lines in, so the kinds are not alternated call by call, and each run's first call
+ * is not counted), and the rest of the round uses the kind whose fastest trial was faster (per
+ * byte; the fastest, because a loaded host only ever adds time). Members decide alone:
  * either kind gives the same bytes, so they need not agree; they run their trials in the same
  * calls, since every member runs the same collectives in the same order.
  *
@@ -33,7 +35,8 @@
 #define ROUND 1024 /* timed calls between two choices */
 #endif
 #define WARM 2     /* a round's first calls are not trials (the first ones fault pages in) */
-#define TRIALS 12  /* then these: plain, streamed, plain, ... */
+#define RUN 6      /* then RUN calls with plain stores and RUN streamed: the trials */
+#define TRIALS (2 * RUN)
 #define MARGIN 10  /* streaming must be this many percent faster (its fence and memory traffic) */
 
 int jl_stores_pick(const jl_stores *s) {
@@ -42,7 +45,7 @@ int jl_stores_pick(const jl_stores *s) {
     return JL_STORES_FORCE;
 #else
     uint64_t phase = s->calls % ROUND;
-    return phase >= WARM && phase < WARM + TRIALS ? (int)((phase - WARM) & 1) : s->chosen;
+    return phase >= WARM && phase < WARM + TRIALS ? (int)((phase - WARM) / RUN) : s->chosen;
 #endif
 }
 
@@ -51,7 +54,8 @@ void jl_stores_took(jl_stores *s, int stream, int64_t ns, size_t bytes) {
     if (phase < WARM || phase >= WARM + TRIALS || bytes == 0)
         return;
     uint64_t cost = (uint64_t)(ns < 1 ? 1 : ns) * 1024 / bytes + 1; /* + 1: never "none yet" */
-    if (s->best[stream] == 0 || cost < s->best[stream])
+    /* A run's first call pays for the lines the other kind left behind: not counted. */
+    if ((phase - WARM) % RUN != 0 && (s->best[stream] == 0 || cost < s->best[stream]))
         s->best[stream] = cost;
     if (phase == WARM + TRIALS - 1) {
         s->chosen = s->best[1] * 100 < s->best[0] * (100 - MARGIN);

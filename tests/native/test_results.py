@@ -107,7 +107,7 @@ def test_every_dtype_and_op_one_step_and_chunked(dtype):
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
 def test_every_dtype_and_op_streamed(dtype):
     """Past copy.h's JL_STREAM_MIN_BYTES (chunked) and JL_STREAM_ONE_STEP_MIN_BYTES (one step), a
-    fresh segment's third and fourth all-reduces are its trials of plain and non-temporal stores
+    fresh segment's all-reduces 3-8 and 9-14 are its trials of plain and non-temporal stores
     (copy.c): both give numpy's bytes, on member slots that do not start on a cache line (3
     members)."""
     dt = np.dtype(dtype)
@@ -122,7 +122,9 @@ def test_every_dtype_and_op_streamed(dtype):
                     if not defined(dt, op):
                         continue
                     expected = reference(xs, op).tobytes()
-                    for call in range(4):
+                    # every call checked: over the ops (2 at least), the segment's calls 3-8
+                    # are its plain trials and 9-14 its streamed ones
+                    for call in range(7):
                         dsts = [np.empty_like(x) for x in xs]
                         assert together(groups, lambda g: g.all_reduce(None, xs[g.rank], dsts[g.rank], op)) == [None] * ranks
                         for q in range(ranks):
