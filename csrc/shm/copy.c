@@ -23,6 +23,7 @@
  * publishes the buffer) may become visible before them. So every streaming copy ends with an
  * sfence, which makes them globally visible first; the counter's store then publishes data that
  * is really there. */
+#include <stdatomic.h>
 #include <stdint.h>
 #include <string.h>
 #ifdef JL_STORES_TRACE
@@ -92,10 +93,14 @@ __attribute__((target("avx2"))) static void stream_lines_avx2(unsigned char *dst
 }
 
 static void stream_lines(unsigned char *dst, const unsigned char *src, size_t lines) {
-    static int avx2 = -1; /* racy first use is harmless: every thread computes the same value */
-    if (avx2 < 0)
-        avx2 = __builtin_cpu_supports("avx2") ? 1 : 0;
-    if (avx2)
+    /* Relaxed: threads that race on the first use all store the same value, and it orders nothing. */
+    static _Atomic int avx2 = -1;
+    int have = atomic_load_explicit(&avx2, memory_order_relaxed);
+    if (have < 0) {
+        have = __builtin_cpu_supports("avx2") ? 1 : 0;
+        atomic_store_explicit(&avx2, have, memory_order_relaxed);
+    }
+    if (have)
         stream_lines_avx2(dst, src, lines);
     else
         stream_lines_sse2(dst, src, lines);
