@@ -1,7 +1,7 @@
 """The engine built with AddressSanitizer and UndefinedBehaviorSanitizer (into a temporary
 directory, loaded in place of the installed one) runs the engine's results tests (every dtype,
-op and path, members as threads), the backend contract's checks on a 3-rank ring job (whose
-collectives all run over shared memory) and a randomized stress of a 3-rank job that ends in a
+op and path, members as threads), the backend contract's checks on a 3-rank ring job and a
+2-rank JACCL job (whose collectives all run over shared memory) and a randomized stress of a 3-rank job that ends in a
 kill: any sanitizer report fails the test (halt_on_error, exit code). The build always uses
 non-temporal stores for large messages (JL_STORES_FORCE=1), so that every large path streams
 here; the plain path is the installed build's default in the near placement."""
@@ -16,7 +16,7 @@ import sysconfig
 from pathlib import Path
 
 import pytest
-from contract.backends import VARIANTS
+from contract.backends import DATA_PATH, VARIANTS
 from ranks import ROOT, launch, output_tail, run
 
 LOADER = '''
@@ -94,22 +94,31 @@ def test_random_stress_and_a_kill_under_asan_and_ubsan(sanitized):
     assert "Sanitizer" not in output and "runtime error" not in output, output[-6000:]
 
 
+# (variant, ranks, checks): the ring's whole contract, and JACCL's data path over its local
+# shared-memory path (jaccl/local.py) plus the check that the collectives did use it.
+CONTRACT_LAUNCHES = [("ring", 3, None),
+                     ("jaccl", 2, ("init_returns_the_launched_backend",) + DATA_PATH)]
+
+
 @pytest.mark.timeout(150)
-def test_contract_on_shared_memory_under_asan_and_ubsan(sanitized, tmp_path):
-    """Every contract check of the ring variant at 3 ranks (checks.py): each collective of the
-    job runs through the sanitized engine."""
-    names = next(v for v in VARIANTS if v.id == "ring").checks_at(3)
+@pytest.mark.parametrize("variant_id, ranks, checks", CONTRACT_LAUNCHES, ids=[v for v, _, _ in CONTRACT_LAUNCHES])
+def test_contract_on_shared_memory_under_asan_and_ubsan(sanitized, tmp_path, variant_id, ranks, checks):
+    """Contract checks (checks.py) in a launch whose collectives all run over shared memory:
+    each of them goes through the sanitized engine."""
+    variant = next(v for v in VARIANTS if v.id == variant_id)
+    names = list(checks or variant.checks_at(ranks))
     marks = tmp_path / "marks"
     marks.mkdir()
     extra = {k: sanitized[k] for k in ("PYTHONPATH", "LD_PRELOAD", "ASAN_OPTIONS", "UBSAN_OPTIONS")}
     worker = os.path.join(ROOT, "tests", "contract", "worker.py")
-    result = launch(["-n", "3", "--backend", "ring", sys.executable, worker, str(tmp_path), "ring", "3", ",".join(names)],
-                    timeout=140, env={**extra, "SANITIZED_MARKS": str(marks)})
+    result = launch(["-n", str(ranks), "--backend", variant.backend, sys.executable, worker, str(tmp_path),
+                     variant.expected_backend, str(ranks), ",".join(names)],
+                    timeout=140, env={**variant.env, **extra, "SANITIZED_MARKS": str(marks)})
     output = output_tail(result)
     assert result.returncode == 0, output
     assert "Sanitizer" not in output and "runtime error" not in output, output
-    for r in range(3):
+    for r in range(ranks):
         report = json.loads((tmp_path / f"rank{r}.json").read_text())
         bad = {name: text for name, text in report.items() if name in names and text != "ok"}
         assert not bad and all(name in report for name in names), (r, bad, output)
-    assert len(list(marks.iterdir())) >= 3, "the ranks did not load the sanitizer build"
+    assert len(list(marks.iterdir())) >= ranks, "the ranks did not load the sanitizer build"
