@@ -15,7 +15,10 @@
  * plain stores and a run with non-temporal ones (a call's cost depends on the state the previous
  * call left its lines in, so the kinds are not alternated call by call, and each run's first call
  * is not counted), and the rest of the round uses the kind whose fastest trial was faster (per
- * byte; the fastest, because a loaded host only ever adds time). Members decide alone:
+ * byte; the fastest, because a loaded host only ever adds time). A trial's time is the member's
+ * own work (copies and reduction: where both the plain stores' and the peers' streamed reads'
+ * costs fall), not its waits for the peers, which are mostly the scheduler's when ranks outnumber
+ * CPUs or skew from member to member. Members decide alone:
  * either kind gives the same bytes, so they need not agree; they run their trials in the same
  * calls, since every member runs the same collectives in the same order.
  *
