@@ -28,6 +28,7 @@ MARK = "placement-job "
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--jobs", type=int, default=20, help="fresh 2-rank jobs to start (default 20)")
+    p.add_argument("--ranks", type=int, default=2, help="ranks per job (default 2)")
     p.add_argument("--bytes", type=int, default=1 << 20, help="float32 message size in bytes (default 1 MiB)")
     p.add_argument("--calls", type=int, default=300, help="timed calls per job (default 300)")
     p.add_argument("--warmup", type=int, default=30, help="untimed calls first (default 30)")
@@ -72,7 +73,7 @@ def _engine_file() -> str:
 
 
 def one_job(args: argparse.Namespace) -> dict:
-    cmd = [sys.executable, "-m", "launcher.cli", "-n", "2", sys.executable, os.path.abspath(__file__), "--worker",
+    cmd = [sys.executable, "-m", "launcher.cli", "-n", str(args.ranks), sys.executable, os.path.abspath(__file__), "--worker",
            "--bytes", str(args.bytes), "--calls", str(args.calls), "--warmup", str(args.warmup)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
     for line in proc.stdout.splitlines():
@@ -86,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker:
         worker(args)
         return 0
-    print(f"# {args.jobs} fresh jobs of `launcher -n 2`, {args.bytes} B float32 `adapter.all_sum(x, out=x)`, "
+    print(f"# {args.jobs} fresh jobs of `launcher -n {args.ranks}`, {args.bytes} B float32 `adapter.all_sum(x, out=x)`, "
           f"median of {args.calls} calls each; load average {os.getloadavg()[0]:.2f} at the start", flush=True)
     print("| job | probe (ns) | median (µs) | fastest call (µs) | load |")
     print("|---|---|---|---|---|")
