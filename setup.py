@@ -28,9 +28,10 @@ class BuildEngine(build_ext):
 def extensions() -> list:
     if os.environ.get("JACKLRING_NO_NATIVE") == "1" or not sys.platform.startswith("linux"):
         return []
-    sources = [os.path.join("csrc", "shm", name) for name in ("segment.c", "step.c", "reduce.c", "collectives.c", "probe.c")]
+    sources = [os.path.join("csrc", "shm", name) for name in ("segment.c", "step.c", "copy.c", "reduce.c", "collectives.c", "probe.c")]
     return [Extension("adapter.backends.local._engine", sources=sources + ["csrc/python/engine_module.c"],
-                      depends=[os.path.join("csrc", "shm", h) for h in ("engine.h", "context.h", "step.h", "reduce.h", "probe.h")],
+                      depends=[os.path.join("csrc", "shm", h)
+                               for h in ("engine.h", "context.h", "step.h", "copy.h", "reduce.h", "probe.h")],
                       extra_compile_args=["-std=c11", "-O3", "-Wall", "-Wextra", "-Werror"])]
 
 
