@@ -103,7 +103,8 @@ def create(timeout: float | None = None) -> "Backend":
     check = layout.check_of(cfg.rank, cfg.size, [tcp.format_address(cfg.coordinator), cfg.devices])
     open_hosts.refuse_remote_coordinator(cfg.rank, cfg.coordinator, token, deadline, job)
     side = SideChannel(cfg.rank, cfg.size, cfg.coordinator, token, deadline, job, check,
-                       None if job.secret else open_hosts.refuse_remote_peer)
+                       None if job.secret else open_hosts.refuse_remote_peer,
+                       keep=lambda held: grow.hold_coordinator(origin, held))
     try:
         kind = agree_on_transport(cfg, choice, side)
         host = side.local_host()

@@ -97,6 +97,12 @@ class Lineage:
         return [[self.origin.devices[a][b] for b in self.slots] for a in self.slots]
 
 
+def hold_coordinator(origin: Origin, listener: tcp.Listener) -> None:
+    """As the job's first rank 0, once the group formed: keep the coordinator address (the side
+    channel's listener) bound for grows, answering "no grow in progress" meanwhile (knock.hold)."""
+    knock.hold(origin.coordinator, listener, origin.auth(), origin.token(), 0)
+
+
 # A grown group, from (its transport, lineage, mode, this rank's host, job context id, key): the
 # caller's settings (timeouts, checks) complete it; it attaches shared memory (a collective of
 # the new group).

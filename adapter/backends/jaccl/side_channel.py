@@ -33,6 +33,7 @@ from typing import Callable
 
 from ...errors import ABORT, ConfigError, DistributedError, PeerError, blaming, failure_of, with_failure
 from ..transport import layout, tcp
+from . import knock
 
 PURPOSE_SIDE_CHANNEL = 0x4A43  # "JC": rejects connections meant for other backends
 _LEN = struct.Struct("<I")
@@ -68,7 +69,8 @@ class SideChannel:
 
     def __init__(self, rank: int, size: int, coordinator: tuple[str, int], token: int,
                  deadline: float, job: tcp.Auth, check: layout.Check | None = None,
-                 peer_host: Callable[[int, str], None] | None = None) -> None:
+                 peer_host: Callable[[int, str], None] | None = None,
+                 keep: "Callable[[tcp.Listener], None] | None" = None) -> None:
         self.rank = rank
         self.size = size
         self.coordinator = coordinator
@@ -79,13 +81,18 @@ class SideChannel:
         self._peer_host = peer_host  # rank 0: told each rank's host as it arrives (may refuse it)
         where = self._where = tcp.format_address(coordinator)
         if rank == 0:
-            listener = tcp.Listener(coordinator[0], coordinator[1], local=False)
-            listener.serve(job, token, 0,
+            # The address this process held since a group formed here before (knock.hold), else a new one.
+            listener = knock.take_held(where) or tcp.Listener(coordinator[0], coordinator[1], local=False)
+            kept = False
+            listener.reserve(job, token, 0,
                            lambda h: None if h.purpose == PURPOSE_SIDE_CHANNEL and 0 < h.sender < size
                            and h.channel == 0 else f"not a side-channel connection of ranks 1..{size - 1}",
                            "rank 0 (JACCL side channel)", check=None if check is None else (check, where))
             try:
                 self._gather_ranks(listener, deadline)
+                if keep is not None:  # the group keeps the address for its grows (knock.hold)
+                    keep(listener)
+                    kept = True
             except LayoutMismatch as exc:
                 self.abort(str(exc), culprit=exc.culprit, mismatch=True)
                 self._tell_latecomers(listener, str(exc), exc.culprit, LAYOUT_STAY_S, mismatch=True)
@@ -105,7 +112,8 @@ class SideChannel:
                 self.close()
                 raise blaming(PeerError(str(exc)), culprit) from None
             finally:
-                listener.close()
+                if not kept:
+                    listener.close()
         else:
             hello = tcp.Hello(PURPOSE_SIDE_CHANNEL, rank, 0, 0, token)
             try:

@@ -75,7 +75,8 @@ class _Pending:
         self.checking = False          # authenticated layout check: its frame is awaited
 
 
-Admit = Callable[[Hello], "str | None"]   # None: welcome; else why it is refused
+# None: welcome; else why it is refused, or (a handshake status, why) for another status than UNEXPECTED
+Admit = Callable[[Hello], "str | tuple[int, str] | None"]
 
 
 class Acceptor:
@@ -397,7 +398,7 @@ class Acceptor:
             return UNEXPECTED, f"this is rank {self._rank}"
         why = self._admit(hello)
         if why is not None:
-            return UNEXPECTED, why
+            return why if isinstance(why, tuple) else (UNEXPECTED, why)
         return None
 
     def _on_proof(self, item: _Pending, proof: bytes) -> None:
