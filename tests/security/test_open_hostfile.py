@@ -130,3 +130,22 @@ def test_the_same_jaccl_group_forms_across_hosts_with_a_secret(tmp_path, veth):
         stop_all(procs)
     assert codes == [0, 0], reports(procs)
     assert all(p.tagged("SUM")[0][2:] == ["2.0"] for p in procs), reports(procs)
+
+
+@pytest.mark.timeout(60)
+def test_a_jaccl_newcomer_on_another_host_without_a_secret_is_refused(tmp_path, veth):
+    """A replacement (JACKLRING_JOIN=1) whose coordinator is on another host would grow the group
+    across hosts under the public key: refused at once with the same ConfigError (before, it
+    knocked for its whole connect timeout)."""
+    envs = [without_secret(e) for e in rank_envs("jaccl", 2, tmp_path, hosts=list(veth.addresses))]
+    begin = time.monotonic()
+    procs = start("jaccl", 2, "say('JOINED')", tmp_path, envs=envs, ranks=[1],
+                  env={"JACKLRING_JOIN": "1", "JACKLRING_CONNECT_TIMEOUT": "20"}, wraps={1: veth.exec_prefix(1)})
+    try:
+        codes = finish_all(procs, 40)
+    finally:
+        stop_all(procs)
+    said = procs[0].stdout + procs[0].stderr
+    assert codes[0] != 0 and "ConfigError" in said and "host other than this one" in said, reports(procs)
+    assert all(name in said for name in JACCL_NAMES), said
+    assert time.monotonic() - begin < 15, reports(procs)

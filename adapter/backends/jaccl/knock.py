@@ -22,6 +22,7 @@ budget of its host.
 """
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import threading
@@ -32,8 +33,10 @@ from ...errors import CollectiveTimeout, DistributedError, PeerError
 from ..elastic import enrolment
 from ..elastic.membership import Channel
 from ..transport import holder, tcp
-from ..transport.auth import Auth
+from ..transport.auth import Auth, secret_needed_across_hosts
 from ..transport.handshake import ANSWER_TIMEOUT_S, NOT_NOW, HandshakeRetry, NotNow
+
+log = logging.getLogger("jacklring.grow")
 
 PURPOSE_KNOCK = 0x4A4B  # "JK": a newcomer at the coordinator address (the side channel is "JC")
 KNOCK_EVERY_S = 0.05    # a newcomer knocks again this soon after a refused connection
@@ -90,11 +93,21 @@ class Door:
         self._listener.reserve(auth, token, 0, admit, f"rank {rank} (JACCL grow, at the coordinator address)")
 
     def take(self, deadline: float) -> tuple[Channel, int] | None:
-        """The next knock (its channel, the newcomer's slot), or None at the deadline."""
-        taken = self._listener.take(lambda h: h.purpose == PURPOSE_KNOCK, deadline, None)
-        if taken is None:
-            return None
-        sock, hello = taken
+        """The next knock (its channel, the newcomer's slot), or None at the deadline. Without a
+        job secret, a knock from another host is dropped (it would grow the group across hosts
+        under a key anyone there can compute: jaccl/open_hosts.py); the newcomer refuses too."""
+        while True:
+            taken = self._listener.take(lambda h: h.purpose == PURPOSE_KNOCK, deadline, None)
+            if taken is None:
+                return None
+            sock, hello = taken
+            host = sock.getpeername()[0]
+            if self._auth.secret or tcp.own_address(host) or not secret_needed_across_hosts():
+                break
+            log.warning("rank %d: grow: a knock for slot %d came from another host (%s) and no job secret is set: "
+                        "dropped (set JACKLRING_SECRET or JACKLRING_SECRET_FILE on every rank)", self._rank,
+                        hello.sender, host)
+            sock.close()
         return Channel(sock, self._auth, hello.session, False, f"the newcomer at slot {hello.sender}"), hello.sender
 
     def rejected(self) -> str:
