@@ -1,5 +1,6 @@
 """Builds the native shared-memory engine (csrc/) at `pip install`; everything else is in
 pyproject.toml. JACKLRING_NO_NATIVE=1 installs without it (same-host ranks then use sockets)."""
+import glob
 import os
 import sys
 import sysconfig
@@ -28,11 +29,12 @@ class BuildEngine(build_ext):
 def extensions() -> list:
     if os.environ.get("JACKLRING_NO_NATIVE") == "1" or not sys.platform.startswith("linux"):
         return []
-    sources = [os.path.join("csrc", "shm", name) for name in ("segment.c", "step.c", "reduce.c", "collectives.c", "probe.c")]
-    sources += [os.path.join("csrc", "python", name) for name in ("engine_module.c", "shell.c", "lock.c")]
-    headers = [os.path.join("csrc", "shm", h) for h in ("engine.h", "context.h", "step.h", "reduce.h", "probe.h")]
-    headers += [os.path.join("csrc", "python", h) for h in ("segment_object.h", "shell.h", "lock.h")]
+    # Every C file of the engine and of its binding: a new unit is picked up without editing this.
+    folders = [os.path.join("csrc", "shm"), os.path.join("csrc", "python")]
+    sources = sorted(glob.glob(os.path.join(folders[0], "*.c"))) + sorted(glob.glob(os.path.join(folders[1], "*.c")))
+    headers = sorted(h for folder in folders for h in glob.glob(os.path.join(folder, "*.h")))
     return [Extension("adapter.backends.local._engine", sources=sources, depends=headers,
                       extra_compile_args=["-std=c11", "-O3", "-Wall", "-Wextra", "-Werror"])]
+
 
 setup(ext_modules=extensions(), cmdclass={"build_ext": BuildEngine})

@@ -278,7 +278,7 @@ def placement() -> str:
     except (ImportError, OSError) as exc:
         return f"# placement: not measured ({exc})"
     return (f"# placement: cache-line round trip CPU 0 <-> CPU 1 = {ns:.0f} ns (fastest of 64 batches; "
-            f"near ~20-50 ns, far ~130-190 ns on a quiet host); load average {os.getloadavg()[0]:.1f}")
+            f"on the 2-vCPU development VM near ~50-120 ns, far ~450-520 ns); load average {os.getloadavg()[0]:.1f}")
 
 
 def contract_env(n: int, hosts: list[str], ports, tmp: str, connections: int,

@@ -41,16 +41,21 @@ class WeakSecretError(ValueError):
     """The text cannot be the job secret; the message names where it came from and what to do."""
 
 
-def passphrase_bits(text: str) -> float:
+def passphrase_bits(text: str, where: str = "the passphrase") -> float:
     """A deliberately low estimate of a passphrase's entropy: the lower of zxcvbn's (a maintained
     estimator that knows dictionaries, names, keyboard walks, l33t and repeats; imported here,
     not at module import, since the launcher imports this module and zxcvbn costs ~0.1 s) and
-    _runs_bits below. Without zxcvbn installed, _runs_bits alone."""
+    _runs_bits below. Without zxcvbn: WeakSecretError. Every process that judges a passphrase
+    (the launcher, each rank) must judge it alike, or a launcher could hand out one its ranks
+    refuse, or a rank accept one the others refuse; so none judges without the estimator."""
     own = _runs_bits(text)
     try:
         from zxcvbn import zxcvbn
-    except ImportError:
-        return own
+    except ImportError as exc:
+        raise WeakSecretError(
+            f"{where} is a passphrase, and judging its strength needs the zxcvbn package (a dependency of "
+            f"jacklring), which this Python cannot import ({exc}): `pip install zxcvbn`, or use random hex of at "
+            f"least {MIN_SECRET_BYTES} bytes ({GENERATE_HINT}), which needs no judging") from None
     guesses = zxcvbn(text, max_length=max(72, len(text)))["guesses"]
     return min(own, math.log2(max(float(guesses), 1.0)))
 
@@ -100,8 +105,9 @@ def decode_secret(text: str, where: str) -> bytes:
     if len(value) < MIN_SECRET_BYTES:
         raise WeakSecretError(f"{where} is too short: a job secret needs at least {MIN_SECRET_BYTES} bytes "
                               f"({GENERATE_HINT})")
-    if passphrase and passphrase_bits(raw) < MIN_PASSPHRASE_BITS:
-        raise WeakSecretError(f"{where} is a weak passphrase (estimated {passphrase_bits(raw):.0f} bits, at "
+    bits = passphrase_bits(raw, where) if passphrase else None
+    if bits is not None and bits < MIN_PASSPHRASE_BITS:
+        raise WeakSecretError(f"{where} is a weak passphrase (estimated {bits:.0f} bits, at "
                               f"least {MIN_PASSPHRASE_BITS} needed; dictionary words, names and repeats count "
                               f"little): a listener posing as a rank could guess it offline. Use random hex of "
                               f"at least {MIN_SECRET_BYTES} bytes ({GENERATE_HINT})")

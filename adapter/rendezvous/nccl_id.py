@@ -23,17 +23,30 @@ def exchange_id_via_store(store, key: str, rank: int, size: int, make_id: Callab
     """Every rank's copy of one unique id: rank 0 makes it and publishes it at `key`/0 as a
     record MACed under `job` (the group's key: store_ring.store_auth gives it), the others wait
     up to wait_s for it and verify it. `key` must name this group and formation alone (an id
-    left by an earlier one fails its check, since the record binds the group's size and key)."""
+    left by an earlier one fails its check, since the record binds the group's size and key).
+
+    A record of an earlier run under the same key names (same secret, same store keys) passes
+    its MAC, and its id would send the ranks to an old root's address, where an outsider may
+    listen. So, as the store ring's addresses are: every rank publishes a record (rank 0's holds
+    the id; the others' only their nonce of this exchange) and then a seal of the nonces it read;
+    a rank that read a replayed record raises an IntegrityError naming its key, before NCCL
+    sees any id."""
     book = store_records.RecordBook(store, f"{key}/", job, rank, size, what="nccl_id")
+    unique_id = b""
     if rank == 0:
         unique_id = bytes(make_id())
         if len(unique_id) > MAX_ID_BYTES:
             raise ValueError(f"an NCCL unique id of {len(unique_id)} bytes (at most {MAX_ID_BYTES})")
-        book.publish(unique_id.hex())
+    mine = book.publish(unique_id.hex())
+    records = book.gather(mine, wait_s)
+    with book.defended(mine):
+        store_records.seal(store, f"{key}/", job, rank, records, wait_s, book.key_name)
+    if rank == 0:
         return unique_id
-    record = book.gather(None, wait_s, ranks=[0])[0]
     try:
-        unique_id = bytes.fromhex(record.value)
+        unique_id = bytes.fromhex(records[0].value)
     except ValueError:  # a rank holding the key wrote it, so this is a bug, not an outsider
         raise IntegrityError(f"rank {rank}: the NCCL id record at store key {book.key_name(0)!r} is not hex") from None
+    if not unique_id:
+        raise IntegrityError(f"rank {rank}: the NCCL id record at store key {book.key_name(0)!r} holds no id")
     return unique_id

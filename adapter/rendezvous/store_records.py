@@ -76,6 +76,22 @@ def read(store, name: str) -> bytes | None:
 
 
 @dataclass(frozen=True)
+class Misfit:
+    """A record that checked but does not belong to this run: why, the key of the record the
+    tampering is at (not always the key it was read from: a seal shows tampering at a record),
+    and whether its owner may still put it right (a replayed record its owner writes back)."""
+    why: str
+    key: str
+    grace: bool
+
+
+class _Misfitting(IntegrityError):
+    def __init__(self, misfit: Misfit) -> None:
+        super().__init__(misfit.why)
+        self.misfit = misfit
+
+
+@dataclass(frozen=True)
 class Record:
     rank: int
     value: str  # what the book's `what` names: a listening address, an NCCL id in hex
@@ -89,10 +105,12 @@ class RecordBook:
     of one kind never passes as another."""
 
     def __init__(self, store, prefix: str, key: auth.Auth, rank: int, size: int, what: str = "address",
-                 belongs: "Callable[[Record], str | None] | None" = None) -> None:
+                 belongs: "Callable[[Record], str | Misfit | None] | None" = None, run: str | None = None) -> None:
         self._store = store
-        self._belongs = belongs  # why a record that checked does not belong to this run, or None
-        self.run = secrets.token_hex(16)  # this rank's nonce for this formation, in its record
+        # why a record that checked does not belong to this run (a Misfit: where the tampering
+        # is, and whether its owner could still put it right), or None
+        self._belongs = belongs
+        self.run = run or secrets.token_hex(16)  # this rank's nonce for this formation, in its record
         self._prefix = prefix
         self._what = what
         self._key = key.derive(b"store-record" if what == "address" else b"store-record:" + what.encode())
@@ -135,6 +153,8 @@ class RecordBook:
             raise IntegrityError("it carries no nonce of a formation (a record of an older jacklring)")
         record = Record(q, fields[self._what], run)
         why = self._belongs(record) if self._belongs is not None else None
+        if isinstance(why, Misfit):
+            raise _Misfitting(why)
         if why is not None:
             raise IntegrityError(why)
         return record
@@ -156,7 +176,7 @@ class RecordBook:
         start = time.monotonic()
         deadline = start + wait_s
         found: dict[int, Record] = {}
-        bad: dict[int, tuple[float, str]] = {}  # rank -> (first seen, why)
+        bad: dict[int, tuple[float, str, str]] = {}  # rank -> (first seen, why, the tampered record's key)
         seen: set[int] = set()                  # ranks whose key held a value once
         rounds = 0
         if mine is not None and self._rank in wanted:
@@ -174,7 +194,7 @@ class RecordBook:
                 if raw is None:
                     if q in seen:  # ranks never delete their records while a formation reads them
                         bad.setdefault(q, (time.monotonic(), "it was deleted after a value had been written there "
-                                                             "(no rank deletes its record)"))
+                                                             "(no rank deletes its record)", name))
                     continue
                 seen.add(q)
                 try:
@@ -183,19 +203,19 @@ class RecordBook:
                         log.warning("rank %d: jacklring rendezvous: store key %r held a value that failed its "
                                     "check (%s) before rank %d's record replaced it", self._rank, name, bad[q][1], q)
                     bad.pop(q, None)
+                except _Misfitting as exc:
+                    misfit = exc.misfit
+                    if not misfit.grace:  # no owner's rewrite can put it right: say so now
+                        raise self._tampered(misfit.key, q, misfit.why, 0.0) from None
+                    bad.setdefault(q, (time.monotonic(), misfit.why, misfit.key))
                 except (IntegrityError, ValueError) as exc:
-                    bad.setdefault(q, (time.monotonic(), str(exc)))
+                    bad.setdefault(q, (time.monotonic(), str(exc), name))
             if len(found) == len(wanted):
                 return [found[q] for q in wanted]
             now = time.monotonic()
-            for q, (since, why) in sorted(bad.items()):
+            for q, (since, why, where) in sorted(bad.items()):
                 if now - since >= TAMPER_GRACE_S or now >= deadline:
-                    raise IntegrityError(
-                        f"rank {self._rank}: jacklring rendezvous: tampered record at key {self.key_name(q)!r}: "
-                        f"the store value there (rank {q}'s {self._what} record) was tampered with: {why}; it "
-                        f"stayed so for "
-                        f"{now - since:.1f} s. Someone other than the job's ranks writes to the store: "
-                        f"set a job secret and keep the store's port unreachable (docs/security.md)")
+                    raise self._tampered(where, q, why, now - since)
             if now >= deadline:
                 missing = [q for q in wanted if q not in found]
                 if self.tampered:
@@ -212,6 +232,15 @@ class RecordBook:
             pause = min(POLL_S[min(rounds, len(POLL_S) - 1)], max(0.0, deadline - now))
             self._wait_briefly([q for q in wanted if q not in found and q not in bad], pause)
             rounds += 1
+
+    def _tampered(self, where: str, q: int, why: str, lasted: float) -> IntegrityError:
+        what = (f"the store value at key {self.key_name(q)!r} (rank {q}'s {self._what} record) was tampered with"
+                if where == self.key_name(q) else f"rank {q}'s {self._what} at key {self.key_name(q)!r} shows it")
+        return IntegrityError(
+            f"rank {self._rank}: jacklring rendezvous: tampered record at key {where!r}: {what}: {why}"
+            f"{f'; it stayed so for {lasted:.1f} s' if lasted else ''}. Someone other than the job's ranks writes "
+            f"to the store (they can stop a formation, never join it): set a job secret and keep the store's port "
+            f"unreachable (docs/security.md)")
 
     def _wait_briefly(self, absent: list[int], pause: float) -> None:
         """Until every absent key exists (the store wakes us at once) or pause passes."""
@@ -269,13 +298,21 @@ def seal(store, prefix: str, key: auth.Auth, rank: int, records: list[Record], w
     runs = [r.run for r in records]
     size = len(runs)
 
-    def belongs(sealed: Record) -> str | None:
+    def belongs(sealed: Record) -> Misfit | None:
         # A seal of this run holds this rank's nonce: none from an earlier run can, since the
         # nonce was drawn after it. Its owner overwrites a replayed one (so the usual grace).
-        theirs = sealed.value.split(",")
-        if len(theirs) != size or theirs[rank] != runs[rank]:
-            return (f"it does not seal the record this rank wrote at {names(rank)!r} in this run: it is a seal "
-                    f"replayed from an earlier run, or rank {sealed.rank} read a record replayed there")
+        theirs, q = sealed.value.split(","), sealed.rank
+        if len(theirs) != size:
+            return Misfit(f"it seals {len(theirs)} records, not {size}", f"{prefix}seal/{q}", True)
+        if theirs[q] != runs[q]:  # a seal replayed here, or the record this rank read at q's key
+            # A seal holding this rank's fresh nonce is of this run: then the record is the old one.
+            return Misfit(f"rank {q}'s seal does not match the record of rank {q} this rank read at {names(q)!r}: "
+                          f"a record or seal of an earlier run was written back", names(q),
+                          theirs[rank] != runs[rank])
+        if theirs[rank] != runs[rank]:  # rank q sealed its own record of this run, and another at ours
+            return Misfit(f"rank {q} read a record of another run at {names(rank)!r}, not the one this rank "
+                          f"wrote there in this run: someone wrote a record of an earlier run back", names(rank),
+                          False)
         return None
 
     book = RecordBook(store, f"{prefix}seal/", key, rank, size, what="seal", belongs=belongs)
@@ -290,6 +327,27 @@ def seal(store, prefix: str, key: auth.Auth, rank: int, records: list[Record], w
                     f"Someone other than the job's ranks writes to the store: keep the store's port "
                     f"unreachable (docs/security.md)")
     return book, mine
+
+
+def tell_tampering(store, prefix: str, key: auth.Auth, rank: int, size: int, run: str, text: str) -> None:
+    """Best effort: leave this rank's tampering verdict (MACed, with its nonce of this run) where
+    its peers look before they call it dead (told_tampering), so that they name the tampering
+    too, not this rank's exit."""
+    try:
+        RecordBook(store, f"{prefix}tampered/", key, rank, size, what="tamper", run=run).publish(text[:1500])
+    except Exception:  # the store is gone or refuses: the peers fall back to what they see
+        pass
+
+
+def told_tampering(store, prefix: str, key: auth.Auth, rank: int, size: int, q: int, run: str) -> str | None:
+    """Rank q's tampering verdict of this formation (its record's nonce is `run`), or None."""
+    book = RecordBook(store, f"{prefix}tampered/", key, rank, size, what="tamper")
+    try:
+        raw = read(store, book.key_name(q))
+        told = None if raw is None else book.decode(q, raw)
+    except Exception:  # a forged or unreadable value says nothing
+        return None
+    return told.value if told is not None and told.run == run else None
 
 
 def wait_for(store, name: str, wait_s: float, rank: int, what: str) -> bytes:

@@ -5,10 +5,12 @@ job gives one (store_secret). Needs a torch store object, not torch.distributed 
 newcomer (JACKLRING_JOIN=1) joins such a ring with join_store_ring, through store_grow's origin."""
 from __future__ import annotations
 
+import functools
 import ipaddress
 import logging
 import os
 import socket
+from typing import Callable
 
 from .. import config
 from ..backends.base import Backend
@@ -49,12 +51,17 @@ def store_ring(store, rank: int, size: int, timeout_s: float, scope: str = "",
             job = store_auth(store, prefix, rank, wait_s, host)
             book = store_records.RecordBook(store, prefix, job, rank, size)
             record = book.publish(mine)
-            records = book.gather(record, wait_s)
-            # before any rank dials an address: did every rank read this run's records? (this
-            # rank's record kept in place meanwhile, for peers still reading it)
-            with book.defended(record):
-                seals, sealed = store_records.seal(store, prefix, job, rank, records, wait_s, book.key_name,
-                                                   watch=lambda missing: _left(rank, records, missing))
+            try:
+                records = book.gather(record, wait_s)
+                # before any rank dials an address: did every rank read this run's records? (this
+                # rank's record kept in place meanwhile, for peers still reading it)
+                told = functools.partial(store_records.told_tampering, store, prefix, job, rank, size)
+                with book.defended(record):
+                    seals, sealed = store_records.seal(store, prefix, job, rank, records, wait_s, book.key_name,
+                                                       watch=lambda missing: _left(rank, records, missing, told))
+            except IntegrityError as exc:  # peers waiting for this rank name the tampering, not its exit
+                store_records.tell_tampering(store, prefix, job, rank, size, book.run, str(exc))
+                raise
         except (DistributedError, ConfigError):
             raise
         except Exception as exc:  # the store itself is gone (its server's process ended)
@@ -78,16 +85,22 @@ def store_ring(store, rank: int, size: int, timeout_s: float, scope: str = "",
     return ring
 
 
-def _left(rank: int, records: list[store_records.Record], missing: list[int]) -> None:
+def _left(rank: int, records: list[store_records.Record], missing: list[int],
+          told: "Callable[[int, str], str | None]") -> None:
     """PeerError naming the first rank that has not sealed and whose listener, open when it
     published its record, now refuses connections: it has left, and the seal would wait for it
     until the deadline. A bare connection that closes at once is what a live listener drops
-    quietly (a liveness probe)."""
+    quietly (a liveness probe). A rank that left because it found a tampered record said so in
+    the store (told(q, its nonce)): then an IntegrityError with its words."""
     for q in missing:
         try:
             with socket.create_connection(tcp.parse_address(records[q].value), timeout=0.2):
                 continue
         except ConnectionRefusedError:
+            verdict = told(q, records[q].run)
+            if verdict is not None:
+                raise IntegrityError(f"rank {rank}: jacklring rendezvous: rank {q} stopped forming: "
+                                     f"{verdict}") from None
             error = PeerError(f"rank {rank}: rank {q} died while the group formed (it published its record "
                               f"listening, then refused connections before it confirmed the records it read)")
             raise with_failure(error, culprit=q, peer=q, how=LINK) from None

@@ -5,12 +5,18 @@
  * all_reduce, small (one chunk, up to settings.small_bytes): one step, every member reduces the
  * whole message itself. Large: every member copies the slices of its input that the others
  * reduce into its buffer, then reduces its own 1/n slice straight out of the peers' buffers (its
- * own input read in place) and publishes the result, and finally everyone copies the reduced
- * slices out. A buffer holds member q's reduced slice of chunk k at slot q and the inputs of
- * chunk k+1 at the other slots, so chunk k's result and chunk k+1's inputs travel in one step
- * (pipelined): a message of c chunks costs c + 1 steps. */
+ * own input read in place) and publishes the result (writing it to its output at once), and
+ * finally everyone copies the others' reduced slices out. A buffer holds member q's reduced
+ * slice of chunk k at slot q and the inputs of chunk k+1 at the other slots, so chunk k's result
+ * and chunk k+1's inputs travel in one step (pipelined): a message of c chunks costs c + 1 steps.
+ *
+ * Writes into a member's own buffer (the lines its peers read in the last steps) may use
+ * non-temporal stores for messages from JL_STREAM_MIN_BYTES on (one-step all-reduces: from
+ * JL_STREAM_ONE_STEP_MIN_BYTES), as the context's timing of its all-reduces chose (copy.c says
+ * why); writes into the caller's memory keep plain stores. */
 #include <string.h>
 
+#include "copy.h"
 #include "reduce.h"
 #include "step.h"
 
@@ -41,13 +47,22 @@ static int small_all_reduce(jl_ctx *ctx, const void *src, void *dst, size_t coun
                             const unsigned char *header, int64_t deadline_ns, jl_status *st) {
     size_t bytes = count * jl_dtype_size(dtype);
     int parity = (int)(ctx->step & 1);
-    copy(ctx->buf[ctx->member][parity], src, bytes);
+    int timed = bytes >= JL_STREAM_ONE_STEP_MIN_BYTES;
+    int stream = timed ? jl_stores_pick(&ctx->stores_one_step) : 0;
+    int64_t start = timed ? jl_now_ns() : 0, work = 0;
+    jl_copy_shared(ctx->buf[ctx->member][parity], src, bytes, stream);
+    if (timed)
+        work = jl_now_ns() - start;
     if (jl_exchange(ctx, header, deadline_ns, st) < 0)
         return failed(ctx, st);
+    if (timed)
+        start = jl_now_ns();
     const void *parts[JL_MAX_RANKS];
     for (int32_t q = 0; q < ctx->size; q++)
         parts[q] = ctx->buf[q][parity];
     jl_reduce(dst, parts, ctx->size, count, dtype, op);
+    if (timed)
+        jl_stores_took(&ctx->stores_one_step, stream, work + jl_now_ns() - start, bytes);
     return JL_OK;
 }
 
@@ -70,13 +85,19 @@ int jl_all_reduce(jl_ctx *ctx, const void *src, void *dst, size_t count, int dty
     size_t p_lo = 0, p_len = 0;
     int p_parity = 0;
     const void *parts[JL_MAX_RANKS];
+    int timed = count * item >= JL_STREAM_MIN_BYTES;
+    int stream = timed ? jl_stores_pick(&ctx->stores) : 0;
+    /* The trials time this member's own work, not its waits for the peers (copy.c) */
+    int64_t start = timed ? jl_now_ns() : 0, work = 0;
     for (size_t k = 0; k <= chunks; k++) {
         unsigned char *mine = ctx->buf[r][ctx->step & 1];
         if (pending) {
             size_t a = bound(p_len, n, r), b = bound(p_len, n, r + 1);
             for (int32_t q = 0; q < n; q++)
                 parts[q] = q == r ? in + (p_lo + a) * item : ctx->buf[q][p_parity] + (size_t)r * w * item;
-            jl_reduce(mine + (size_t)r * w * item, parts, n, b - a, dtype, op);
+            /* into out too: in place, out's slice r of this chunk is in's, read block by block
+             * before it is written, and no later step reads it */
+            jl_reduce_out(mine + (size_t)r * w * item, out + (p_lo + a) * item, parts, n, b - a, dtype, op, stream);
         }
         size_t lo = k * per, len = 0;
         if (k < chunks) {
@@ -85,14 +106,20 @@ int jl_all_reduce(jl_ctx *ctx, const void *src, void *dst, size_t count, int dty
                 if (q == r)
                     continue;
                 size_t a = bound(len, n, q), b = bound(len, n, q + 1);
-                copy(mine + (size_t)q * w * item, in + (lo + a) * item, (b - a) * item);
+                jl_copy_shared(mine + (size_t)q * w * item, in + (lo + a) * item, (b - a) * item, stream);
             }
         }
+        if (timed)
+            work += jl_now_ns() - start;
         int p = jl_exchange(ctx, k == 0 ? header : NULL, deadline_ns, st);
         if (p < 0)
             return failed(ctx, st);
+        if (timed)
+            start = jl_now_ns();
         if (pending) {
             for (int32_t q = 0; q < n; q++) {
+                if (q == r)
+                    continue; /* written by the reduce */
                 size_t a = bound(p_len, n, q), b = bound(p_len, n, q + 1);
                 copy(out + (p_lo + a) * item, ctx->buf[q][p] + (size_t)q * w * item, (b - a) * item);
             }
@@ -102,6 +129,8 @@ int jl_all_reduce(jl_ctx *ctx, const void *src, void *dst, size_t count, int dty
         p_len = len;
         p_parity = p;
     }
+    if (timed)
+        jl_stores_took(&ctx->stores, stream, work + jl_now_ns() - start, count * item);
     return JL_OK;
 }
 
@@ -115,12 +144,13 @@ int jl_reduce_scatter(jl_ctx *ctx, const void *src, void *dst, size_t count, int
     const unsigned char *in = src;
     unsigned char *out = dst;
     const void *parts[JL_MAX_RANKS];
+    int stream = m * item * (size_t)n >= JL_STREAM_MIN_BYTES && ctx->stores.chosen;
     for (size_t lo = 0; lo < (m ? m : 1); lo += w) {
         size_t len = m - lo < w ? m - lo : w;
         unsigned char *mine = ctx->buf[r][ctx->step & 1];
         for (int32_t q = 0; q < n; q++)
             if (q != r)
-                copy(mine + (size_t)q * w * item, in + ((size_t)q * m + lo) * item, len * item);
+                jl_copy_shared(mine + (size_t)q * w * item, in + ((size_t)q * m + lo) * item, len * item, stream);
         int p = jl_exchange(ctx, lo == 0 ? header : NULL, deadline_ns, st);
         if (p < 0)
             return failed(ctx, st);
@@ -142,9 +172,10 @@ int jl_all_gather(jl_ctx *ctx, const void *src, void *dst, size_t count, int dty
     int32_t n = ctx->size, r = ctx->member;
     const unsigned char *in = src;
     unsigned char *out = dst;
+    int stream = m * item >= JL_STREAM_MIN_BYTES && ctx->stores.chosen;
     for (size_t lo = 0; lo < (m ? m : 1); lo += cap) {
         size_t hi = lo + cap < m ? lo + cap : m;
-        copy(ctx->buf[r][ctx->step & 1], in + lo * item, (hi - lo) * item);
+        jl_copy_shared(ctx->buf[r][ctx->step & 1], in + lo * item, (hi - lo) * item, stream);
         int p = jl_exchange(ctx, lo == 0 ? header : NULL, deadline_ns, st);
         if (p < 0)
             return failed(ctx, st);
@@ -164,10 +195,11 @@ int jl_broadcast(jl_ctx *ctx, void *buf, size_t count, int dtype, int32_t root,
         return invalid(st);
     size_t cap = ctx->chunk / item;
     unsigned char *data = buf;
+    int stream = count * item >= JL_STREAM_MIN_BYTES && ctx->stores.chosen;
     for (size_t lo = 0; lo < (count ? count : 1); lo += cap) {
         size_t hi = lo + cap < count ? lo + cap : count;
         if (ctx->member == root)
-            copy(ctx->buf[root][ctx->step & 1], data + lo * item, (hi - lo) * item);
+            jl_copy_shared(ctx->buf[root][ctx->step & 1], data + lo * item, (hi - lo) * item, stream);
         int p = jl_exchange(ctx, lo == 0 ? header : NULL, deadline_ns, st);
         if (p < 0)
             return failed(ctx, st);

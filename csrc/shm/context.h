@@ -7,6 +7,7 @@
 #include <stdatomic.h>
 #include <stdint.h>
 
+#include "copy.h"
 #include "engine.h"
 
 #define JL_CONTROL 128       /* bytes per control block */
@@ -44,6 +45,8 @@ struct jl_ctx {
     int32_t poll_rank[JL_MAX_RANKS + JL_MAX_WATCHED];   /* socket: its peer's rank (or -1) */
     int npolls;
     jl_settings settings;
+    jl_stores stores;          /* plain or non-temporal stores for chunked messages (copy.c) */
+    jl_stores stores_one_step; /* the same for one-step all-reduces, timed apart */
 };
 
 static inline size_t jl_data_offset(int32_t size) {

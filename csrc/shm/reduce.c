@@ -5,6 +5,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "copy.h"
 #include "engine.h"
 #include "reduce.h"
 
@@ -92,9 +93,14 @@ static inline uint16_t float_to_bf16(float value) {
 #define MUL_WRAP(T, a, b) ((T)((uint64_t)(a) * (uint64_t)(b)))
 #define MAX_INT(a, b) ((a) >= (b) ? (a) : (b))
 #define MIN_INT(a, b) ((a) <= (b) ? (a) : (b))
-/* numpy: maximum(a, b) = a if a >= b or a is NaN, else b (so a NaN in either propagates). */
-#define MAX_FLT(a, b) (((a) >= (b) || (a) != (a)) ? (a) : (b))
-#define MIN_FLT(a, b) (((a) <= (b) || (a) != (a)) ? (a) : (b))
+/* numpy's maximum/minimum: a NaN propagates (the first one when both are), and of two equal
+ * values (+0.0 and -0.0) the second is returned, as numpy's float32/float64 loops (a SIMD max, then
+ * the NaNs blended in) and ml_dtypes' bfloat16 do. numpy's float16 loop returns the first of two
+ * equal values: float16 reduces in float32 with the _FIRST forms. */
+#define MAX_FLT(a, b) ((a) != (a) ? (a) : ((a) > (b) ? (a) : (b)))
+#define MIN_FLT(a, b) ((a) != (a) ? (a) : ((a) < (b) ? (a) : (b)))
+#define MAX_FLT_FIRST(a, b) (((a) >= (b) || (a) != (a)) ? (a) : (b))
+#define MIN_FLT_FIRST(a, b) (((a) <= (b) || (a) != (a)) ? (a) : (b))
 
 /* dst[i] = a[i] OP b[i] for one type, no two of them overlapping, and the in-place form
  * dst[i] = dst[i] OP b[i] (restrict lets the compiler vectorize without overlap checks). Typed
@@ -109,6 +115,9 @@ static inline uint16_t float_to_bf16(float value) {
             dst[i] = (EXPR);                                                                    \
         }                                                                                       \
     }                                                                                           \
+    INPLACE_ONLY(NAME, T, EXPR)
+
+#define INPLACE_ONLY(NAME, T, EXPR)                                                             \
     static void NAME##_in(void *restrict out, const void *restrict in1, size_t n) {             \
         T *restrict dst = out;                                                                  \
         const T *restrict b = in1;                                                              \
@@ -148,6 +157,8 @@ BINARY(xor_b, uint8_t, (uint8_t)((x != 0) ^ (y != 0)))
 
 FLOAT_OPS(float, f32)
 FLOAT_OPS(double, f64)
+INPLACE_ONLY(max_f32_first, float, MAX_FLT_FIRST(x, y))
+INPLACE_ONLY(min_f32_first, float, MIN_FLT_FIRST(x, y))
 
 /* Complex as (re, im) pairs of T; n counts complex elements. The product is numpy's formula (no
  * C99 Annex G special cases), fused as numpy fuses it: its SIMD loop computes re = fma(ar, br,
@@ -222,8 +233,9 @@ static const inplace_fn INPLACE[16][7] = TABLE_OF(IN);
 #define WIDE_BLOCK 512 /* float32 accumulator on the stack: nothing allocated */
 
 static void reduce_widened(void *dst, const void *const *parts, int nparts, size_t count, int dtype, int op) {
-    inplace_fn fn = INPLACE[JL_FLOAT32][op];
     int half = dtype == JL_FLOAT16;
+    inplace_fn fn = !half ? INPLACE[JL_FLOAT32][op] : op == JL_MAX ? max_f32_first_in
+                  : op == JL_MIN ? min_f32_first_in : INPLACE[JL_FLOAT32][op];
     float acc[WIDE_BLOCK], next[WIDE_BLOCK];
     for (size_t lo = 0; lo < count; lo += WIDE_BLOCK) {
         size_t n = count - lo < WIDE_BLOCK ? count - lo : WIDE_BLOCK;
@@ -260,4 +272,30 @@ void jl_reduce(void *dst, const void *const *parts, int nparts, size_t count, in
         TABLE[dtype][op](dst, parts[0], parts[1], count);
     for (int p = 2; p < nparts; p++)
         in(dst, parts[p], count);
+}
+
+/* Reduced block by block into a small buffer on the stack (in L1), then written to the shared
+ * buffer (streamed or plain, see copy.c) and to out: the member's own reduced slice never has to
+ * be read back from the shared buffer, where a streamed one is no longer in cache. */
+#define OUT_BLOCK 8192 /* bytes: a multiple of every element size */
+
+void jl_reduce_out(void *shared, void *out, const void *const *parts, int nparts, size_t count, int dtype, int op,
+                   int stream) {
+    size_t size = jl_dtype_size(dtype);
+    _Alignas(64) unsigned char block[OUT_BLOCK];
+    const void *at[JL_MAX_RANKS];
+    size_t per = OUT_BLOCK / size;
+    for (size_t lo = 0; lo < count; lo += per) {
+        size_t n = count - lo < per ? count - lo : per;
+        for (int p = 0; p < nparts; p++)
+            at[p] = (const unsigned char *)parts[p] + lo * size;
+        jl_reduce(block, at, nparts, n, dtype, op);
+        if (stream)
+            jl_stream((unsigned char *)shared + lo * size, block, n * size);
+        else
+            memcpy((unsigned char *)shared + lo * size, block, n * size);
+        memcpy((unsigned char *)out + lo * size, block, n * size);
+    }
+    if (stream)
+        jl_stream_fence();
 }

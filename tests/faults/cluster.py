@@ -52,13 +52,13 @@ SECRETS = {"no-secret": {}, "passphrase": {"JACKLRING_SECRET": "velvet-quarry-la
 def rank_envs(backend: str, n: int, tmp: Path, hosts: list[str] | None = None) -> list[dict[str, str]]:
     """The per-rank contract variables for `backend` (hosts[r]: the address rank r uses)."""
     hosts = hosts or ["127.0.0.1"] * n
+    # A group that spans hosts needs a job secret (ring/addresses.refuse_open_hosts,
+    # jaccl/open_hosts.py), as the launcher would hand out.
+    secret = {"JACKLRING_SECRET": drawn_secret_text()} if len(set(hosts)) > 1 else {}
     if backend == "ring":
         ports = free_ports(n) if hosts == ["127.0.0.1"] * n else [41000 + r for r in range(n)]
         hostfile = tmp / "ring-hosts.json"
         hostfile.write_text(json.dumps([[f"{hosts[r]}:{ports[r]}"] for r in range(n)]))
-        # A hostfile that spans hosts needs a job secret (ring/addresses.refuse_open_hosts), as
-        # the launcher would hand out.
-        secret = {"JACKLRING_SECRET": drawn_secret_text()} if len(set(hosts)) > 1 else {}
         return [{"MLX_RANK": str(r), "MLX_HOSTFILE": str(hostfile), **secret} for r in range(n)]
     if backend == "jaccl":
         devices = tmp / "jaccl-devices.json"
@@ -67,7 +67,7 @@ def rank_envs(backend: str, n: int, tmp: Path, hosts: list[str] | None = None) -
         # The ranks share a host: JACKLRING_LOCAL_TRANSPORT=tcp keeps the collectives on the TCP
         # mesh these faults are aimed at (a test of JACCL over shared memory passes auto).
         return [{"MLX_RANK": str(r), "MLX_IBV_DEVICES": str(devices), "JACKLRING_JACCL_TRANSPORT": "tcp",
-                 "JACKLRING_LOCAL_TRANSPORT": "tcp", "MLX_JACCL_COORDINATOR": f"{hosts[0]}:{port}"}
+                 "JACKLRING_LOCAL_TRANSPORT": "tcp", "MLX_JACCL_COORDINATOR": f"{hosts[0]}:{port}", **secret}
                 for r in range(n)]
     if backend == "torch":
         port = free_ports(1)[0]

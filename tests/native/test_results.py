@@ -1,7 +1,8 @@
 """The native engine's results, bit for bit, against numpy references reduced in rank order
 (the order matters: float sums of values of very different sizes, float16/bfloat16 accumulated
 in float32 and rounded once, NaN and inf, integer wrap-around), for every dtype and op, on the
-one-step and the chunked pipelined paths, and for reduce_scatter, all_gather and broadcast.
+one-step, the chunked pipelined and the streamed (non-temporal stores) paths, and for
+reduce_scatter, all_gather and broadcast.
 The members run as threads of this process over one real segment (segments.py)."""
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ from adapter.backends.base import ReduceOp
 from adapter.errors import MismatchError
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
+STREAMED = 256 * 1024  # bytes: csrc/shm/copy.h's JL_STREAM_MIN_BYTES
+ONE_STEP = 64 * 1024  # bytes: its JL_STREAM_ONE_STEP_MIN_BYTES
 DTYPES = [np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64,
           np.float16, BF16, np.float32, np.float64, np.complex64, np.complex128]
 UFUNCS = {ReduceOp.SUM: np.add, ReduceOp.PROD: np.multiply, ReduceOp.MAX: np.maximum, ReduceOp.MIN: np.minimum,
@@ -101,12 +104,45 @@ def test_every_dtype_and_op_one_step_and_chunked(dtype):
                 run_all_reduce(ranks, count, dt, op, small=16 * 1024, inplace=count % 2 == 1)
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+def test_every_dtype_and_op_streamed(dtype):
+    """Past copy.h's JL_STREAM_MIN_BYTES (chunked) and JL_STREAM_ONE_STEP_MIN_BYTES (one step), a
+    fresh segment's all-reduces 3-8 and 9-14 are its trials of plain and non-temporal stores
+    (copy.c): both give numpy's bytes, on member slots that do not start on a cache line (3
+    members)."""
+    dt = np.dtype(dtype)
+    paths = {"chunked": (dict(), STREAMED // dt.itemsize + 5),
+             "one step": (dict(chunk=2 * ONE_STEP, small=2 * ONE_STEP), ONE_STEP // dt.itemsize + 5)}
+    for path, (segment, count) in paths.items():
+        for ranks in (2, 3):
+            xs = inputs(ranks, count, dt, seed=ranks * 104729 + count)
+            groups = attach(ranks, **segment)
+            try:
+                for op in ReduceOp:
+                    if not defined(dt, op):
+                        continue
+                    expected = reference(xs, op).tobytes()
+                    # every call checked: over the ops (2 at least), the segment's calls 3-8
+                    # are its plain trials and 9-14 its streamed ones
+                    for call in range(7):
+                        dsts = [np.empty_like(x) for x in xs]
+                        assert together(groups, lambda g: g.all_reduce(None, xs[g.rank], dsts[g.rank], op)) == [None] * ranks
+                        for q in range(ranks):
+                            assert dsts[q].tobytes() == expected, (path, q, dt, op, call)
+            finally:
+                for g in groups:
+                    g.close()
+
+
 @pytest.mark.parametrize("ranks", [2, 4])
-def test_reduce_scatter_all_gather_broadcast(ranks):
+@pytest.mark.parametrize("large", [False, True], ids=["chunked", "streamed"])
+def test_reduce_scatter_all_gather_broadcast(ranks, large):
     groups = attach(ranks)
     try:
         for dt in (np.dtype(np.float32), BF16, np.dtype(np.int16)):
-            m = CHUNK // dt.itemsize + 3  # more than one step
+            # more than one step; large: past JL_STREAM_MIN_BYTES (streamed once the segment's
+            # timing chose non-temporal stores, always in the sanitizer build)
+            m = (STREAMED if large else CHUNK) // dt.itemsize + 3
             xs = inputs(ranks, ranks * m, dt, seed=ranks)
             out = [np.empty(m, dt) for _ in range(ranks)]
             assert together(groups, lambda g: g.reduce_scatter(None, xs[g.rank], out[g.rank], ReduceOp.SUM)) == [None] * ranks

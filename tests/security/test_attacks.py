@@ -247,9 +247,11 @@ def test_a_listener_gives_an_outsider_with_the_public_token_no_mac_to_test_guess
 
 @pytest.mark.timeout(60)
 def test_a_handshake_flood_from_one_source_gets_a_bounded_number_of_proof_checks(tmp_path, outsider):
-    """Each source may start HANDSHAKES_PER_S handshakes a second (a burst of BURST); beyond that
-    the acceptor closes connections unread. Before, every connection got a nonce and a MAC
-    check (thousands in 2 s), and the job still forms and sends afterwards."""
+    """Each source may fail HANDSHAKES_PER_S handshakes a second (a burst of BURST); beyond that
+    its connections are served on probation, PROBATION_PER_S a second per listener (the listener
+    rests between, the rest waiting in the kernel's backlog). Before any budget, every connection
+    got a nonce and a MAC check (thousands in 2 s), and the job still forms and sends afterwards."""
+    from adapter.backends.transport.acceptor import PROBATION_PER_S
     from adapter.backends.transport.source_budget import BURST, HANDSHAKES_PER_S
     envs = rank_envs("ring", 2, tmp_path)
     addresses = ring_addresses(tmp_path)
@@ -266,7 +268,6 @@ def test_a_handshake_flood_from_one_source_gets_a_bounded_number_of_proof_checks
     assert codes == [0, 0], reports(procs) + out + err
     fields = out.split()
     checked, closed, seconds = int(fields[1]), int(fields[3]), float(fields[5])
-    print(f"flood: {checked} proofs checked, {closed} connections closed unread in {seconds} s")
-    assert checked <= BURST + HANDSHAKES_PER_S * seconds * 1.2 + 10, out
-    assert closed > 0, out
+    print(f"flood: {checked} proofs checked, {closed} connections closed unanswered in {seconds} s")
+    assert checked <= BURST + PROBATION_PER_S + (HANDSHAKES_PER_S + PROBATION_PER_S) * seconds * 1.2 + 10, out
     assert procs[0].tagged("GOT")[0][2:] == [f"{float(v)}" for v in range(10)], reports(procs)

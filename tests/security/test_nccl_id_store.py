@@ -63,9 +63,11 @@ def test_every_rank_gets_rank_0s_id_and_a_rank_of_another_key_is_refused():
     results, results2 = run_exchanges([(port, ["11" * 32] * 3),
                                        (port2, ["11" * 32, "11" * 32, "22" * 32])])  # rank 2 holds another job's key
     assert [r.get("id") for r in results] == [THE_ID.hex()] * 3, results
+    # Every rank publishes a record (and a seal) now, so the others refuse rank 2's as well
     results = results2
-    assert results[1].get("id") == THE_ID.hex(), results
-    assert results[2].get("error") == "IntegrityError" and "'pg0/nccl_id/0'" in results[2]["text"], results
+    assert all(r.get("error") == "IntegrityError" for r in results), results
+    assert "'pg0/nccl_id/0'" in results[2]["text"] or "'pg0/nccl_id/1'" in results[2]["text"], results
+    assert all("'pg0/nccl_id/2'" in r["text"] for r in results[:2]), results
 
 
 @pytest.mark.timeout(150)
@@ -85,4 +87,32 @@ def test_an_outsider_overwriting_the_id_is_refused_naming_the_key(outsider):
         else:
             assert r["error"] == "IntegrityError" and "was tampered with" in r["text"], results
             assert f"'{KEY}/0'" in r["text"] and "nccl_id record" in r["text"], results
+    print(results)
+
+
+@pytest.mark.timeout(150)
+def test_an_id_replayed_from_an_earlier_run_is_refused_naming_its_key(outsider):
+    """Run 1 hands over one id; the outsider (uid 65534) reads its records from the store and
+    writes them back every 10 ms while run 2 (same secret, same key names) hands over another.
+    Before, the id record carried a nonce but nobody compared it: the replayed record passed its
+    MAC and ranks 1 and 2 could take run 1's id (whose root address the outsider may hold). Now
+    every rank seals the nonces it read: run 2's ranks end with run 2's id or an IntegrityError
+    naming a record's key, never with run 1's id."""
+    server, port = serve()
+    first, second = os.urandom(128).hex(), os.urandom(128).hex()
+    secret = "44" * 32
+    results = run_ranks(port, [f"{secret}:{first}"] * 3)
+    assert [r.get("id") for r in results] == [first] * 3, results
+    attacker = outsider("store_replay.py", port, 40, 0.01, *(f"/{KEY}/{q}" for q in range(3)))
+    wait_ready(attacker)  # run 1 left 3 records (1 before the seal: rank 0's alone)
+    results = run_ranks(port, [f"{secret}:{second}"] * 3)
+    attacker.kill()
+    assert not any(r.get("id") == first for r in results), results
+    assert results[0].get("id") == second or results[0].get("error") == "IntegrityError", results
+    for r in results:
+        if "id" in r:
+            assert r["id"] == second, results
+            continue
+        assert r["error"] == "IntegrityError" and f"tampered record at key '{KEY}/" in r["text"], results
+        assert "seal/" not in r["text"].split(":")[2], results  # the record is named, not a seal
     print(results)

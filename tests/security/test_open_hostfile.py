@@ -80,3 +80,72 @@ def test_the_same_hostfile_forms_with_the_opt_out(tmp_path, veth):
         stop_all(procs)
     assert codes == [0, 0], reports(procs)
     assert all(p.tagged("SUM")[0][2:] == ["2.0"] for p in procs), reports(procs)
+
+
+# JACCL names one address, the coordinator (MLX_JACCL_COORDINATOR, as mlx.launch writes it):
+# the same two hosts, rank 0 and the coordinator in the first, rank 1 in the second. The
+# outsider in the second host claims rank 1 at the coordinator with the key public facts give
+# (fake_peer.py). Before, the group formed without a secret; now both ranks refuse at once.
+JACCL_NAMES = ("JACKLRING_SECRET=", "JACKLRING_SECRET_FILE=", "JACKLRING_ALLOW_UNAUTHENTICATED=1")
+
+
+@pytest.mark.timeout(120)
+def test_a_jaccl_coordinator_on_another_host_without_a_secret_is_refused(tmp_path, veth, outsider):
+    envs = [without_secret(e) for e in rank_envs("jaccl", 2, tmp_path, hosts=list(veth.addresses))]
+    devices = json.loads((tmp_path / "jaccl-devices.json").read_text())
+    begin = time.monotonic()
+    procs = start("jaccl", 2, INJECTION_TARGET, tmp_path, envs=envs,
+                  env={"FAULT_DIR": str(tmp_path), "JACKLRING_CONNECT_TIMEOUT": "20"},
+                  wraps={0: veth.exec_prefix(0), 1: veth.exec_prefix(1)})
+    try:
+        attack = outsider("fake_peer.py", envs[0]["MLX_JACCL_COORDINATOR"], json.dumps(devices), 3,
+                          wrap=veth.exec_prefix(1))
+        out, err = attack.communicate(timeout=30)
+        (tmp_path / "go").touch()
+        codes = finish_all(procs, 40)
+        settled = time.monotonic() - begin
+    finally:
+        stop_all(procs)
+    report = reports(procs) + out + err
+    assert not any(p.tagged("GOT") for p in procs), report
+    for p, code in zip(procs, codes):
+        assert code != 0 and not p.tagged("FORMED"), report
+        said = p.stdout + p.stderr
+        assert "ConfigError" in said and "host other than this one" in said, report
+        assert all(name in said for name in JACCL_NAMES), report
+    assert settled < 30, f"refused after {settled:.1f} s, not at once"
+
+
+@pytest.mark.timeout(120)
+def test_the_same_jaccl_group_forms_across_hosts_with_a_secret(tmp_path, veth):
+    """The refusal is about the secret alone: with one (rank_envs hands it out, as the
+    launcher does) the two hosts form and sum."""
+    envs = rank_envs("jaccl", 2, tmp_path, hosts=list(veth.addresses))
+    assert all("JACKLRING_SECRET" in e for e in envs)
+    procs = start("jaccl", 2, "say('SUM', float(all_sum(np.ones(4))[0]))", tmp_path, envs=envs,
+                  wraps={0: veth.exec_prefix(0), 1: veth.exec_prefix(1)})
+    try:
+        codes = finish_all(procs, 60)
+    finally:
+        stop_all(procs)
+    assert codes == [0, 0], reports(procs)
+    assert all(p.tagged("SUM")[0][2:] == ["2.0"] for p in procs), reports(procs)
+
+
+@pytest.mark.timeout(60)
+def test_a_jaccl_newcomer_on_another_host_without_a_secret_is_refused(tmp_path, veth):
+    """A replacement (JACKLRING_JOIN=1) whose coordinator is on another host would grow the group
+    across hosts under the public key: refused at once with the same ConfigError (before, it
+    knocked for its whole connect timeout)."""
+    envs = [without_secret(e) for e in rank_envs("jaccl", 2, tmp_path, hosts=list(veth.addresses))]
+    begin = time.monotonic()
+    procs = start("jaccl", 2, "say('JOINED')", tmp_path, envs=envs, ranks=[1],
+                  env={"JACKLRING_JOIN": "1", "JACKLRING_CONNECT_TIMEOUT": "20"}, wraps={1: veth.exec_prefix(1)})
+    try:
+        codes = finish_all(procs, 40)
+    finally:
+        stop_all(procs)
+    said = procs[0].stdout + procs[0].stderr
+    assert codes[0] != 0 and "ConfigError" in said and "host other than this one" in said, reports(procs)
+    assert all(name in said for name in JACCL_NAMES), said
+    assert time.monotonic() - begin < 15, reports(procs)

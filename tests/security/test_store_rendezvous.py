@@ -219,7 +219,8 @@ def test_records_replayed_from_an_earlier_run_are_named_and_never_dialled(outsid
     binds only the key name): a rank dialled the outsider and handed it a proof, and both ranks
     then reported the other as having died while the group formed. Now every record carries
     its rank's nonce of this run and the ranks compare seals before dialling: run 2 forms, or
-    reports a tampered record naming the key, and no proof reaches the outsider."""
+    reports a tampered record naming the key (the record's, not the seal that showed it), and no
+    proof reaches the outsider."""
     server, port = serve_store()
     secret = {"JACKLRING_SECRET": "cd" * 32}
     def run() -> list[tuple[int, str, str]]:
@@ -247,4 +248,23 @@ def test_records_replayed_from_an_earlier_run_are_named_and_never_dialled(outsid
             assert '"sum": 1.0' in out, report
     if any(code != 0 for code, _, _ in outcomes):
         assert any("IntegrityError" in err and "tampered record at key '" in err for _, _, err in outcomes), report
+    for _, _, err in outcomes:
+        assert f"tampered record at key '{ADAPTER}addr/f0/seal/" not in err, report  # name the record
     assert elapsed < PROMPT_S, f"{elapsed:.1f} s\n{report}"
+
+
+def test_a_rank_that_stops_on_tampering_leaves_its_verdict_for_its_peers():
+    """A rank that raised on a tampered record writes its words (MACed, with its nonce of this
+    run) where a peer looks before it calls that rank dead (store_ring._left): the peer then
+    names the tampering. A verdict of another run, or one an outsider forged, says nothing."""
+    from adapter.backends.transport import auth
+    from adapter.rendezvous import store_records
+
+    server, _ = serve_store()
+    key = auth.auth_from_secret(b"k" * 32)
+    store_records.tell_tampering(server, "v/", key, 1, 2, "ab" * 16, "tampered record at key 'v/0'")
+    assert store_records.told_tampering(server, "v/", key, 0, 2, 1, "ab" * 16) == "tampered record at key 'v/0'"
+    assert store_records.told_tampering(server, "v/", key, 0, 2, 1, "cd" * 16) is None  # another run's
+    server.set("v/tampered/1", b"jr1 forged {}")
+    assert store_records.told_tampering(server, "v/", key, 0, 2, 1, "ab" * 16) is None
+    assert store_records.told_tampering(server, "v/", key, 0, 2, 0, "ab" * 16) is None  # nothing there

@@ -138,7 +138,8 @@ def test_two_hosts_of_two_ranks_each_over_a_real_link():
                 secret = {"JACKLRING_SECRET": drawn_secret_text()}  # the hostfile spans hosts
                 results = collect(spawn(4, OPS, ["0,5,70001"], env=dict(STAGED, **secret), hostfile=f.name,
                                         wraps=wraps), timeout=140)
-                jaccl = dict(backend_env("jaccl", 4), MLX_JACCL_COORDINATOR=f"{pair.addresses[0]}:41100")
+                jaccl = dict(backend_env("jaccl", 4), MLX_JACCL_COORDINATOR=f"{pair.addresses[0]}:41100",
+                             **secret)
                 results += collect(spawn(4, OPS, ["0,5,70001"], env=jaccl, hostfile=f.name, wraps=wraps), timeout=140)
                 links = collect(spawn(4, "ring_scripts/exec.py", [LINK_FAMILIES], hostfile=f.name, wraps=wraps,
                                       env={"JACKLRING_LOCAL_TRANSPORT": "unix", **secret}), timeout=60)

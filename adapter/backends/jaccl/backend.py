@@ -41,7 +41,7 @@ from ..transport import auth, layout, mesh_forming, tcp
 from ..transport.names import check_resolvable
 from ..transport.slots import Transport
 from . import config as jaccl_config
-from . import grow, local, shrink
+from . import grow, local, open_hosts, shrink
 from .algorithms import MeshAlgorithms, RingAlgorithms
 from .config import MESH, RING, DeviceMatrix
 from .exchange import FrameExchange
@@ -101,7 +101,10 @@ def create(timeout: float | None = None) -> "Backend":
     # What every rank must share, compared under the job secret with a rank 0 that answers as
     # another job (transport/layout.py): a ConfigError on every rank instead of the deadline.
     check = layout.check_of(cfg.rank, cfg.size, [tcp.format_address(cfg.coordinator), cfg.devices])
-    side = SideChannel(cfg.rank, cfg.size, cfg.coordinator, token, deadline, job, check)
+    open_hosts.refuse_remote_coordinator(cfg.rank, cfg.coordinator, token, deadline, job)
+    side = SideChannel(cfg.rank, cfg.size, cfg.coordinator, token, deadline, job, check,
+                       None if job.secret else open_hosts.refuse_remote_peer,
+                       keep=lambda held: grow.hold_coordinator(origin, held))
     try:
         kind = agree_on_transport(cfg, choice, side)
         host = side.local_host()

@@ -97,6 +97,12 @@ class Lineage:
         return [[self.origin.devices[a][b] for b in self.slots] for a in self.slots]
 
 
+def hold_coordinator(origin: Origin, listener: tcp.Listener) -> None:
+    """As the job's first rank 0, once the group formed: keep the coordinator address (the side
+    channel's listener) bound for grows, answering "no grow in progress" meanwhile (knock.hold)."""
+    knock.hold(origin.coordinator, listener, origin.auth(), origin.token(), 0)
+
+
 # A grown group, from (its transport, lineage, mode, this rank's host, job context id, key): the
 # caller's settings (timeouts, checks) complete it; it attaches shared memory (a collective of
 # the new group).
@@ -258,6 +264,13 @@ def join_mesh(slot: int, origin: Origin, connect_timeout: float, build: Build):
         raise ConfigError(f"slot 0: JACKLRING_JOIN=1 with MLX_RANK=0: the job's first rank 0 is the one that "
                           f"recruits newcomers (at MLX_JACCL_COORDINATOR={origin.coordinator}), so nobody could "
                           f"take in its replacement; restart the job")
+    # A newcomer on another host than the coordinator's would grow the group across hosts: the
+    # same refusal as at init without a secret (open_hosts.py); the recruiter checks knocks too.
+    coordinator_host = tcp.parse_address(origin.coordinator, "MLX_JACCL_COORDINATOR")[0]
+    if not tcp.own_address(coordinator_host):
+        auth.refuse_unauthenticated_hosts(
+            f"slot {slot}: MLX_JACCL_COORDINATOR={origin.coordinator} names a host other than this one",
+            [coordinator_host], "MLX_JACCL_COORDINATOR and MLX_IBV_DEVICES", "JACCL group")
     listener: tcp.Listener | None = None
 
     def listen(host: str) -> str:

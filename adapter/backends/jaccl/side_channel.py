@@ -29,9 +29,11 @@ import select
 import socket
 import struct
 import time
+from typing import Callable
 
 from ...errors import ABORT, ConfigError, DistributedError, PeerError, blaming, failure_of, with_failure
 from ..transport import layout, tcp
+from . import knock
 
 PURPOSE_SIDE_CHANNEL = 0x4A43  # "JC": rejects connections meant for other backends
 _LEN = struct.Struct("<I")
@@ -66,7 +68,9 @@ class SideChannel:
     """all_gather(bytes) -> list[bytes] in rank order, and barrier(), among `size` ranks."""
 
     def __init__(self, rank: int, size: int, coordinator: tuple[str, int], token: int,
-                 deadline: float, job: tcp.Auth, check: layout.Check | None = None) -> None:
+                 deadline: float, job: tcp.Auth, check: layout.Check | None = None,
+                 peer_host: Callable[[int, str], None] | None = None,
+                 keep: "Callable[[tcp.Listener], None] | None" = None) -> None:
         self.rank = rank
         self.size = size
         self.coordinator = coordinator
@@ -74,18 +78,28 @@ class SideChannel:
         self._deadline = deadline
         self._check = check  # this rank's layout, compared with a rank 0 that answers as another job
         self._checked_at = 0.0
+        self._peer_host = peer_host  # rank 0: told each rank's host as it arrives (may refuse it)
         where = self._where = tcp.format_address(coordinator)
         if rank == 0:
-            listener = tcp.Listener(coordinator[0], coordinator[1], local=False)
-            listener.serve(job, token, 0,
+            # The address this process held since a group formed here before (knock.hold), else a new one.
+            listener = knock.take_held(where) or tcp.Listener(coordinator[0], coordinator[1], local=False)
+            kept = False
+            listener.reserve(job, token, 0,
                            lambda h: None if h.purpose == PURPOSE_SIDE_CHANNEL and 0 < h.sender < size
                            and h.channel == 0 else f"not a side-channel connection of ranks 1..{size - 1}",
                            "rank 0 (JACCL side channel)", check=None if check is None else (check, where))
             try:
                 self._gather_ranks(listener, deadline)
+                if keep is not None:  # the group keeps the address for its grows (knock.hold)
+                    keep(listener)
+                    kept = True
             except LayoutMismatch as exc:
                 self.abort(str(exc), culprit=exc.culprit, mismatch=True)
                 self._tell_latecomers(listener, str(exc), exc.culprit, LAYOUT_STAY_S, mismatch=True)
+                self.close()
+                raise
+            except ConfigError as exc:  # a rank on another host without a secret (open_hosts.py)
+                self.abort(str(exc))
                 self.close()
                 raise
             except PeerError as exc:
@@ -98,7 +112,8 @@ class SideChannel:
                 self.close()
                 raise blaming(PeerError(str(exc)), culprit) from None
             finally:
-                listener.close()
+                if not kept:
+                    listener.close()
         else:
             hello = tcp.Hello(PURPOSE_SIDE_CHANNEL, rank, 0, 0, token)
             try:
@@ -144,6 +159,8 @@ class SideChannel:
             # Every connection waiting now (one readiness wake-up may stand for several).
             while (taken := listener.take(lambda h: h.sender not in self._peers, time.monotonic(), None)) is not None:
                 self._peers[taken[1].sender] = taken[0]
+                if self._peer_host is not None:
+                    self._peer_host(taken[1].sender, taken[0].getpeername()[0])
             if len(self._peers) < self.size - 1 and time.monotonic() >= deadline:
                 try:
                     listener.take(lambda h: h.sender not in self._peers, deadline,

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 
-from ... import config
 from ...errors import ConfigError
 from ..transport import auth, tcp
 from ..transport.names import check_resolvable
@@ -45,18 +44,11 @@ def refuse_open_hosts(addresses: list[list[str]], where: str) -> None:
     set (nor JACKLRING_ALLOW_UNAUTHENTICATED=1): without a secret the ring's key follows from
     the hostfile, which any user of any of its hosts can read or guess, so anyone there could
     join or inject. A hostfile of this host's own addresses keeps working without a secret."""
-    if config.get("JACKLRING_ALLOW_UNAUTHENTICATED") or auth.configured_secret() is not None:
+    if not auth.secret_needed_across_hosts():
         return
     foreign = sorted({host for entry in addresses for host, _ in map(tcp.parse_address, entry)
                       if not tcp.own_address(host)})
-    if foreign:
-        raise ConfigError(
-            f"jacklring: {where} names hosts other than this one ({', '.join(foreign[:4])}) and no job secret is "
-            f"set: the ring's key would follow from the hostfile, so any user of those hosts could join the ring "
-            f"or inject data. Set the same secret on every rank: JACKLRING_SECRET=<e.g. the output of "
-            f"`python -c 'import secrets; print(secrets.token_hex(32))'`>, or JACKLRING_SECRET_FILE=<a 0600 file "
-            f"every host can read> (docs/launching.md); `launcher` draws one for you. On a network you trust, "
-            f"JACKLRING_ALLOW_UNAUTHENTICATED=1 forms it without one")
+    auth.refuse_unauthenticated_hosts(f"{where} names hosts other than this one", foreign, "the hostfile", "ring")
 
 
 def links_per_neighbour(addresses: list[list[str]]) -> int:

@@ -2,9 +2,11 @@
 come, their handshakes progress side by side without blocking the job, each must finish
 within HANDSHAKE_TIMEOUT_S, and at most MAX_PENDING wait at once (the oldest is dropped when a
 new one arrives), so a flood of silent connections delays a real peer by at most about that
-timeout. Each source (an IP address, or a local uid) may start HANDSHAKES_PER_S handshakes a
-second (a burst of BURST): beyond that a connection is closed unread, without a poll slot, a
-nonce or a MAC check, so a flood of connections costs the thread an accept and a close each.
+timeout. Each source (an IP address, or a local uid) may fail HANDSHAKES_PER_S handshakes a
+second (a burst of BURST; a handshake that proves the key gives its token back): beyond that its
+connections are served on probation, at most MAX_PROBATION at once, the newest dropping the
+oldest, so a flood from an address a real peer shares (its host's) cannot crowd the peer out:
+the peer proves the key in milliseconds, the flood's connections fail or wait.
 Authenticated connections wait in a queue until the backend takes them. A layout check
 (layout.py) is answered here too, after its own handshake under the layout key: a layout that
 differs is recorded (layout_conflicts) and wakes the consumer as an arrival does.
@@ -33,7 +35,6 @@ from .handshake import (
     CHALLENGE,
     CHALLENGE_MAGIC,
     HANDSHAKE_TIMEOUT_S,
-    HELLO,
     MAGIC,
     OK,
     OTHER_JOB,
@@ -44,6 +45,7 @@ from .handshake import (
     parse_hello,
     peer_uid,
 )
+from .pending import Pending, describe
 from .source_budget import BURST, HANDSHAKES_PER_S, SourceBudget
 
 log = logging.getLogger("jacklring.tcp")
@@ -58,24 +60,13 @@ MAX_LOGGED = 20              # rejections logged one by one per listener; the re
 # accepts a second reach Python under a flood; a real peer's connection waits in the backlog
 # meanwhile (docs/security.md).
 ACCEPT_BATCH = 64
+MAX_PROBATION = 16           # handshakes of sources over their budget, per listener at once
+PROBATION_PER_S = 50.0       # ... and per second (beyond: the listener rests FLOOD_PAUSE_S)
 SHED_TO_PAUSE = 16
 FLOOD_PAUSE_S = 0.05
 
-class _Pending:
-    __slots__ = ("sock", "peer", "expires", "buf", "need", "hello", "hello_bytes", "nonce_s", "key", "checking")
-
-    def __init__(self, sock: socket.socket, peer: str, expires: float) -> None:
-        self.sock, self.peer, self.expires = sock, peer, expires
-        self.buf = bytearray()
-        self.need = HELLO.size
-        self.hello: Hello | None = None
-        self.hello_bytes = b""
-        self.nonce_s = b""
-        self.key: Auth | None = None   # a layout check's key (None: the job's)
-        self.checking = False          # authenticated layout check: its frame is awaited
-
-
-Admit = Callable[[Hello], "str | None"]   # None: welcome; else why it is refused
+# None: welcome; else why it is refused, or (a handshake status, why) for another status than UNEXPECTED
+Admit = Callable[[Hello], "str | tuple[int, str] | None"]
 
 
 class Acceptor:
@@ -96,17 +87,20 @@ class Acceptor:
         # are answered (under the key at that address); None: refused as unexpected.
         self._check = check
         self._conflicts: list[tuple[layout.View, str]] = []
-        self._pending: list[_Pending] = []
+        self._pending: list[Pending] = []
         # The connection whose acknowledgement is being sent: out of _pending, not yet in _ready,
         # but the connector may already have it (and go on, and leave): still arriving.
-        self._acking: _Pending | None = None
+        self._acking: Pending | None = None
         self._ready: list[tuple[Hello, socket.socket, str]] = []
         self._cond = threading.Condition()
         self._rejected = 0
         self._rejected_from: list[str] = []
         self._budget = SourceBudget()
+        # probation handshakes (of sources over budget) this listener serves per second, all sources together
+        self._probation = SourceBudget(PROBATION_PER_S, int(PROBATION_PER_S))
         self._shed = 0   # connections closed unread: their source was over its handshake budget
         self._paused: dict[int, float] = {}  # listening fd -> when it is polled again (a flood)
+        self._probation_spent = False
         self._closed = False
         # (which hellos, frame): an acknowledged connection of those that is closed untaken gets
         # the frame first (see farewell)
@@ -223,7 +217,7 @@ class Acceptor:
 
     # ---- the thread
 
-    def _reject(self, item: _Pending, why: str, status: int | None = None) -> None:
+    def _reject(self, item: Pending, why: str, status: int | None = None) -> None:
         if status is not None:
             frame = (CHALLENGE.pack(CHALLENGE_MAGIC, status, bytes(NONCE_BYTES))
                      if item.hello is not None and not item.nonce_s else None)
@@ -286,7 +280,7 @@ class Acceptor:
                 return
             for fd, _ in events:
                 target = by_fd.get(fd)
-                if isinstance(target, _Pending):
+                if isinstance(target, Pending):
                     if target in self._pending:
                         self._progress(target)
                 elif target is not None and target is not self._wake_r:
@@ -297,7 +291,8 @@ class Acceptor:
         for _ in range(ACCEPT_BATCH):
             if not self._accept_one(listening):
                 break
-        if self._shed - shed_before >= SHED_TO_PAUSE:
+        if self._shed - shed_before >= SHED_TO_PAUSE or self._probation_spent:
+            self._probation_spent = False
             self._paused[listening.fileno()] = time.monotonic() + FLOOD_PAUSE_S
 
     def _accept_one(self, listening: socket.socket) -> bool:
@@ -312,26 +307,37 @@ class Acceptor:
             raise
         uid = peer_uid(sock) if sock.family == socket.AF_UNIX else None
         source = ("uid", uid) if sock.family == socket.AF_UNIX else (addr[0] if isinstance(addr, tuple) else addr)
-        if not self._budget.take(source):
-            sock.close()  # no handshake work for a source beyond its budget; a real rank retries
+        over = not self._budget.take(source)
+        if over:
+            # Over budget: served on probation, never refused outright, or a flood from a host's
+            # address (which its ranks share) would decide whose connections get through. A real
+            # peer proves the key in milliseconds; a flood's connections fail (and spend the
+            # budget) or wait, and the newest probation takes the slot of the oldest.
             self._shed += 1
             if self._shed == 1:
-                log.warning("%s: %s opens more than %g connections per second (burst %d) on %s: the "
-                            "excess is closed unread", self._label, _describe(addr), HANDSHAKES_PER_S,
-                            BURST, self._where)
-            return True
-        item = _Pending(sock, _describe(addr), time.monotonic() + HANDSHAKE_TIMEOUT_S)
+                log.warning("%s: %s opens more than %g failing connections per second (burst %d) on %s: the "
+                            "excess is served on probation (at most %d at once, the oldest dropped)", self._label,
+                            describe(addr), HANDSHAKES_PER_S, BURST, self._where, MAX_PROBATION)
+            # More than PROBATION_PER_S: this one is served, then the listener rests (the rest
+            # wait in the kernel's backlog, not refused), which bounds what a flood of
+            # handshakes costs the job's CPU.
+            self._probation_spent = self._probation_spent or not self._probation.take(None)
+            on_probation = [p for p in self._pending if p.probation]
+            if len(on_probation) >= MAX_PROBATION:
+                self._pending.remove(on_probation[0])
+                on_probation[0].sock.close()  # not logged: a flood's
+        item = Pending(sock, describe(addr), time.monotonic() + HANDSHAKE_TIMEOUT_S, source, over)
         if sock.family == socket.AF_UNIX and uid != os.getuid():
             self._reject(item, f"the local process belongs to uid {uid}, not this job's user")
             return True
         sock.setblocking(False)
         self._pending.append(item)
         if len(self._pending) > MAX_PENDING:
-            oldest = self._pending.pop(0)
+            oldest = self._pending.pop(0)  # (probation has its own cap: these are in budget)
             self._reject(oldest, f"more than {MAX_PENDING} connections were waiting to finish a handshake")
         return True
 
-    def _progress(self, item: _Pending) -> None:
+    def _progress(self, item: Pending) -> None:
         try:
             chunk = item.sock.recv(item.need - len(item.buf))
         except (BlockingIOError, InterruptedError):
@@ -362,7 +368,7 @@ class Acceptor:
         else:
             self._on_proof(item, data)
 
-    def _on_hello(self, item: _Pending, data: bytes) -> None:
+    def _on_hello(self, item: Pending, data: bytes) -> None:
         hello = parse_hello(data)
         if hello is None:
             self._pending.remove(item)
@@ -397,10 +403,10 @@ class Acceptor:
             return UNEXPECTED, f"this is rank {self._rank}"
         why = self._admit(hello)
         if why is not None:
-            return UNEXPECTED, why
+            return why if isinstance(why, tuple) else (UNEXPECTED, why)
         return None
 
-    def _on_proof(self, item: _Pending, proof: bytes) -> None:
+    def _on_proof(self, item: Pending, proof: bytes) -> None:
         self._pending.remove(item)
         self._acking = item
         try:
@@ -408,7 +414,7 @@ class Acceptor:
         finally:
             self._acking = None
 
-    def _acknowledge(self, item: _Pending, proof: bytes) -> None:
+    def _acknowledge(self, item: Pending, proof: bytes) -> None:
         hello = item.hello
         assert hello is not None
         key = item.key or self._auth
@@ -417,6 +423,8 @@ class Acceptor:
             self._send(item, ACK.pack(ACK_MAGIC, BAD_PROOF, bytes(MAC_BYTES)))
             self._reject(item, f"it claimed to be rank {hello.sender} but did not prove the job secret")
             return
+        if not item.probation:
+            self._budget.refund(item.source)  # only failed handshakes spend a source's budget
         sent = self._send(item, ACK.pack(ACK_MAGIC, OK, key.mac(b"A", item.hello_bytes, item.nonce_s, proof,
                                                                   bytes([OK]))))
         if not sent:
@@ -440,7 +448,7 @@ class Acceptor:
         except OSError:
             pass  # full: it is readable anyway
 
-    def _on_layout(self, item: _Pending, data: bytes) -> None:
+    def _on_layout(self, item: Pending, data: bytes) -> None:
         """The connector proved the layout key and sent its view: answer with this rank's, and
         record the connector's when it differs."""
         self._pending.remove(item)
@@ -463,7 +471,7 @@ class Acceptor:
             pass
 
     @staticmethod
-    def _send(item: _Pending, frame: bytes) -> bool:
+    def _send(item: Pending, frame: bytes) -> bool:
         """A fresh connection always has room for a frame this small; a peer that does not
         take it is not a rank."""
         try:
@@ -486,10 +494,3 @@ def _stop_listening_at_exit() -> None:
         acceptor.close()
         for sock in acceptor._listening:
             sock.close()
-
-
-def _describe(addr) -> str:
-    if isinstance(addr, tuple):
-        host, port = addr[0], addr[1]
-        return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-    return "a local process (Unix socket)"

@@ -138,6 +138,28 @@ def auth_from_secret(secret: bytes, salt: bytes = b"", drawn: bool = False) -> A
     return Auth(_stretched_key(secret, salt), True)
 
 
+def secret_needed_across_hosts() -> bool:
+    """Whether a group that spans hosts must be refused here: no job secret is configured and
+    JACKLRING_ALLOW_UNAUTHENTICATED=1 (a network and hosts the user trusts) is not set."""
+    return not config.get("JACKLRING_ALLOW_UNAUTHENTICATED") and configured_secret() is None
+
+
+def refuse_unauthenticated_hosts(subject: str, hosts: list[str], key_source: str, group: str) -> None:
+    """ConfigError when `subject` shows that a group spans hosts (`hosts`: the others) and no
+    job secret is set (nor JACKLRING_ALLOW_UNAUTHENTICATED=1): the group's key would then follow
+    from `key_source`, which every user of those hosts can read, so any of them could join the
+    `group` or inject data. One wording for every backend; a group of one host forms without."""
+    if not hosts or not secret_needed_across_hosts():
+        return
+    raise ConfigError(
+        f"jacklring: {subject} ({', '.join(sorted(hosts)[:4])}) and no job secret is set: the {group}'s key "
+        f"would follow from {key_source}, so any user of those hosts could join the {group} or inject data. "
+        f"Set the same secret on every rank: {ENV_SECRET}=<e.g. the output of "
+        f"`python -c 'import secrets; print(secrets.token_hex(32))'`>, or {ENV_SECRET_FILE}=<a 0600 file "
+        f"every host can read> (docs/launching.md); `launcher` draws one for you. On a network you trust, "
+        f"JACKLRING_ALLOW_UNAUTHENTICATED=1 forms it without one")
+
+
 def context_id(public_context: bytes) -> int:
     """64 bits naming the job (and group) in the clear, so a connection from another job is
     told apart from an attacker in error messages; proof of membership is the MAC, not this."""

@@ -39,14 +39,15 @@ ACK = struct.Struct(f"<4sB{MAC_BYTES}s")
 MAGIC, CHALLENGE_MAGIC, ACK_MAGIC = b"JKLR", b"JKLC", b"JKLA"
 VERSION = 3   # 2 answered any HELLO with a MAC of the key
 
-OK, OTHER_JOB, UNEXPECTED, BAD_PROOF, ALIVE = 0, 1, 2, 3, 4
+OK, OTHER_JOB, UNEXPECTED, BAD_PROOF, ALIVE, NOT_NOW = 0, 1, 2, 3, 4, 5
 # A liveness probe (transport/blame.py): the acceptor answers its HELLO with a CHALLENGE of
 # status ALIVE and closes, nothing queued or logged. The acceptor thread answering proves the
 # process runs (a stopped one's kernel accepts for it, nobody answers; a dead one refuses).
 PURPOSE_PROBE = 0x5052  # "PR"
 STATUS_TEXT = {OTHER_JOB: "it belongs to another job (different job context)",
                UNEXPECTED: "it was not expected there (wrong rank, purpose or connection)",
-               BAD_PROOF: "it did not prove the job secret"}
+               BAD_PROOF: "it did not prove the job secret",
+               NOT_NOW: "the group holds this address, but takes nobody in now (no grow in progress)"}
 
 HANDSHAKE_TIMEOUT_S = 1.0    # acceptor: a real peer finishes in milliseconds
 ANSWER_TIMEOUT_S = 5.0       # connector: how long a listener may stay silent before it is called foreign
@@ -91,6 +92,12 @@ def parse_hello(data: bytes) -> Hello | None:
 
 class HandshakeRetry(Exception):
     """The listener closed the connection before answering (it may be shedding load): try again."""
+
+
+class NotNow(PeerError):
+    """The listener is this job's, holding an address the group will need (a JACCL coordinator
+    between grows), and takes nobody in now: a newcomer knocks again later. Refused at the
+    HELLO, so the connector sent no proof."""
 
 
 class OtherJob(PeerError):
@@ -157,7 +164,7 @@ def client_handshake(sock: socket.socket, hello: Hello, auth: Auth, where: str, 
                         f"answered the handshake with {answer[:16].hex() or 'nothing'}")
     _, status, nonce_s = CHALLENGE.unpack(answer)
     if status != OK:
-        refusal = OtherJob if status == OTHER_JOB else PeerError
+        refusal = OtherJob if status == OTHER_JOB else NotNow if status == NOT_NOW else PeerError
         raise refusal(f"{who} at {where} refused this connection: {STATUS_TEXT.get(status, f'status {status}')}")
     proof = auth.mac(b"C", hello_bytes, nonce_s)
     try:

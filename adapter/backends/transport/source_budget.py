@@ -1,6 +1,8 @@
-"""How many handshakes one source may start per second: a token bucket per source (an IP
-address, or a local uid), so a connection flood costs the acceptor an accept() and a close()
-per connection beyond the budget, not a handshake (poll slots, a nonce, a MAC check)."""
+"""How many failed handshakes one source may cost per second: a token bucket per source (an IP
+address, or a local uid). A connection takes a token when it arrives and gives it back when it
+proves the key (refund), so only failures spend the budget; a source without tokens is served
+on probation (acceptor.py), so what a flood from an address spends never refuses a real peer
+from the same address."""
 from __future__ import annotations
 
 import time
@@ -26,6 +28,11 @@ class SourceBudget:
         if len(self._buckets) > MAX_SOURCES:
             self._forget_full(now)
         return allowed
+
+    def refund(self, source: object) -> None:
+        """Give back the token of a connection from source that proved the key."""
+        tokens, when = self._buckets.get(source, (self._burst, time.monotonic()))
+        self._buckets[source] = (min(self._burst, tokens + 1.0), when)
 
     def _forget_full(self, now: float) -> None:
         full = [s for s, (tokens, when) in self._buckets.items()

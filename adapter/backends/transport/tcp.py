@@ -27,6 +27,7 @@ from .handshake import (  # noqa: F401  (Hello is part of this module's interfac
     MAX_CLOSED_RETRIES,
     HandshakeRetry,
     Hello,
+    NotNow,
     OtherJob,
     _recv_fixed,
     client_handshake,
@@ -213,6 +214,15 @@ class Listener:
         layout, this listener's address as listed), layout checks are answered (layout.py)."""
         if self._acceptor is None:
             self._acceptor = Acceptor([self.tcp, self.unix], self.where(), auth, token, rank, admit, label, check)
+
+    def reserve(self, auth: Auth, token: int, rank: int, admit: Admit, label: str,
+                check: "tuple[layout.Check, str] | None" = None) -> None:
+        """serve() anew (another key, job context or admission) on the same bound sockets: the
+        old acceptor stops, the address is never released, so nobody else can take it meanwhile."""
+        if self._acceptor is not None:
+            self._acceptor.close()
+            self._acceptor = None
+        self.serve(auth, token, rank, admit, label, check)
 
     def layout_conflicts(self) -> list:
         """(view, from where) of each peer that proved the layout key with a layout of its own."""

@@ -7,6 +7,8 @@ it receives (what it would test guesses of a passphrase against).
 
     store_replay.py STORE_PORT SECONDS PAUSE KEY [KEY ...]
 
+A KEY written -KEY is deleted every round instead (e.g. the ranks' seals).
+
 Prints READY <n records>, a line PROOF <port> per proof received, then DONE <writes> <proofs>."""
 import json
 import os
@@ -16,7 +18,7 @@ import sys
 import threading
 import time
 
-VALIDATE, SET, COMPARE_SET = 0, 1, 2     # TCPStore's query types
+VALIDATE, SET, COMPARE_SET, DELETE_KEY = 0, 1, 2, 8     # TCPStore's query types
 VALIDATION_MAGIC = 0x3C85F7CE
 ABSENT = b"\0outsider-absent"
 HELLO_BYTES, PROOF_BYTES = 60, 32        # handshake.HELLO's size, a MAC
@@ -66,13 +68,16 @@ def answer(listener: socket.socket, port: int) -> None:
 
 def main() -> None:
     port, seconds, pause = int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3])
-    keys = [k.encode() for k in sys.argv[4:]]
+    keys = [k.encode() for k in sys.argv[4:] if not k.startswith("-")]
+    doomed = [k[1:].encode() for k in sys.argv[4:] if k.startswith("-")]
     sock = socket.create_connection(("127.0.0.1", port), timeout=10)
     sock.sendall(struct.pack("<BI", VALIDATE, VALIDATION_MAGIC))
     old = {key: read(sock, key) for key in keys}
     old = {k: v for k, v in old.items() if v is not None}
     for value in old.values():
         body = json.loads(value.split(b" ", 2)[2])
+        if "address" not in body:
+            continue  # another kind of record (an NCCL id): nothing to listen on
         listen_port = int(body["address"].rsplit(":", 1)[1])
         listener = socket.socket()
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -90,6 +95,9 @@ def main() -> None:
             for key, value in old.items():
                 sock.sendall(bytes([SET]) + string(key) + string(value))
                 writes += 1
+            for key in doomed:
+                sock.sendall(bytes([DELETE_KEY]) + string(key))
+                recv_exact(sock, 8)  # how many keys it deleted
             time.sleep(pause)
     except (OSError, EOFError):
         pass  # the store went away
