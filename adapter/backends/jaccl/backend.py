@@ -35,7 +35,6 @@ from ...errors import ConfigError, DistributedError, PeerError, blaming, failure
 from ..base import Backend, ReduceOp, split_members
 from ..elastic import membership, shrinking
 from ..local import staged, use
-from ..local.segment import OP_CODES as ENGINE_OPS
 from ..singleton import SingletonBackend
 from ..transport import auth, layout, mesh_forming, tcp
 from ..transport.names import check_resolvable
@@ -245,8 +244,6 @@ class JacclBackend(Backend):
         self._link.set_timeout(self._timeout)
         if self._local is not None:
             self._local.timeout = self._timeout
-        if self.fast is not None:
-            self.fast.timeout = self._timeout  # type: ignore[attr-defined]
 
     def rank(self) -> int:
         return self._transport.rank
@@ -278,10 +275,8 @@ class JacclBackend(Backend):
     # The collectives go over shared memory when the group has it (local.py takes the lock itself).
 
     def all_reduce(self, src: np.ndarray, dst: np.ndarray, op: ReduceOp) -> None:
-        if self._local is not None:  # the engine's one call when it takes it, else the shell's path
-            if self.fast is None or self.fast.all_reduce(src, dst, ENGINE_OPS[op]) is NotImplemented:  # type: ignore[attr-defined]
-                self._local.all_reduce(src, dst, op)
-            return
+        if self._local is not None:
+            return self._local.all_reduce(src, dst, op)
         with self._one_thread("all_reduce"):
             self._algorithms.all_reduce(src, dst, op)
 

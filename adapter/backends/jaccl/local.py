@@ -82,7 +82,8 @@ class SharedCollectives:
                  busy: object, refuse: Callable[[str], DistributedError]) -> None:
         self.group = group
         self.staging = staging
-        self.timeout = timeout
+        self._timeout = timeout
+        self._fast: object | None = None  # the engine's one-call all_reduce (fast_path())
         self._failure = failure
         # One collective at a time (refused while another thread runs one), numbered, with
         # header, deadline and failure: the same shell as the ring's (local/shell.py).
@@ -91,13 +92,23 @@ class SharedCollectives:
         self._size = group.size if group is not None else len(staging.host_of)  # type: ignore[union-attr]
         self._rank = group.rank if group is not None else staging.rank  # type: ignore[union-attr]
 
+    @property
+    def timeout(self) -> float:
+        return self._timeout
+
+    @timeout.setter
+    def timeout(self, seconds: float) -> None:
+        self._timeout = seconds
+        if self._fast is not None:
+            self._fast.timeout = seconds  # type: ignore[attr-defined]
+
     def fast_path(self) -> object | None:
         """The engine's one-call all_reduce over the whole group's segment, in JACCL's header
-        layout (None when the group is staged or has no segment)."""
-        if self.group is None:
-            return None
-        reduces = [REDUCE_CODES[op] for op, _ in sorted(ENGINE_OPS.items(), key=lambda item: item[1])]
-        return self._shell.fast_path(self.timeout, 0, ALL_REDUCE, reduces, JACCL_HEADER)
+        layout (None when the group is staged or has no segment); all_reduce tries it first."""
+        if self.group is not None:
+            reduces = [REDUCE_CODES[op] for op, _ in sorted(ENGINE_OPS.items(), key=lambda item: item[1])]
+            self._fast = self._shell.fast_path(self._timeout, 0, ALL_REDUCE, reduces, JACCL_HEADER)
+        return self._fast
 
     def _failed(self, exc: BaseException) -> None:
         self._failure.mark(f"{type(exc).__name__}: {exc}")
@@ -111,11 +122,14 @@ class SharedCollectives:
             code = DTYPE_CODES.get(arr.dtype) or dtype_code(arr.dtype)
             header = HEADER.pack(kind, reduce, code, 0, seq, 0, extra, arr.nbytes)
         if self.staging is not None:
-            self._shell.on_stages(header, self.timeout, self.staging, body, *args, name=what)
+            self._shell.on_stages(header, self._timeout, self.staging, body, *args, name=what)
         else:
-            self._shell.on_segment(header, self.timeout, self.group, body, *args, name=what)  # type: ignore[arg-type]
+            self._shell.on_segment(header, self._timeout, self.group, body, *args, name=what)  # type: ignore[arg-type]
 
     def all_reduce(self, src: np.ndarray, dst: np.ndarray, op: ReduceOp) -> None:
+        fast = self._fast  # the engine's one call when it takes this one (a caller of the backend)
+        if fast is not None and fast.all_reduce(src, dst, ENGINE_OPS[op]) is not NotImplemented:  # type: ignore[attr-defined]
+            return
         body = staged.all_reduce if self.staging is not None else SharedGroup.all_reduce
         self._run("all_reduce", ALL_REDUCE, REDUCE_CODES[op], src, 0, body, src, dst, op)
 
