@@ -26,6 +26,8 @@ class Group:
 
     def __init__(self, backend: Backend) -> None:
         self._backend = backend
+        # The backend's one-call native all_reduce of numpy arrays, or None (ops' hottest path).
+        self.fast: object | None = getattr(backend, "fast", None)
         self._predecessor: Group | None = None  # the group shrink() formed this one from
         _live.add(self)
 
@@ -134,9 +136,9 @@ class Group:
             for name, cached in list(_groups.items()):
                 if cached is self:
                     _groups[name] = new
-            global _first
-            if _first is self:
-                _first = new  # the operations that default to init()'s group run on the new group
+            global first
+            if first is self:
+                first = new  # the operations that default to init()'s group run on the new group
         return new
 
     def close(self) -> None:
@@ -155,7 +157,9 @@ class Group:
 
 _lock = threading.RLock()
 _groups: dict[str, Group] = {}
-_first: Group | None = None
+# init()'s group once formed (None before): what the operations default to (ops reads it
+# without a call on its hottest path).
+first: Group | None = None
 # Every group not yet garbage-collected, so shutdown() can close sub-groups too.
 _live: "weakref.WeakSet[Group]" = weakref.WeakSet()
 
@@ -186,11 +190,11 @@ def init(strict: bool = False, backend: str = "any", timeout: float | None = Non
     raises naming each source and why it could not start.
     timeout: per-operation deadline in seconds (default JACKLRING_TIMEOUT, else 300).
     """
-    global _first
+    global first
     registry.check_name(backend)
     with _lock:
-        if backend == "any" and _first is not None:
-            return _first
+        if backend == "any" and first is not None:
+            return first
         if backend in _groups:
             return _groups[backend]
         names = engines.SOURCES if backend == "any" else (backend,)
@@ -203,8 +207,8 @@ def init(strict: bool = False, backend: str = "any", timeout: float | None = Non
             group = Group(engines.create(name, timeout))
             if name in registry.BACKENDS:
                 _groups[name] = group
-            if _first is None:
-                _first = group
+            if first is None:
+                first = group
             return group
         if strict:
             raise BackendUnavailable("no distributed backend could start:\n  " + "\n  ".join(reasons))
@@ -214,38 +218,38 @@ def init(strict: bool = False, backend: str = "any", timeout: float | None = Non
 def default_group(group: Group | None) -> Group:
     """The group an operation runs on: the one given, else init()'s."""
     if group is None:
-        first = _first  # what init() returns once a group exists, without its lock
-        return first if first is not None else init()
+        formed = first  # what init() returns once a group exists, without its lock
+        return formed if formed is not None else init()
     if not isinstance(group, Group):
         raise DistributedError(f"group must be an adapter.Group, not {type(group).__name__}")
     return group
 
 
 def _forget(group: Group) -> None:
-    global _first
+    global first
     with _lock:
         for name, cached in list(_groups.items()):
             if cached is group:
                 del _groups[name]
-        if _first is group:
-            _first = None
+        if first is group:
+            first = None
 
 
 def shutdown() -> None:
     """Close every group this process created (init()'s and their sub-groups); the next init()
     forms a new group with a fresh identity."""
-    global _first
+    global first
     with _lock:
         groups = list(_live)
         _groups.clear()
-        _first = None
+        first = None
     for group in groups:
         group._backend.close()
 
 
 def _reset_for_tests() -> None:
     """Forget cached groups (tests only; does not close them)."""
-    global _first
+    global first
     with _lock:
         _groups.clear()
-        _first = None
+        first = None

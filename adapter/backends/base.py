@@ -96,6 +96,9 @@ class Backend(abc.ABC):
     # True for a backend that reads and writes GPU memory itself (NCCL): the ops layer then hands
     # it device buffers as they are instead of staging them through host memory.
     takes_device_buffers: bool = False
+    # A backend whose all_reduce of numpy arrays has a one-call native path (the engine's Shell,
+    # csrc/python/shell.c): fast.all_reduce(x, out, engine op code) -> result or NotImplemented.
+    fast: object | None = None
 
     @abc.abstractmethod
     def rank(self) -> int: ...

@@ -12,19 +12,18 @@
 
 #include "../shm/engine.h"
 #include "../shm/probe.h"
-
-typedef struct {
-    PyObject_HEAD
-    jl_ctx *ctx;
-    PyObject *stall; /* callable(peer member) or NULL */
-    jl_settings settings;
-} Segment;
+#include "segment_object.h"
+#include "shell.h"
 
 static void stall_report(void *arg, int32_t peer) {
     Segment *self = arg;
     PyGILState_STATE gil = PyGILState_Ensure();
     if (self->stall != NULL) {
-        PyObject *res = PyObject_CallFunction(self->stall, "i", (int)peer);
+        /* the fast path's header, or None: the Python side's collective is described already */
+        PyObject *res = self->running == NULL
+                            ? PyObject_CallFunction(self->stall, "iO", (int)peer, Py_None)
+                            : PyObject_CallFunction(self->stall, "iy#", (int)peer, (const char *)self->running,
+                                                    (Py_ssize_t)JL_HEADER_BYTES);
         if (res == NULL)
             PyErr_WriteUnraisable(self->stall);
         Py_XDECREF(res);
@@ -42,7 +41,7 @@ static int interrupted(void *arg) {
     return raised;
 }
 
-static PyObject *status_tuple(const jl_status *st) {
+PyObject *jl_status_tuple(const jl_status *st) {
     return Py_BuildValue("iiiiiKKy#", st->code, st->peer, st->culprit, st->fd, st->sys_errno,
                          (unsigned long long)st->step, (unsigned long long)st->peer_step,
                          (const char *)st->header, (Py_ssize_t)JL_HEADER_BYTES);
@@ -97,7 +96,7 @@ static PyObject *result(int rc, const jl_status *st) {
         Py_RETURN_NONE;
     if (rc == JL_INTERRUPTED && PyErr_Occurred())
         return NULL; /* the signal handler's exception */
-    return status_tuple(st);
+    return jl_status_tuple(st);
 }
 
 static int nargs(Py_ssize_t got, Py_ssize_t want, const char *name) {
@@ -108,138 +107,137 @@ static int nargs(Py_ssize_t got, Py_ssize_t want, const char *name) {
     return 0;
 }
 
-/* all_reduce(src, dst, dtype, op, header, deadline) */
-static PyObject *Segment_all_reduce(Segment *self, PyObject *const *args, Py_ssize_t n) {
-    int dtype, op;
-    const unsigned char *header;
-    int64_t deadline;
-    if (nargs(n, 6, "all_reduce") || closed(self) || int_arg(args[2], &dtype) || int_arg(args[3], &op) ||
-        header_arg(args[4], &header) || deadline_arg(args[5], &deadline))
-        return NULL;
-    size_t item = jl_dtype_size(dtype);
-    if (item == 0)
-        return PyErr_Format(PyExc_TypeError, "unknown dtype code %d", dtype);
+/* A collective's parsed arguments: one call shape per parser below. */
+typedef struct {
     Py_buffer src, dst;
-    if (buffer(args[0], &src, 0) < 0)
-        return NULL;
-    if (buffer(args[1], &dst, 1) < 0) {
-        PyBuffer_Release(&src);
-        return NULL;
-    }
-    jl_status st;
-    int rc;
-    if (src.len != dst.len || src.len % (Py_ssize_t)item) {
-        PyErr_Format(PyExc_ValueError, "all_reduce: input of %zd bytes, output of %zd", src.len, dst.len);
-        rc = -1;
-    } else {
-        Py_BEGIN_ALLOW_THREADS
-        rc = jl_all_reduce(self->ctx, src.buf, dst.buf, (size_t)src.len / item, dtype, op, header, deadline, &st);
-        Py_END_ALLOW_THREADS
-    }
-    PyBuffer_Release(&src);
-    PyBuffer_Release(&dst);
-    return rc < 0 ? NULL : result(rc, &st);
-}
-
-/* reduce_scatter(src, dst, dtype, op, header, deadline) */
-static PyObject *Segment_reduce_scatter(Segment *self, PyObject *const *args, Py_ssize_t n) {
-    int dtype, op;
-    const unsigned char *header;
-    int64_t deadline;
-    if (nargs(n, 6, "reduce_scatter") || closed(self) || int_arg(args[2], &dtype) || int_arg(args[3], &op) ||
-        header_arg(args[4], &header) || deadline_arg(args[5], &deadline))
-        return NULL;
-    size_t item = jl_dtype_size(dtype);
-    if (item == 0)
-        return PyErr_Format(PyExc_TypeError, "unknown dtype code %d", dtype);
-    Py_buffer src, dst;
-    if (buffer(args[0], &src, 0) < 0)
-        return NULL;
-    if (buffer(args[1], &dst, 1) < 0) {
-        PyBuffer_Release(&src);
-        return NULL;
-    }
-    jl_status st;
-    int rc;
-    if (src.len != dst.len * jl_size(self->ctx) || dst.len % (Py_ssize_t)item) {
-        PyErr_Format(PyExc_ValueError, "reduce_scatter: input of %zd bytes, output of %zd", src.len, dst.len);
-        rc = -1;
-    } else {
-        Py_BEGIN_ALLOW_THREADS
-        rc = jl_reduce_scatter(self->ctx, src.buf, dst.buf, (size_t)dst.len / item, dtype, op, header, deadline, &st);
-        Py_END_ALLOW_THREADS
-    }
-    PyBuffer_Release(&src);
-    PyBuffer_Release(&dst);
-    return rc < 0 ? NULL : result(rc, &st);
-}
-
-/* all_gather(src, dst, dtype, header, deadline) */
-static PyObject *Segment_all_gather(Segment *self, PyObject *const *args, Py_ssize_t n) {
+    int buffers;     /* how many of src, dst are held */
     int dtype;
+    size_t item;     /* bytes per element */
+    int extra;       /* the op, or a broadcast's root */
     const unsigned char *header;
     int64_t deadline;
-    if (nargs(n, 5, "all_gather") || closed(self) || int_arg(args[2], &dtype) || header_arg(args[3], &header) ||
-        deadline_arg(args[4], &deadline))
-        return NULL;
-    size_t item = jl_dtype_size(dtype);
-    if (item == 0)
-        return PyErr_Format(PyExc_TypeError, "unknown dtype code %d", dtype);
-    Py_buffer src, dst;
-    if (buffer(args[0], &src, 0) < 0)
-        return NULL;
-    if (buffer(args[1], &dst, 1) < 0) {
-        PyBuffer_Release(&src);
-        return NULL;
-    }
-    jl_status st;
-    int rc;
-    if (dst.len != src.len * jl_size(self->ctx) || src.len % (Py_ssize_t)item) {
-        PyErr_Format(PyExc_ValueError, "all_gather: input of %zd bytes, output of %zd", src.len, dst.len);
-        rc = -1;
-    } else {
-        Py_BEGIN_ALLOW_THREADS
-        rc = jl_all_gather(self->ctx, src.buf, dst.buf, (size_t)src.len / item, dtype, header, deadline, &st);
-        Py_END_ALLOW_THREADS
-    }
-    PyBuffer_Release(&src);
-    PyBuffer_Release(&dst);
-    return rc < 0 ? NULL : result(rc, &st);
+} call;
+
+static void call_release(call *c) {
+    if (c->buffers > 0)
+        PyBuffer_Release(&c->src);
+    if (c->buffers > 1)
+        PyBuffer_Release(&c->dst);
+    c->buffers = 0;
 }
 
-/* broadcast(buf, dtype, root, header, deadline) */
-static PyObject *Segment_broadcast(Segment *self, PyObject *const *args, Py_ssize_t n) {
-    int dtype, root;
-    const unsigned char *header;
-    int64_t deadline;
-    if (nargs(n, 5, "broadcast") || closed(self) || int_arg(args[1], &dtype) || int_arg(args[2], &root) ||
-        header_arg(args[3], &header) || deadline_arg(args[4], &deadline))
-        return NULL;
-    size_t item = jl_dtype_size(dtype);
-    if (item == 0)
-        return PyErr_Format(PyExc_TypeError, "unknown dtype code %d", dtype);
-    Py_buffer buf;
-    if (buffer(args[0], &buf, 1) < 0)
+/* (..., header, deadline): what every collective ends with, from args[at]. */
+static int parse_tail(Segment *self, PyObject *const *args, Py_ssize_t n, Py_ssize_t at, const char *name, call *c) {
+    c->buffers = 0;
+    return nargs(n, at + 2, name) || closed(self) || header_arg(args[at], &c->header) ||
+                   deadline_arg(args[at + 1], &c->deadline)
+               ? -1
+               : 0;
+}
+
+/* (buf, dtype, extra, header, deadline) with `writable` buf (broadcast), or (src, dst, dtype,
+ * [op,] header, deadline) with a writable dst (the others): `extra` says whether an int (op or
+ * root) follows the dtype. */
+static int parse_buffers(Segment *self, PyObject *const *args, Py_ssize_t n, int two, int extra, const char *name,
+                         call *c) {
+    Py_ssize_t at = two ? 2 : 1;
+    if (parse_tail(self, args, n, at + 1 + extra, name, c) || int_arg(args[at], &c->dtype) ||
+        (extra && int_arg(args[at + 1], &c->extra)))
+        return -1;
+    c->item = jl_dtype_size(c->dtype);
+    if (c->item == 0) {
+        PyErr_Format(PyExc_TypeError, "unknown dtype code %d", c->dtype);
+        return -1;
+    }
+    if (buffer(args[0], &c->src, !two) < 0)
+        return -1;
+    c->buffers = 1;
+    if (two) {
+        if (buffer(args[1], &c->dst, 1) < 0) {
+            call_release(c);
+            return -1;
+        }
+        c->buffers = 2;
+    }
+    return 0;
+}
+
+/* src and dst of `in` and `out` elements per unit (dst = src x size for all_gather, ...) */
+static int sizes_fit(call *c, Py_ssize_t in, Py_ssize_t out, const char *name) {
+    if (c->src.len * out != c->dst.len * in || c->src.len % (in * (Py_ssize_t)c->item)) {
+        PyErr_Format(PyExc_ValueError, "%s: input of %zd bytes, output of %zd", name, c->src.len, c->dst.len);
+        call_release(c);
+        return -1;
+    }
+    return 0;
+}
+
+typedef int (*reduction_fn)(jl_ctx *, const void *, void *, size_t, int, int, const unsigned char *, int64_t,
+                            jl_status *);
+
+/* The reductions' one call shape: (src, dst, dtype, op, header, deadline), src `in` times dst. */
+static PyObject *reduction(Segment *self, PyObject *const *args, Py_ssize_t n, const char *name, int whole,
+                           reduction_fn run) {
+    call c;
+    if (parse_buffers(self, args, n, 1, 1, name, &c) || sizes_fit(&c, whole ? 1 : jl_size(self->ctx), 1, name))
         return NULL;
     jl_status st;
     int rc;
     Py_BEGIN_ALLOW_THREADS
-    rc = jl_broadcast(self->ctx, buf.buf, (size_t)buf.len / item, dtype, root, header, deadline, &st);
+    rc = run(self->ctx, c.src.buf, c.dst.buf, (size_t)c.dst.len / c.item, c.dtype, c.extra, c.header, c.deadline, &st);
     Py_END_ALLOW_THREADS
-    PyBuffer_Release(&buf);
+    call_release(&c);
+    return result(rc, &st);
+}
+
+/* all_reduce(src, dst, dtype, op, header, deadline) */
+static PyObject *Segment_all_reduce(Segment *self, PyObject *const *args, Py_ssize_t n) {
+    return reduction(self, args, n, "all_reduce", 1, jl_all_reduce);
+}
+
+/* reduce_scatter(src, dst, dtype, op, header, deadline): dst, this member's block */
+static PyObject *Segment_reduce_scatter(Segment *self, PyObject *const *args, Py_ssize_t n) {
+    return reduction(self, args, n, "reduce_scatter", 0, jl_reduce_scatter);
+}
+
+/* all_gather(src, dst, dtype, header, deadline) */
+static PyObject *Segment_all_gather(Segment *self, PyObject *const *args, Py_ssize_t n) {
+    call c;
+    if (parse_buffers(self, args, n, 1, 0, "all_gather", &c) || sizes_fit(&c, 1, jl_size(self->ctx), "all_gather"))
+        return NULL;
+    jl_status st;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = jl_all_gather(self->ctx, c.src.buf, c.dst.buf, (size_t)c.src.len / c.item, c.dtype, c.header, c.deadline,
+                       &st);
+    Py_END_ALLOW_THREADS
+    call_release(&c);
+    return result(rc, &st);
+}
+
+/* broadcast(buf, dtype, root, header, deadline) */
+static PyObject *Segment_broadcast(Segment *self, PyObject *const *args, Py_ssize_t n) {
+    call c;
+    if (parse_buffers(self, args, n, 0, 1, "broadcast", &c))
+        return NULL;
+    jl_status st;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = jl_broadcast(self->ctx, c.src.buf, (size_t)c.src.len / c.item, c.dtype, c.extra, c.header, c.deadline, &st);
+    Py_END_ALLOW_THREADS
+    call_release(&c);
     return result(rc, &st);
 }
 
 /* barrier(header, deadline) */
 static PyObject *Segment_barrier(Segment *self, PyObject *const *args, Py_ssize_t n) {
-    const unsigned char *header;
-    int64_t deadline;
-    if (nargs(n, 2, "barrier") || closed(self) || header_arg(args[0], &header) || deadline_arg(args[1], &deadline))
+    call c;
+    if (parse_tail(self, args, n, 0, "barrier", &c))
         return NULL;
     jl_status st;
     int rc;
     Py_BEGIN_ALLOW_THREADS
-    rc = jl_barrier(self->ctx, header, deadline, &st);
+    rc = jl_barrier(self->ctx, c.header, c.deadline, &st);
     Py_END_ALLOW_THREADS
     return result(rc, &st);
 }
@@ -287,6 +285,8 @@ static PyObject *Segment_configure(Segment *self, PyObject *args) {
 }
 
 static PyObject *Segment_close(Segment *self, PyObject *Py_UNUSED(unused)) {
+    if (self->ctx != NULL)
+        self->sequence = jl_sequence(self->ctx);
     jl_detach(self->ctx);
     self->ctx = NULL;
     Py_RETURN_NONE;
@@ -302,6 +302,27 @@ static PyObject *Segment_step(Segment *self, void *Py_UNUSED(closure)) {
     if (closed(self))
         return NULL;
     return PyLong_FromUnsignedLongLong(jl_step(self->ctx));
+}
+
+/* The group's sequence number (jl_sequence): read and set by Python's paths; once the segment
+ * is closed, the count it ended with (a group keeps its numbers after its segment goes). */
+static PyObject *Segment_get_sequence(Segment *self, void *Py_UNUSED(closure)) {
+    return PyLong_FromUnsignedLongLong(self->ctx != NULL ? jl_sequence(self->ctx) : self->sequence);
+}
+
+static int Segment_set_sequence(Segment *self, PyObject *value, void *Py_UNUSED(closure)) {
+    if (value == NULL) {
+        PyErr_SetString(PyExc_AttributeError, "the sequence cannot be deleted");
+        return -1;
+    }
+    unsigned long long v = PyLong_AsUnsignedLongLong(value);
+    if (v == (unsigned long long)-1 && PyErr_Occurred())
+        return -1;
+    if (self->ctx != NULL)
+        jl_set_sequence(self->ctx, (uint64_t)v);
+    else
+        self->sequence = (uint64_t)v;
+    return 0;
 }
 
 static int int_list(PyObject *seq, int32_t *out, Py_ssize_t want, const char *what) {
@@ -389,10 +410,12 @@ static PyMethodDef Segment_methods[] = {
 
 static PyGetSetDef Segment_getset[] = {
     {"step", (getter)Segment_step, NULL, "steps run so far", NULL},
+    {"sequence", (getter)Segment_get_sequence, (setter)Segment_set_sequence,
+     "the group's collectives so far, the number in every header (jl_sequence)", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
-static PyTypeObject SegmentType = {
+PyTypeObject SegmentType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "adapter.backends.local._engine.Segment",
     .tp_basicsize = sizeof(Segment),
@@ -418,6 +441,9 @@ static const jl_api API = {
     .size = jl_size,
     .step = jl_step,
     .dtype_size = jl_dtype_size,
+    .sequence = jl_sequence,
+    .set_sequence = jl_set_sequence,
+    .next_sequence = jl_next_sequence,
 };
 
 /* cache_line_round_trip(cpu_a, cpu_b, rounds, trips) -> ns, fastest batch (csrc/shm/probe.h) */
@@ -461,7 +487,7 @@ PyMODINIT_FUNC PyInit__engine(void) {
         Py_XDECREF(api);
         goto fail;
     }
-    if (PyModule_AddIntConstant(m, "ABI_VERSION", JL_ABI_VERSION) < 0)
+    if (PyModule_AddIntConstant(m, "ABI_VERSION", JL_ABI_VERSION) < 0 || jl_shell_add_types(m) < 0)
         goto fail;
     return m;
 fail:

@@ -51,7 +51,7 @@ def sanitized(tmp_path_factory) -> dict[str, str]:
         pytest.skip("the compiler has no ASan/UBSan runtime")
     folder = tmp_path_factory.mktemp("asan")
     module = folder / ("_engine" + sysconfig.get_config_var("EXT_SUFFIX"))
-    sources = [str(p) for p in sorted(Path(ROOT, "csrc", "shm").glob("*.c"))] + [str(Path(ROOT, "csrc", "python", "engine_module.c"))]
+    sources = [str(p) for folder in ("shm", "python") for p in sorted(Path(ROOT, "csrc", folder).glob("*.c"))]
     subprocess.run(["cc", "-std=c11", "-O1", "-g", "-fno-omit-frame-pointer", "-fsanitize=address,undefined",
                     "-DJL_STORES_FORCE=1",
                     "-fno-sanitize-recover=all", "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC",

@@ -24,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import threading
 import time
 import zlib
 from typing import Iterator, NamedTuple, Sequence
@@ -35,7 +34,7 @@ from ... import config
 from ...errors import ConfigError, DistributedError, PeerError, blaming, failure_of
 from ..base import Backend, ReduceOp, split_members
 from ..elastic import membership, shrinking
-from ..local import staged
+from ..local import staged, use
 from ..singleton import SingletonBackend
 from ..transport import auth, layout, mesh_forming, tcp
 from ..transport.names import check_resolvable
@@ -168,7 +167,7 @@ class JacclBackend(Backend):
         self._timeout = timeout
         self._splits = 0
         self._checks = checks
-        self._busy = threading.Lock()
+        self._busy = use.new_lock()  # the engine's when built: its fast path takes it too
         self._link = FrameExchange(transport, timeout, checks.verify, checks.stall_report_s, self.failure)
         # The mesh runs log-latency schedules where they win (scheduled.py); the ring mode has neighbours only.
         self._algorithms: ScheduledMesh | RingAlgorithms = (
@@ -200,6 +199,7 @@ class JacclBackend(Backend):
             self.close()
             raise
         self._local = SharedCollectives(group, staging, self._timeout, self.failure, self._busy, self._busy_error)
+        self.fast = self._local.fast_path()
 
     def _leaders_can_link(self, leaders: list[int]) -> bool:
         """Whether the hosts' first ranks can form a group of their own: in RDMA ring mode only

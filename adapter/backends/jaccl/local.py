@@ -18,8 +18,6 @@ protocol.mismatch_message, as on the mesh.
 from __future__ import annotations
 
 import logging
-import threading
-import time
 from typing import Callable
 
 import numpy as np
@@ -28,7 +26,9 @@ from ...errors import DistributedError
 from ..base import GroupFailure, ReduceOp
 from ..elements import DTYPE_CODES, dtype_code
 from ..local import staged, use
+from ..local.segment import OP_CODES as ENGINE_OPS
 from ..local.segment import SharedGroup
+from ..local.shell import JACCL_HEADER, CollectiveShell
 from ..local.shm import Placement
 from ..local.staged import Staging
 from ..protocol import OP_CODES, REDUCE_CODES, Request, mismatch_message
@@ -58,18 +58,6 @@ def mismatch(rank: int, peer: int, mine: bytes, theirs: bytes) -> str:
     return mismatch_message(rank, peer, a, b, f"{counts} [shared memory]")
 
 
-class _Described:
-    """Formats a header only when an error message needs it (off the hot path)."""
-
-    __slots__ = ("header",)
-
-    def __init__(self, header: bytes) -> None:
-        self.header = header
-
-    def __str__(self) -> str:
-        return describe(self.header)
-
-
 def attach(rank: int, size: int, gather: Callable[[bytes], list[bytes]], transport: Transport) -> Placement:
     """Find which ranks share a host and give each such host a segment (placement.shared False:
     none anywhere, the mesh carries the collectives). A group all on this host also watches the
@@ -91,42 +79,57 @@ class SharedCollectives:
     time (the group's lock), numbered, under the group's timeout, fatal to the group on error."""
 
     def __init__(self, group: SharedGroup | None, staging: Staging | None, timeout: float, failure: GroupFailure,
-                 busy: threading.Lock, refuse: Callable[[str], DistributedError]) -> None:
+                 busy: object, refuse: Callable[[str], DistributedError]) -> None:
         self.group = group
         self.staging = staging
-        self.timeout = timeout
+        self._timeout = timeout
+        self._fast: object | None = None  # the engine's one-call all_reduce (fast_path())
         self._failure = failure
-        self._busy = busy
-        self._refuse = refuse
-        self._seq = 0
+        # One collective at a time (refused while another thread runs one), numbered, with
+        # header, deadline and failure: the same shell as the ring's (local/shell.py).
+        self._shell = CollectiveShell(failure, describe, self._failed, lock=busy, refuse=refuse)
+        self._shell.attach(group)  # the segment keeps the count
         self._size = group.size if group is not None else len(staging.host_of)  # type: ignore[union-attr]
         self._rank = group.rank if group is not None else staging.rank  # type: ignore[union-attr]
 
+    @property
+    def timeout(self) -> float:
+        return self._timeout
+
+    @timeout.setter
+    def timeout(self, seconds: float) -> None:
+        self._timeout = seconds
+        if self._fast is not None:
+            self._fast.timeout = seconds  # type: ignore[attr-defined]
+
+    def fast_path(self) -> object | None:
+        """The engine's one-call all_reduce over the whole group's segment, in JACCL's header
+        layout (None when the group is staged or has no segment); all_reduce tries it first."""
+        if self.group is not None:
+            reduces = [REDUCE_CODES[op] for op, _ in sorted(ENGINE_OPS.items(), key=lambda item: item[1])]
+            self._fast = self._shell.fast_path(self._timeout, 0, ALL_REDUCE, reduces, JACCL_HEADER)
+        return self._fast
+
+    def _failed(self, exc: BaseException) -> None:
+        self._failure.mark(f"{type(exc).__name__}: {exc}")
+
     def _run(self, what: str, kind: int, reduce: int, arr: np.ndarray | None, extra: int, body, *args) -> None:
-        if not self._busy.acquire(blocking=False):
-            raise self._refuse(what)
-        try:
-            if self._failure.why is not None:
-                self._failure.check()
-            self._seq += 1
-            if arr is None:
-                header = HEADER.pack(kind, 0, 0, 0, self._seq & SEQ_MASK, 0, 0, 0)
-            else:
-                code = DTYPE_CODES.get(arr.dtype) or dtype_code(arr.dtype)
-                header = HEADER.pack(kind, reduce, code, 0, self._seq & SEQ_MASK, 0, extra, arr.nbytes)
-            deadline = time.monotonic() + self.timeout
-            try:
-                if self.staging is not None:
-                    staged.run(self.staging, deadline, self.timeout, _Described(header), body, header, *args)
-                else:
-                    use.run(self.group, deadline, _Described(header), body, header, *args)  # type: ignore[arg-type]
-            except BaseException as exc:
-                self._failure.mark(f"{type(exc).__name__}: {exc}")
-                raise
-        finally:
-            self._busy.release()
+        # JACCL's headers carry the collective's own number (the count after it).
+        seq = (self._shell.seq + 1) & SEQ_MASK
+        if arr is None:
+            header = HEADER.pack(kind, 0, 0, 0, seq, 0, 0, 0)
+        else:
+            code = DTYPE_CODES.get(arr.dtype) or dtype_code(arr.dtype)
+            header = HEADER.pack(kind, reduce, code, 0, seq, 0, extra, arr.nbytes)
+        if self.staging is not None:
+            self._shell.on_stages(header, self._timeout, self.staging, body, *args, name=what)
+        else:
+            self._shell.on_segment(header, self._timeout, self.group, body, *args, name=what)  # type: ignore[arg-type]
 
     def all_reduce(self, src: np.ndarray, dst: np.ndarray, op: ReduceOp) -> None:
+        fast = self._fast  # the engine's one call when it takes this one (a caller of the backend)
+        if fast is not None and fast.all_reduce(src, dst, ENGINE_OPS[op]) is not NotImplemented:  # type: ignore[attr-defined]
+            return
         body = staged.all_reduce if self.staging is not None else SharedGroup.all_reduce
         self._run("all_reduce", ALL_REDUCE, REDUCE_CODES[op], src, 0, body, src, dst, op)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from typing import TYPE_CHECKING, NoReturn
 
 from ... import config
@@ -51,6 +52,21 @@ def warn_missing_once(rank: int) -> None:
 def segment_type():
     """The engine's Segment type (only when why_missing() is None)."""
     return _engine.Segment
+
+
+def new_lock() -> object:
+    """The lock a group takes to run one collective at a time: the engine's (which its fast path,
+    Shell, takes in C: one lock for every path), or threading's without the engine."""
+    return threading.Lock() if why_missing() else _engine.Lock()
+
+
+def is_engine_lock(lock: object) -> bool:
+    return _engine is not None and type(lock) is _engine.Lock
+
+
+def shell_type():
+    """The engine's Shell type, the fast path (only when why_missing() is None)."""
+    return _engine.Shell
 
 
 def raise_status(group: "SharedGroup", status: tuple, header: bytes | None) -> NoReturn:

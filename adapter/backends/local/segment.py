@@ -18,8 +18,8 @@ from typing import Callable
 
 import numpy as np
 
-from ..base import ReduceOp
-from ..elements import BFLOAT16, DTYPE_CODES
+from ..base import GroupFailure, ReduceOp
+from ..elements import BFLOAT16, DTYPE_CODES, check_reducible
 from . import engine
 
 log = logging.getLogger("jacklring.shm")
@@ -33,6 +33,29 @@ PAGE = 4096
 OP_CODES = {ReduceOp.SUM: 0, ReduceOp.PROD: 1, ReduceOp.MAX: 2, ReduceOp.MIN: 3, ReduceOp.BAND: 4,
             ReduceOp.BOR: 5, ReduceOp.BXOR: 6}
 _BF16_CODE = DTYPE_CODES[BFLOAT16]
+
+
+def _reducible() -> bytes:
+    """By dtype code, a bit per engine op code: the (dtype, op) pairs the library accepts."""
+    table = bytearray(16)
+    for dtype, code in DTYPE_CODES.items():
+        for op, bit in OP_CODES.items():
+            try:
+                check_reducible(dtype, op)
+            except TypeError:
+                continue
+            table[code] |= 1 << bit
+    return bytes(table)
+
+
+def _fast_dtypes() -> list[tuple[np.dtype, int]]:
+    """(dtype, code) for the dtypes the fast path reads by identity: the native numpy ones (both
+    names of a 64-bit integer); bfloat16 has no buffer protocol and stays on the Python path."""
+    pairs = [(dtype, code) for dtype, code in DTYPE_CODES.items() if dtype != BFLOAT16]
+    for alias in (np.dtype(np.longlong), np.dtype(np.ulonglong)):
+        if all(alias is not dtype for dtype, _ in pairs):
+            pairs.append((alias, DTYPE_CODES[alias]))
+    return pairs
 
 
 def _raw(arr: np.ndarray) -> np.ndarray:
@@ -107,9 +130,44 @@ class SharedGroup:
         """The engine's jl_ctx * as a PyCapsule named "jl_ctx" (csrc/shm/engine.h), for C++."""
         return self._seg.context()
 
+    def fast_path(self, lock: object, failure: GroupFailure, failed: Callable[[bytes, float, object], None],
+                  timeout: float, magic: int, op_code: int, extras: list[int], layout: int = 0,
+                  refuse: bool = False) -> object:
+        """The engine's fast path over this segment (_engine.Shell, csrc/python/shell.c):
+        shell.all_reduce(x, out, OP_CODES[op]) runs an all_reduce of numpy arrays in one call,
+        taking `lock` (engine.new_lock(): the one its group's other paths take; refuse: when it
+        is busy, NotImplemented instead of a wait), refusing when failure.why is set, numbering it
+        with this segment's sequence and packing the header in `layout` (local/shell.py: the
+        ring's magic, op_code, dtype code, sequence, byte count, extras[engine op]; or JACCL's);
+        it returns NotImplemented for any call it does not take. A failure goes to
+        failed(header, deadline, status or exception), called with the lock held, which raises."""
+        return engine.shell_type()(self._seg, lock, failure, failed, np.empty_like, np.ndarray, timeout, magic,
+                                   op_code, extras, _reducible(), _fast_dtypes(), layout, refuse)
+
+    def raise_status(self, status: tuple, header: bytes | None) -> None:
+        """Raise what a failed engine call's status means (local/engine.py's wording)."""
+        engine.raise_status(self, status, header)
+
     @property
     def step(self) -> int:
         return self._seg.step
+
+    @property
+    def sequence(self) -> int:
+        """The group's collectives so far (the number in every header): kept by the engine
+        (jl_sequence), the one count that Python, the engine's fast path and C++ callers share.
+        Once closed, the count it ended with."""
+        return self._seg.sequence
+
+    @sequence.setter
+    def sequence(self, value: int) -> None:
+        self._seg.sequence = value
+
+    @property
+    def counter(self) -> object:
+        """The engine object whose `sequence` attribute is that count (read and advanced in C,
+        without a Python frame: local/shell.py counts there)."""
+        return self._seg
 
     # ---- collectives (header: checked against every peer's; None for inner stages) ---------
 
@@ -151,9 +209,11 @@ class SharedGroup:
         return (f"rank {me}: collective mismatch with rank {peer}: this rank called "
                 f"{self._describe(mine)} but rank {peer} called {self._describe(theirs)}")
 
-    def _stalled(self, q: int) -> None:
+    def _stalled(self, q: int, header: bytes | None) -> None:
+        # header: the fast path's collective (which sets no `what`), else None
+        what = self.what if header is None else self._describe(header)
         log.warning("rank %d: %s is stalled: waiting for rank %d (pid %d) over shared memory",
-                    self.names[self.rank], self.what, self.names[q], self.pids[q])
+                    self.names[self.rank], what, self.names[q], self.pids[q])
 
     def mark_broken(self, culprit: int = -1) -> None:
         """Tell every peer (waiting or not) that this rank left the group after an error, and
@@ -166,11 +226,11 @@ class SharedGroup:
         self._seg.close()
 
 
-def _stall_reporter(ref: "weakref.ref[SharedGroup]") -> Callable[[int], None]:
+def _stall_reporter(ref: "weakref.ref[SharedGroup]") -> Callable[[int, bytes | None], None]:
     """The engine's stall callback, holding the group weakly (the engine object has no GC
     support, so a strong reference back would keep the segment mapped forever)."""
-    def report(q: int) -> None:
+    def report(q: int, header: bytes | None) -> None:
         group = ref()
         if group is not None:
-            group._stalled(q)
+            group._stalled(q, header)
     return report

@@ -117,6 +117,16 @@ class Staging:
         new.from_leaders = True  # type: ignore[attr-defined]
         return new
 
+    def start(self, deadline: float, timeout: float, what: object) -> None:
+        """A collective starts (local/shell.py's on_stages): the host's stages run under
+        `deadline` (what: its str() names the collective in errors), the leaders' under `timeout`."""
+        if self.local is not None:
+            self.local.deadline = deadline
+            self.local.what = what
+        if self.leaders is not None and timeout != self._timeout:
+            self.leaders.set_timeout(timeout)
+            self._timeout = timeout
+
     def fail(self, exc: BaseException) -> None:
         """This rank's collective failed: tell its host's ranks and the other leaders now."""
         culprit = failure_of(exc).culprit
@@ -154,22 +164,6 @@ def form(group: Backend, placement: Placement, kind: str) -> Staging:
     if not leader:
         sub.close()
     return Staging(rank, placement, sub if leader else None, kind)
-
-
-def run(h: Staging, deadline: float, timeout: float, what: object, body: Callable, *args) -> None:
-    """Run one collective in stages, body(h, *args): the host's stages under `deadline` (what:
-    its str() names the collective in errors), the leaders' under `timeout`."""
-    if h.local is not None:
-        h.local.deadline = deadline
-        h.local.what = what
-    if h.leaders is not None and timeout != h._timeout:
-        h.leaders.set_timeout(timeout)
-        h._timeout = timeout
-    try:
-        body(h, *args)
-    except BaseException as exc:
-        h.fail(exc)
-        raise
 
 
 def all_reduce(h: Staging, header: bytes, src: np.ndarray, dst: np.ndarray, op: ReduceOp) -> None:

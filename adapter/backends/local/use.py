@@ -1,6 +1,6 @@
 """How a backend uses shared memory: attach() forms the segment under the JACKLRING_* settings
-that every backend reads alike, run() runs one collective over it under the backend's deadline
-and marks the group broken on any error so that waiting peers fail at once.
+that every backend reads alike; broken() marks the group broken after an error so that waiting
+peers fail at once (local/shell.py runs each collective).
 
 JACKLRING_LOCAL_TRANSPORT chooses: auto and shm use shared memory between the ranks of a host
 (shm also logs a warning when they cannot); unix and tcp never do. Ranks that disagree fall back
@@ -14,7 +14,7 @@ from typing import Callable
 
 from ... import config
 from ...errors import failure_of
-from . import shm
+from . import engine, shm
 from .segment import PAGE, SharedGroup
 
 log = logging.getLogger("jacklring.shm")
@@ -71,21 +71,18 @@ def attach(rank: int, size: int, gather: Callable[[bytes], list[bytes]], describ
     return placement
 
 
-def run(group: SharedGroup, deadline: float, what: object, body: Callable, *args) -> None:
-    """Run one collective, body(group, *args), with this deadline and description (what: its
-    str() names the collective in errors); on any error tell the peers at once, so those waiting
-    for this rank fail now instead of at the deadline."""
-    group.deadline = deadline
-    group.what = what
-    try:
-        body(group, *args)
-    except BaseException as exc:
-        broken(group, exc)
-        raise
+def new_lock() -> object:
+    """The lock a group's collectives take (one at a time), shared with the engine's fast path."""
+    return engine.new_lock()
+
+
+def is_engine_lock(lock: object) -> bool:
+    """Whether the engine's fast path can take this lock (one new_lock() made with the engine)."""
+    return engine.is_engine_lock(lock)
 
 
 def broken(group: SharedGroup, exc: BaseException) -> None:
-    """A collective over `group` failed with exc: tell the peers at once whom to blame (run()'s
-    error path, shared with the ring's inlined one, Plumbing.on_shared)."""
+    """A collective over `group` failed with exc: tell the peers at once whom to blame
+    (local/shell.py's error path)."""
     culprit = failure_of(exc).culprit
     group.mark_broken(-1 if culprit is None else culprit)  # whom the peers should blame

@@ -35,6 +35,7 @@ from ...errors import ABORT, ConfigError, DistributedError, PeerError, blaming
 from ..base import Backend, ReduceOp
 from ..elastic import membership, shrinking
 from ..local import staged
+from ..local.segment import OP_CODES as ENGINE_OPS
 from ..local.segment import SharedGroup
 from ..protocol import REDUCE_CODES
 from ..transport import auth, layout, tcp
@@ -254,6 +255,8 @@ class RingBackend(Backend):
     @timeout.setter
     def timeout(self, seconds: float) -> None:
         self._state.timeout = seconds
+        if self.fast is not None:
+            self.fast.timeout = seconds  # type: ignore[attr-defined]
 
     @property
     def right(self) -> list[Stream]:
@@ -293,12 +296,17 @@ class RingBackend(Backend):
     def all_reduce(self, src: np.ndarray, dst: np.ndarray, op: ReduceOp) -> None:
         if self._size == 1:
             return _copy(src, dst)
+        # The engine's one-call path when it takes the call (ops tried it already; a caller of
+        # the backend itself, such as the torch group, gets it here).
+        if self.fast is not None and self.fast.all_reduce(src, dst, ENGINE_OPS[op]) is not NotImplemented:  # type: ignore[attr-defined]
+            return
         plumbing = self._plumbing
         header = plumbing.header(OP_ALL_REDUCE, src, REDUCE_CODES[op])
         state = self._state
         if state.shm is not None and src.nbytes <= self._shm_one_step and not state.abandon_on_failure:
-            # The small-message hot path: what _shared does, one call shorter.
-            plumbing.on_shared(header, state.shm, SharedGroup.all_reduce, src, dst, op)
+            # The small-message hot path (when the fast path did not take it): what _shared does,
+            # one call shorter.
+            state.shell.on_segment(header, state.timeout, state.shm, SharedGroup.all_reduce, src, dst, op)
             return
         if self._shared(header, SharedGroup.all_reduce, src, dst, op):
             return
@@ -396,8 +404,8 @@ class RingBackend(Backend):
     def close(self) -> None:
         state = self._state
         if state.shm is not None:
-            state.shm.close()
-            state.shm = None
+            segment, state.shm = state.shm, None  # the sequence count comes back out first
+            segment.close()
         if state.hier is not None:
             state.hier.close()
             state.hier = None
@@ -419,6 +427,7 @@ class RingBackend(Backend):
         shared.attach_memory(self, state, self._plumbing)
         if state.shm is not None:
             self._shm_one_step = min(self._shm_small, state.shm.chunk_bytes)
+        self.fast = shared.fast_path(state)
 
     def whole_group_segment(self) -> "SharedGroup | None":
         """The segment that the whole group shares (every rank on this host), else None: what a
@@ -436,7 +445,7 @@ class RingBackend(Backend):
         state = self._state
         if state.shm is None or state.abandon_on_failure:
             return False
-        self._plumbing.on_shared(header, state.shm, body, *args)
+        state.shell.on_segment(header, state.timeout, state.shm, body, *args)
         return True
 
     def _staged(self, header: bytes, body, *args) -> bool:
@@ -445,7 +454,7 @@ class RingBackend(Backend):
         state = self._state
         if state.hier is None or state.abandon_on_failure:
             return False
-        self._collective(header, shared.run_staged, state, body, header, *args)
+        state.shell.on_stages(header, state.timeout, state.hier, body, *args)
         return True
 
     # ---- as the leaders' ring of a group spanning hosts (local/staged.py's Leaders) ---------

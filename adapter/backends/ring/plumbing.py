@@ -6,8 +6,6 @@ small path and the reduce-scatter / all-gather / broadcast over every channel (a
 from __future__ import annotations
 
 import socket
-import threading
-import time
 from typing import Callable
 
 import numpy as np
@@ -16,8 +14,7 @@ from ... import config
 from ...errors import CollectiveTimeout, DistributedError, MismatchError, PeerError, failure_of, with_failure
 from ..base import ReduceOp
 from ..elements import DTYPE_CODES, byte_view, dtype_code, reduce_many, split_evenly
-from ..local import use
-from ..local.segment import SharedGroup
+from ..local.shell import CollectiveShell
 from ..protocol import mismatch_message
 from ..transport import blame
 from . import origin
@@ -30,25 +27,15 @@ from .header import ABORT_MISSING, HEADER, HEADER_MAGIC, OP_ABORT, describe_head
 from .state import RingState
 
 
-class Described:
-    """Formats a header only when an error message needs it (off the hot path)."""
-
-    __slots__ = ("header",)
-
-    def __init__(self, header: bytes) -> None:
-        self.header = header
-
-    def __str__(self) -> str:
-        return describe_header(self.header)
-
-
 class Plumbing:
     """The collective machinery of one group's ring links (state.right, state.left)."""
 
     def __init__(self, state: RingState, words: Wording) -> None:
         self._state = state
         self._words = words
-        self._lock = threading.Lock()  # one collective at a time on the ring links
+        # One collective at a time, numbered, with header, deadline and failure, whichever path
+        # runs it (the engine's fast path takes the shell's lock and sequence too).
+        self._shell = state.shell = CollectiveShell(state.failure, describe_header, self._failed)
         self.small_limit: int = config.get("JACKLRING_RING_SMALL_BYTES")
         # Every rank on this host (the same answer on every rank): bytes are memory copies and
         # hops cost scheduler rounds, not network steps.
@@ -70,47 +57,19 @@ class Plumbing:
 
     def header(self, op: int, arr: np.ndarray, extra: int) -> bytes:
         code = DTYPE_CODES.get(arr.dtype) or dtype_code(arr.dtype)
-        state = self._state
-        return HEADER.pack(HEADER_MAGIC, op, code, state.seq, arr.nbytes, extra + state.stage)
+        return HEADER.pack(HEADER_MAGIC, op, code, self._shell.seq, arr.nbytes, extra + self._state.stage)
 
-    def running(self, header: bytes) -> "_Running":
+    def running(self, header: bytes) -> object:
         """`with plumbing.running(header):` runs one collective: serialised, sequence-numbered,
         under the deadline, and fatal to the group on error (the links are closed so the
         neighbours fail fast instead of waiting for the deadline; _failed names the culprit)."""
-        return _Running(self, header)
+        return self._shell.running(header, self._state.timeout)
 
     def collective(self, header: bytes, body: Callable, *args) -> None:
-        """body(*args) as one collective (shared memory's paths and a split's records; the socket
-        paths below call running() themselves)."""
-        with self.running(header):
+        """body(*args) as one collective (a split's records, the schedules; the socket paths
+        below call running() themselves, shared memory runs in the shell's on_segment)."""
+        with self._shell.running(header, self._state.timeout):
             body(*args)
-
-    def on_shared(self, header: bytes, group: SharedGroup, body: Callable, *args) -> None:
-        """body(group, header, *args) over the group's shared memory as one collective:
-        running() and local.use.run in one frame (serialised, numbered, under the deadline; on
-        an error the peers are told at once, then the group is given up), since the frames cost
-        more than a 4-byte all_reduce over shared memory itself."""
-        lock = self._lock
-        lock.acquire()
-        try:
-            self._start(header)
-        except BaseException:
-            lock.release()
-            raise
-        try:
-            state = self._state
-            group.deadline = state.deadline
-            group.what = state.what
-            try:
-                body(group, header, *args)
-            except BaseException as exc:
-                use.broken(group, exc)  # the peers learn at once, as local.use.run tells them
-                raise
-        except BaseException as caught:
-            self._failed(caught)  # raises what names the culprit, or returns for caught itself
-            raise
-        finally:
-            lock.release()
 
     # ---- the socket paths, one collective each ----------------------------------------------
 
@@ -153,13 +112,6 @@ class Plumbing:
         with self.running(header):
             self.small_gather(header, memoryview(b""))
 
-    def _start(self, header: bytes) -> None:
-        state = self._state
-        state.failure.check()
-        state.seq += 1
-        state.deadline = time.monotonic() + state.timeout
-        state.what = Described(header)
-
     def _failed(self, caught: BaseException) -> None:
         """A collective failed with `caught`: give the group up and raise what names the rank at
         fault (returns only when that is `caught` itself, which then propagates as it is)."""
@@ -186,7 +138,7 @@ class Plumbing:
         by_ring = on_sockets and state.hier is None and not state.abandon_on_failure
         named = origin.blame(state, exc) if by_ring else exc
         if isinstance(named, DistributedError) and failure_of(named).sequence is None:
-            with_failure(named, operation=str(state.what), sequence=state.seq)  # the record's where
+            with_failure(named, operation=str(self._shell.what), sequence=state.seq)  # the record's where
         state.failure.mark(f"{type(named).__name__}: {named}")
         if by_ring and isinstance(named, Exception):
             origin.notify(state, named)
@@ -240,8 +192,8 @@ class Plumbing:
             hook()
 
     def _run(self) -> None:
-        state = self._state
-        state.engine.run(state.deadline, state.what)  # type: ignore[union-attr]
+        shell = self._shell
+        self._state.engine.run(shell.deadline, shell.what)  # type: ignore[union-attr]
 
     def buffer(self, tag: str, dtype: np.dtype, count: int) -> np.ndarray:
         """Reusable scratch memory (allocated once per tag and dtype, grown when needed)."""
@@ -405,31 +357,3 @@ class Plumbing:
             root_pos = root if ci < n_forward else n - 1 - root
             chain_broadcast(ch, n, root_pos, buf[plo:phi], seg)
         self._run()
-
-
-class _Running:
-    """One collective in progress (Plumbing.running): the lock held, the sequence advanced, the
-    deadline set; on the way out a failure gives the group up (Plumbing._failed)."""
-
-    __slots__ = ("plumbing", "header")
-
-    def __init__(self, plumbing: Plumbing, header: bytes) -> None:
-        self.plumbing = plumbing
-        self.header = header
-
-    def __enter__(self) -> None:
-        lock = self.plumbing._lock
-        lock.acquire()
-        try:
-            self.plumbing._start(self.header)
-        except BaseException:
-            lock.release()
-            raise
-
-    def __exit__(self, kind: type | None, caught: BaseException | None, trace: object) -> bool:
-        try:
-            if caught is not None:
-                self.plumbing._failed(caught)
-        finally:
-            self.plumbing._lock.release()
-        return False

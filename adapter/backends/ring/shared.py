@@ -14,7 +14,9 @@ import numpy as np
 
 from ..elements import dtype_code
 from ..local import shm, staged, use
-from .header import HEADER, HEADER_MAGIC, OP_SHM, describe_header
+from ..local.segment import OP_CODES
+from ..protocol import REDUCE_CODES
+from .header import HEADER, HEADER_MAGIC, OP_ALL_REDUCE, OP_SHM, describe_header
 from .plumbing import Plumbing
 from .state import RingState
 
@@ -41,6 +43,16 @@ def attach_memory(ring: "RingBackend", state: RingState, plumbing: Plumbing) -> 
     state.hier = staged.form(ring, placement, "ring")
 
 
+def fast_path(state: RingState) -> object | None:
+    """The engine's one-call all_reduce over the whole group's segment (None without one): it
+    takes the shell's lock, refuses once the group failed, numbers with the shell's sequence and
+    packs the ring's header, as Plumbing.header and the shell's on_segment do."""
+    if state.shm is None or state.shm.size != state.size or state.hier is not None:
+        return None
+    extras = [REDUCE_CODES[op] + state.stage for op, _ in sorted(OP_CODES.items(), key=lambda item: item[1])]
+    return state.shell.fast_path(state.timeout, HEADER_MAGIC, OP_ALL_REDUCE, extras)  # type: ignore[union-attr]
+
+
 def attach(state: RingState, gather: Callable[[bytes], list[bytes]]) -> shm.Placement:
     """Find which ranks share a host and give each such host a shared segment (a collective
     over the ring); placement.shared is False, with no segment anywhere, for sockets only."""
@@ -50,8 +62,3 @@ def attach(state: RingState, gather: Callable[[bytes], list[bytes]]) -> shm.Plac
         for link in state.right + state.left:
             group.watch(link.fd, link.label, link.peer)
     return placement
-
-
-def run_staged(state: RingState, body: Callable, *args) -> None:
-    """Run one collective in stages, body(staging, *args), under the group's deadline."""
-    staged.run(state.hier, state.deadline, state.timeout, state.what, body, *args)
