@@ -64,6 +64,7 @@ from .header import (
     PURPOSE_P2P,
     PURPOSE_RING,
     PURPOSE_SHRINK,
+    SEQ_MASK,
     stage_tag,
 )
 from .plumbing import Plumbing
@@ -368,7 +369,7 @@ class RingBackend(Backend):
     def barrier(self) -> None:
         if self._size == 1:
             return
-        header = HEADER.pack(HEADER_MAGIC, OP_BARRIER, 0, self._state.seq, 0, 0)
+        header = HEADER.pack(HEADER_MAGIC, OP_BARRIER, 0, self._state.seq & SEQ_MASK, 0, 0)
         if self._shared(header, SharedGroup.barrier):
             return
         if self._staged(header, staged.barrier):

@@ -13,6 +13,8 @@ import struct
 from ..protocol import OP_CODES, Request
 
 HEADER = struct.Struct("<HBBIQq")  # magic, op, dtype code, sequence, byte count, extra (reduce op / root)
+# The header's sequence field is 32 bits: the count wraps there (as the engine's fast path packs it).
+SEQ_MASK = 0xFFFFFFFF
 HEADER_MAGIC = 0x4A4B
 OP_ALL_REDUCE, OP_ALL_GATHER, OP_REDUCE_SCATTER, OP_BROADCAST, OP_BARRIER, OP_SEND, OP_SPLIT, OP_ABORT, OP_SHM = (
     OP_CODES[name] for name in ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "barrier", "send", "split",

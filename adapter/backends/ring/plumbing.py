@@ -23,7 +23,17 @@ from .algorithms import Channel, chain_broadcast, reduce_scatter_all_gather
 from .algorithms import all_gather as ring_all_gather
 from .formation import FormationAbandoned, LayoutMismatch, layout_told
 from .forming import Wording, abandon
-from .header import ABORT_MISSING, HEADER, HEADER_MAGIC, OP_ABORT, describe_header, find_abort, find_layout_abort, header_request
+from .header import (
+    ABORT_MISSING,
+    HEADER,
+    HEADER_MAGIC,
+    OP_ABORT,
+    SEQ_MASK,
+    describe_header,
+    find_abort,
+    find_layout_abort,
+    header_request,
+)
 from .state import RingState
 
 
@@ -57,7 +67,7 @@ class Plumbing:
 
     def header(self, op: int, arr: np.ndarray, extra: int) -> bytes:
         code = DTYPE_CODES.get(arr.dtype) or dtype_code(arr.dtype)
-        return HEADER.pack(HEADER_MAGIC, op, code, self._shell.seq, arr.nbytes, extra + self._state.stage)
+        return HEADER.pack(HEADER_MAGIC, op, code, self._shell.seq & SEQ_MASK, arr.nbytes, extra + self._state.stage)
 
     def running(self, header: bytes) -> object:
         """`with plumbing.running(header):` runs one collective: serialised, sequence-numbered,

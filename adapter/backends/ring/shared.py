@@ -16,7 +16,7 @@ from ..elements import dtype_code
 from ..local import shm, staged, use
 from ..local.segment import OP_CODES
 from ..protocol import REDUCE_CODES
-from .header import HEADER, HEADER_MAGIC, OP_ALL_REDUCE, OP_SHM, describe_header
+from .header import HEADER, HEADER_MAGIC, OP_ALL_REDUCE, OP_SHM, SEQ_MASK, describe_header
 from .plumbing import Plumbing
 from .state import RingState
 
@@ -29,7 +29,7 @@ def attach_memory(ring: "RingBackend", state: RingState, plumbing: Plumbing) -> 
     host, state.hier (the staged collectives, formed by a split of `ring`) when it spans hosts
     and some host has several of its ranks; neither for sockets only."""
     def gather(record: bytes) -> list[bytes]:
-        header = HEADER.pack(HEADER_MAGIC, OP_SHM, dtype_code(np.uint8), state.seq, len(record), 0)
+        header = HEADER.pack(HEADER_MAGIC, OP_SHM, dtype_code(np.uint8), state.seq & SEQ_MASK, len(record), 0)
         parts: list[bytes] = []
         plumbing.collective(header, lambda: parts.extend(
             bytes(p) for p in plumbing.small_gather(header, memoryview(record))))

@@ -15,7 +15,7 @@ from ..transport import tcp
 from .addresses import links_per_neighbour
 from .formation import FormationAbandoned, Watch
 from .forming import Wording, abandon
-from .header import HEADER, HEADER_MAGIC, OP_SPLIT, find_abort
+from .header import HEADER, HEADER_MAGIC, OP_SPLIT, SEQ_MASK, find_abort
 from .plumbing import Plumbing
 from .state import RingState
 
@@ -119,7 +119,7 @@ def _gather_records(state: RingState, plumbing: Plumbing, color: int, key: int,
         raise ConfigError(f"rank {state.rank}: split record too long ({len(mine)} bytes)")
     record[:len(mine)] = np.frombuffer(mine, np.uint8)
     table = np.empty(record.size * state.size, np.uint8)
-    header = HEADER.pack(HEADER_MAGIC, OP_SPLIT, dtype_code(np.uint8), state.seq, record.nbytes, 0)
+    header = HEADER.pack(HEADER_MAGIC, OP_SPLIT, dtype_code(np.uint8), state.seq & SEQ_MASK, record.nbytes, 0)
 
     def run() -> None:
         for q, part in enumerate(plumbing.small_gather(header, byte_view(record))):
