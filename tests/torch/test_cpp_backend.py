@@ -127,10 +127,22 @@ def test_without_shared_memory_everything_is_delegated(built):
                                                             JACKLRING_LOCAL_TRANSPORT="tcp")))
 
 
-@pytest.mark.timeout(200)
-def test_the_default_keeps_the_python_group(built):
+def _default_env(**extra: str) -> dict[str, str]:
     env = harness.clean_env()
     env.pop("JACKLRING_TORCH_NATIVE", None)  # the default, whatever the suite runs with
-    results = harness.run(2, "cpp_fallback.py", timeout=90, env=env)
+    env.update(extra)
+    return env
+
+
+@pytest.mark.timeout(240)
+def test_the_default_is_the_cpp_backend_where_memory_is_shared(built):
+    harness.assert_all_ok(harness.run(2, "cpp_backend.py", timeout=200, env=_default_env()))
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("env", [{"JACKLRING_LOCAL_TRANSPORT": "tcp"}, {"JACKLRING_TORCH_NATIVE": "0"}],
+                         ids=["default-without-shared-memory", "native-0"])
+def test_the_python_group_without_shared_memory_or_when_asked(built, env):
+    results = harness.run(2, "cpp_fallback.py", timeout=90, env=_default_env(**env))
     harness.assert_all_ok(results)
     assert all("runs in Python" not in r.stderr for r in results)
