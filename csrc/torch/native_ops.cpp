@@ -9,6 +9,7 @@
 
 #include "done_work.h"
 #include "native_work.h"
+#include "python_error.h"
 
 namespace py = pybind11;
 
@@ -63,6 +64,9 @@ std::exception_ptr JacklringBackend::failure(const std::string& what, const Nati
     delegate_.attr("native_failure")(what, status,
                                      py::bytes(reinterpret_cast<const char*>(outcome.header), JL_HEADER_BYTES));
     throw std::runtime_error("jacklring: native_failure returned instead of raising");
+  } catch (py::error_already_set& error) {
+    // Kept as the exception object, raised again by every wait() and future (python_error.h).
+    return std::make_exception_ptr(PythonError(error.value(), error.what()));
   } catch (...) {
     return std::current_exception();
   }

@@ -146,3 +146,16 @@ def test_the_python_group_without_shared_memory_or_when_asked(built, env):
     results = harness.run(2, "cpp_fallback.py", timeout=90, env=_default_env(**env))
     harness.assert_all_ok(results)
     assert all("runs in Python" not in r.stderr for r in results)
+
+
+@pytest.mark.timeout(120)
+def test_native_ops_route_and_number_alike_whatever_async_op(built):
+    """The default (the C++ Backend): ranks pass different async_op for the same all-reduces,
+    every native op matches gloo bit for bit, async native Works time out, fail and complete."""
+    harness.assert_all_ok(harness.run(2, "cpp_native_ops.py", timeout=90, env=_default_env()))
+
+
+@pytest.mark.timeout(120)
+def test_native_headers_are_the_python_paths(built):
+    """Rank 0 native, rank 1 the Python group, on one segment: the same headers or a mismatch."""
+    harness.assert_all_ok(harness.run(2, "cpp_native_ops.py", "mixed-routes", timeout=90, env=_default_env()))
