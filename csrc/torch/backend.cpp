@@ -33,18 +33,22 @@ JacklringBackend::~JacklringBackend() {
 
 template <typename... Args>
 c10::intrusive_ptr<c10d::Work> JacklringBackend::delegated(c10d::OpType op, const char* method, Args&&... args) {
+  sequence_.fetch_add(1, std::memory_order_relaxed);
+  py::gil_scoped_acquire gil;
+  hand_over();
+  py::object work = delegate_.attr(method)(std::forward<Args>(args)...);
+  return c10::make_intrusive<DelegatedWork>(getRank(), op, std::move(work));
+}
+
+void JacklringBackend::hand_over() {
   // Issue order: what the communication thread still holds goes first, on every rank.
   drain_native_queue();
   delegated_since_idle_.store(true, std::memory_order_relaxed);
-  sequence_.fetch_add(1, std::memory_order_relaxed);
-  py::gil_scoped_acquire gil;
   if (native_since_sync_.load(std::memory_order_relaxed)) {
     // The native ops numbered collectives the Python group has not seen: it goes on from there.
     delegate_.attr("set_native_sequence")(seq_);
     native_since_sync_.store(false, std::memory_order_relaxed);
   }
-  py::object work = delegate_.attr(method)(std::forward<Args>(args)...);
-  return c10::make_intrusive<DelegatedWork>(getRank(), op, std::move(work));
 }
 
 void JacklringBackend::enable_native(py::capsule api, py::capsule ctx, py::object keepalive, double timeout_s,
@@ -217,6 +221,7 @@ c10::intrusive_ptr<c10d::Work> JacklringBackend::barrier(const c10d::BarrierOpti
 
 void JacklringBackend::monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) {
   py::gil_scoped_acquire gil;
+  hand_over();
   delegate_.attr("monitored_barrier")(opts, wait_all_ranks);
 }
 

@@ -107,6 +107,8 @@ class __attribute__((visibility("hidden"))) JacklringBackend : public c10d::Back
   // The exception the Python group raises for a failed native op (the one conversion place).
   std::exception_ptr failure(const std::string& what, const NativeOutcome& outcome);
   void drain_native_queue();
+  // Before an op goes to the Python group (GIL held): the queue drained, the sequence handed on.
+  void hand_over();
   // The native routes (native_ops.cpp): a Work, or null when the op goes to the Python group.
   c10::intrusive_ptr<c10d::Work> native_allreduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOp& op,
                                                   bool async, bool coalesced);

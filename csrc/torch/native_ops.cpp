@@ -91,7 +91,9 @@ c10::intrusive_ptr<c10d::Work> JacklringBackend::run_native(c10d::OpType type, s
     }
     run(*native_, seq, outcome);
   };
-  if (!async) {
+  // An op issued from a future's callback on the communication thread runs right there (the
+  // callback may wait for it, and nothing else could run it meanwhile).
+  if (!async || queue_.on_thread()) {
     drain_native_queue();  // issue order: the queued ops of this group go first
     NativeOutcome outcome;
     execute(&outcome);

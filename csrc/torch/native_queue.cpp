@@ -33,6 +33,19 @@ void NativeQueue::push(std::function<void()> task) {
 
 void NativeQueue::drain() {
   std::unique_lock<std::mutex> lock(mutex_);
+  if (on_thread()) {
+    // A callback on this thread issued an op: what was queued before it runs first, here
+    // (waiting for the thread would wait for ourselves).
+    while (!tasks_.empty()) {
+      std::function<void()> task = std::move(tasks_.front());
+      tasks_.pop_front();
+      lock.unlock();
+      task();
+      task = nullptr;
+      lock.lock();
+    }
+    return;
+  }
   done_.wait(lock, [this] { return tasks_.empty() && !running_; });
 }
 
@@ -42,6 +55,7 @@ bool NativeQueue::idle() {
 }
 
 void NativeQueue::loop() {
+  thread_id_.store(std::this_thread::get_id(), std::memory_order_release);
   std::unique_lock<std::mutex> lock(mutex_);
   for (;;) {
     wake_.wait(lock, [this] { return stop_ || !tasks_.empty(); });
