@@ -304,6 +304,27 @@ static PyObject *Segment_step(Segment *self, void *Py_UNUSED(closure)) {
     return PyLong_FromUnsignedLongLong(jl_step(self->ctx));
 }
 
+/* The group's sequence number (jl_sequence): read and set by Python's paths while attached. */
+static PyObject *Segment_get_sequence(Segment *self, void *Py_UNUSED(closure)) {
+    if (closed(self))
+        return NULL;
+    return PyLong_FromUnsignedLongLong(jl_sequence(self->ctx));
+}
+
+static int Segment_set_sequence(Segment *self, PyObject *value, void *Py_UNUSED(closure)) {
+    if (value == NULL) {
+        PyErr_SetString(PyExc_AttributeError, "the sequence cannot be deleted");
+        return -1;
+    }
+    unsigned long long v = PyLong_AsUnsignedLongLong(value);
+    if (v == (unsigned long long)-1 && PyErr_Occurred())
+        return -1;
+    if (closed(self))
+        return -1;
+    jl_set_sequence(self->ctx, (uint64_t)v);
+    return 0;
+}
+
 static int int_list(PyObject *seq, int32_t *out, Py_ssize_t want, const char *what) {
     PyObject *fast = PySequence_Fast(seq, what);
     if (fast == NULL)
@@ -389,6 +410,8 @@ static PyMethodDef Segment_methods[] = {
 
 static PyGetSetDef Segment_getset[] = {
     {"step", (getter)Segment_step, NULL, "steps run so far", NULL},
+    {"sequence", (getter)Segment_get_sequence, (setter)Segment_set_sequence,
+     "the group's collectives so far, the number in every header (jl_sequence)", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
@@ -418,6 +441,9 @@ static const jl_api API = {
     .size = jl_size,
     .step = jl_step,
     .dtype_size = jl_dtype_size,
+    .sequence = jl_sequence,
+    .set_sequence = jl_set_sequence,
+    .next_sequence = jl_next_sequence,
 };
 
 /* cache_line_round_trip(cpu_a, cpu_b, rounds, trips) -> ns, fastest batch (csrc/shm/probe.h) */

@@ -28,6 +28,9 @@ struct jl_ctx {
     int32_t member, size;
     size_t chunk;
     uint64_t step;
+    /* The group's collectives so far (the sequence number in every header): the one count that
+     * the Python paths, the binding's fast path and C++ callers read and advance (engine.h). */
+    uint64_t sequence;
     jl_word *sleepers, *arrivals;
     jl_word *counter[JL_MAX_RANKS];
     jl_word *broken[JL_MAX_RANKS];

@@ -44,7 +44,7 @@
 extern "C" {
 #endif
 
-#define JL_ABI_VERSION 1
+#define JL_ABI_VERSION 2
 #define JL_HEADER_BYTES 24
 #define JL_MAX_RANKS 64
 #define JL_NO_DEADLINE INT64_MAX /* deadline_ns meaning "none" */
@@ -149,6 +149,17 @@ size_t jl_chunk_bytes(const jl_ctx *ctx);
 uint64_t jl_step(const jl_ctx *ctx);
 size_t jl_dtype_size(int dtype); /* 0 for an unknown dtype */
 
+/* The group's sequence number: how many collectives it has run, the number every header carries
+ * (the ring's "<HBBIQq" header packs it, truncated to 32 bits). ONE count per attached segment,
+ * shared by every caller (Python's ring and JACCL paths, the binding's fast path, a C++ backend),
+ * so a collective has the same number whichever path runs it. Plain memory, not atomic: callers
+ * serialize, as they do for collectives (the Python side holds the group's collective lock; a C++
+ * caller runs its collectives on the same lock or the same thread). */
+uint64_t jl_sequence(const jl_ctx *ctx);
+void jl_set_sequence(jl_ctx *ctx, uint64_t sequence);
+/* Start a collective: returns the count so far (what its header carries) and counts it. */
+uint64_t jl_next_sequence(jl_ctx *ctx);
+
 /* The table the PyCapsule "adapter.backends.local._engine.API" points to. New entries are only
  * ever appended (struct_size grows); a changed meaning bumps JL_ABI_VERSION. */
 typedef struct {
@@ -164,6 +175,10 @@ typedef struct {
     int32_t (*size)(const jl_ctx *);
     uint64_t (*step)(const jl_ctx *);
     size_t (*dtype_size)(int);
+    /* ABI 2 */
+    uint64_t (*sequence)(const jl_ctx *);
+    void (*set_sequence)(jl_ctx *, uint64_t);
+    uint64_t (*next_sequence)(jl_ctx *);
 } jl_api;
 
 #ifdef __cplusplus

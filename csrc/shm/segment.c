@@ -65,6 +65,7 @@ int jl_attach(int fd, int32_t member, int32_t size, size_t chunk_bytes, const in
         ctx->pids[q] = pids[q];
     }
     ctx->step = 0;
+    ctx->sequence = 0;
     for (int32_t q = 0; q < size; q++) {
         if (q == member)
             continue;
@@ -113,3 +114,6 @@ int32_t jl_member(const jl_ctx *ctx) { return ctx->member; }
 int32_t jl_size(const jl_ctx *ctx) { return ctx->size; }
 size_t jl_chunk_bytes(const jl_ctx *ctx) { return ctx->chunk; }
 uint64_t jl_step(const jl_ctx *ctx) { return ctx->step; }
+uint64_t jl_sequence(const jl_ctx *ctx) { return ctx->sequence; }
+void jl_set_sequence(jl_ctx *ctx, uint64_t sequence) { ctx->sequence = sequence; }
+uint64_t jl_next_sequence(jl_ctx *ctx) { return ctx->sequence++; }

@@ -10,7 +10,7 @@ from engine_segments import attach, together
 
 from adapter.backends.local import _engine
 
-ABI_VERSION = 1
+ABI_VERSION = 2
 CTX = ctypes.c_void_p
 STATUS = ctypes.c_byte * 64  # jl_status is 56 bytes; room to spare
 ALL_REDUCE = ctypes.CFUNCTYPE(ctypes.c_int, CTX, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
@@ -22,7 +22,10 @@ class Api(ctypes.Structure):
                 ("all_reduce", ALL_REDUCE), ("reduce_scatter", ctypes.c_void_p), ("all_gather", ctypes.c_void_p),
                 ("broadcast", ctypes.c_void_p), ("barrier", ctypes.c_void_p), ("mark_broken", ctypes.c_void_p),
                 ("member", ctypes.CFUNCTYPE(ctypes.c_int32, CTX)), ("size", ctypes.CFUNCTYPE(ctypes.c_int32, CTX)),
-                ("step", ctypes.CFUNCTYPE(ctypes.c_uint64, CTX)), ("dtype_size", ctypes.CFUNCTYPE(ctypes.c_size_t, ctypes.c_int))]
+                ("step", ctypes.CFUNCTYPE(ctypes.c_uint64, CTX)), ("dtype_size", ctypes.CFUNCTYPE(ctypes.c_size_t, ctypes.c_int)),
+                ("sequence", ctypes.CFUNCTYPE(ctypes.c_uint64, CTX)),
+                ("set_sequence", ctypes.CFUNCTYPE(None, CTX, ctypes.c_uint64)),
+                ("next_sequence", ctypes.CFUNCTYPE(ctypes.c_uint64, CTX))]
 
 
 def capsule_pointer(capsule: object, name: bytes) -> int:
@@ -51,6 +54,14 @@ def test_the_table_runs_a_collective_on_a_segments_context():
         for x in xs:
             assert x.tolist() == (np.arange(5) * 3).tolist()
         assert api.step(contexts[0]) == 1
+        # One sequence count per segment, shared with the Python side (Segment.sequence).
+        assert api.sequence(contexts[0]) == 0
+        assert api.next_sequence(contexts[0]) == 0 and api.next_sequence(contexts[0]) == 1
+        assert groups[0].sequence == 2
+        groups[0].sequence = 41
+        assert api.sequence(contexts[0]) == 41
+        api.set_sequence(contexts[0], 7)
+        assert groups[0].sequence == 7 and groups[1].sequence == 0
     finally:
         for g in groups:
             g.close()

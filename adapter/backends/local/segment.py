@@ -111,6 +111,16 @@ class SharedGroup:
     def step(self) -> int:
         return self._seg.step
 
+    @property
+    def sequence(self) -> int:
+        """The group's collectives so far (the number in every header): kept by the engine
+        (jl_sequence), the one count that Python, the engine's fast path and C++ callers share."""
+        return self._seg.sequence
+
+    @sequence.setter
+    def sequence(self, value: int) -> None:
+        self._seg.sequence = value
+
     # ---- collectives (header: checked against every peer's; None for inner stages) ---------
 
     def all_reduce(self, header: bytes | None, src: np.ndarray, dst: np.ndarray, op: ReduceOp) -> None:

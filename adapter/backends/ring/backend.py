@@ -396,8 +396,8 @@ class RingBackend(Backend):
     def close(self) -> None:
         state = self._state
         if state.shm is not None:
-            state.shm.close()
-            state.shm = None
+            segment, state.shm = state.shm, None  # the sequence count comes back out first
+            segment.close()
         if state.hier is not None:
             state.hier.close()
             state.hier = None
