@@ -396,15 +396,6 @@ class JacklringProcessGroup(PointToPoint, dist.ProcessGroup):
         except TimeoutError as exc:
             raise self._error("a native collective waiting for the earlier ones", exc) from None
 
-    def native_sequence(self) -> int:
-        """The sequence number the next collective's header carries: the C++ Backend numbers its
-        native ops from here, so both paths pack the same header for the same call."""
-        return self._comm.state.seq
-
-    def set_native_sequence(self, seq: int) -> None:
-        """The C++ Backend ran native ops up to `seq`: the Python path goes on from there."""
-        self._comm.state.seq = seq
-
     def native_failure(self, name: str, status: tuple, header: bytes) -> None:
         """Raise what this group raises for the engine's status (the one conversion place,
         local/engine.py), named as the Python path names the op (`name`, e.g. allreduce(SUM))."""

@@ -44,11 +44,6 @@ void JacklringBackend::hand_over() {
   // Issue order: what the communication thread still holds goes first, on every rank.
   drain_native_queue();
   delegated_since_idle_.store(true, std::memory_order_relaxed);
-  if (native_since_sync_.load(std::memory_order_relaxed)) {
-    // The native ops numbered collectives the Python group has not seen: it goes on from there.
-    delegate_.attr("set_native_sequence")(seq_);
-    native_since_sync_.store(false, std::memory_order_relaxed);
-  }
 }
 
 void JacklringBackend::enable_native(py::capsule api, py::capsule ctx, py::object keepalive, double timeout_s,
@@ -58,14 +53,10 @@ void JacklringBackend::enable_native(py::capsule api, py::capsule ctx, py::objec
     throw std::runtime_error("jacklring: the shared-memory engine's C interface is another version than the "
                              "C++ torch backend was built for: rebuild it (python -m adapter.torch_backend.native)");
   }
-  // Called as the group forms, before any op: native ops number on from the Python group's count.
-  const auto next = delegate_.attr("native_sequence")().cast<uint64_t>();
   std::lock_guard<std::mutex> lock(native_mutex_);
   keepalive_ = std::move(keepalive);
   native_ = std::make_unique<NativeEngine>(table, static_cast<jl_ctx*>(ctx.get_pointer()),
                                            static_cast<int64_t>(timeout_s * 1e9), codes);
-  seq_ = next;
-  delegated_since_idle_.store(false, std::memory_order_relaxed);
 }
 
 void JacklringBackend::disable_native() {

@@ -5,7 +5,8 @@
 // engine, native_ops.cpp) run on the calling thread when the caller waits (async_op=False) and
 // on the backend's communication thread otherwise. Which path an op takes depends only on what
 // every rank agrees on (the op, its dtypes, shapes, reduction and root, the group), never on
-// async_op; native and Python ops share one sequence number (the one in every header).
+// async_op; native and Python ops count on the engine's one sequence counter (jl_next_sequence,
+// the number in every header).
 #ifndef JACKLRING_TORCH_BACKEND_H
 #define JACKLRING_TORCH_BACKEND_H
 
@@ -95,19 +96,18 @@ class __attribute__((visibility("hidden"))) JacklringBackend : public c10d::Back
   template <typename... Args>
   c10::intrusive_ptr<c10d::Work> delegated(c10d::OpType op, const char* method, Args&&... args);
 
-  // One native call: `collectives` engine collectives, the first numbered seq.
-  using NativeRun = std::function<void(NativeEngine&, uint64_t seq, NativeOutcome*)>;
+  // One native call: one or more engine collectives, stopping at the first failure.
+  using NativeRun = std::function<void(NativeEngine&, NativeOutcome*)>;
   // Whether native ops may run (the segment is attached); the engine's group size in *size.
   bool native_ready(int32_t* size) const;
   c10::intrusive_ptr<c10d::Work> run_native(c10d::OpType type, std::string what, std::vector<at::Tensor> result,
-                                            bool async, uint64_t collectives, NativeRun run);
-  // The first native op after ops handed to Python: wait until Python's thread is idle and
-  // take the group's sequence number from it.
+                                            bool async, NativeRun run);
+  // The first native op after ops handed to Python: wait until Python's thread is idle.
   void catch_up_with_python();
   // The exception the Python group raises for a failed native op (the one conversion place).
   std::exception_ptr failure(const std::string& what, const NativeOutcome& outcome);
   void drain_native_queue();
-  // Before an op goes to the Python group (GIL held): the queue drained, the sequence handed on.
+  // Before an op goes to the Python group (GIL held): the communication thread's queue drained.
   void hand_over();
   // The native routes (native_ops.cpp): a Work, or null when the op goes to the Python group.
   c10::intrusive_ptr<c10d::Work> native_allreduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOp& op,
@@ -128,15 +128,11 @@ class __attribute__((visibility("hidden"))) JacklringBackend : public c10d::Back
   // with disable_native (a context runs one collective at a time).
   mutable std::mutex native_mutex_;
   std::unique_ptr<NativeEngine> native_;
-  // Issue-side state, read and written only by the thread issuing this group's ops (torch's
-  // contract: one issuing order per group), so relaxed order is enough for the flags.
   // Set when an operation was handed to the Python group: it may still be queued or running on
   // its communication thread, so the next native op first waits for that thread to be idle
-  // (issue order) and reads the group's sequence number back.
+  // (issue order). Relaxed: only the thread issuing this group's ops reads and writes it in a
+  // correct program (torch's contract: one issuing order per group).
   std::atomic<bool> delegated_since_idle_{false};
-  // Set when native ops numbered collectives since the Python group last learned the number.
-  std::atomic<bool> native_since_sync_{false};
-  uint64_t seq_ = 0;  // the next collective's header sequence number, while native ops run
   // Relaxed: a count read for diagnostics, ordered by nothing else.
   std::atomic<uint64_t> sequence_{0};
   // Last, so it is destroyed first: its thread runs tasks that use the members above.

@@ -8,21 +8,11 @@
 #include "backend.h"
 #include "floor.h"
 #include "named_group.h"
-#include "python_error.h"
 
 namespace py = pybind11;
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   py::module_::import("torch.distributed");  // c10d's Backend must be registered before ours
-  py::register_exception_translator([](std::exception_ptr error) {
-    try {
-      if (error) {
-        std::rethrow_exception(error);
-      }
-    } catch (const jacklring::PythonError& python) {
-      python.restore();  // the Python group's own exception, as often as it is raised
-    }
-  });
   py::class_<jacklring::JacklringBackend, c10d::Backend, c10::intrusive_ptr<jacklring::JacklringBackend>>(
       m, "JacklringBackend")
       .def(py::init<int, int, py::object>(), py::arg("rank"), py::arg("size"), py::arg("delegate"))

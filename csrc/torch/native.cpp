@@ -35,8 +35,10 @@ int NativeEngine::op_of(const c10d::ReduceOp& op, int dtype) {
   }
 }
 
-void NativeEngine::make_header(unsigned char* out, uint8_t op, int dtype, uint64_t seq, uint64_t nbytes,
-                               int64_t extra) const {
+void NativeEngine::make_header(unsigned char* out, uint8_t op, int dtype, uint64_t nbytes, int64_t extra) {
+  // Counted here, as the Python path counts when it starts a collective (its header packs the
+  // count before this one).
+  const uint64_t seq = api_->next_sequence(ctx_);
   // "<HBBIQq": magic, op, dtype code, sequence, byte count, extra (little-endian, as x86/arm64
   // store). The sequence is 32 bits on the wire, as struct.pack("I") keeps it.
   const uint16_t magic = codes_.magic;
@@ -56,13 +58,13 @@ int64_t NativeEngine::deadline() const {
   return static_cast<int64_t>(now.tv_sec) * 1000000000LL + now.tv_nsec + timeout_ns_;
 }
 
-void NativeEngine::all_reduce(at::Tensor& tensor, int op, uint64_t seq, NativeOutcome* out) {
+void NativeEngine::all_reduce(at::Tensor& tensor, int op, NativeOutcome* out) {
   // A strided tensor goes through a dense copy (the same on every rank, so routing never
   // depends on a tensor's layout).
   at::Tensor dense = tensor.is_contiguous() ? tensor : tensor.contiguous();
   const int dtype = dtype_of(dense);
   const size_t count = static_cast<size_t>(dense.numel());
-  make_header(out->header, codes_.all_reduce, dtype, seq, count * dense.element_size(), codes_.reduce[op]);
+  make_header(out->header, codes_.all_reduce, dtype, count * dense.element_size(), codes_.reduce[op]);
   void* data = dense.data_ptr();
   out->code = api_->all_reduce(ctx_, data, data, count, dtype, op, out->header, deadline(), &out->status);
   if (out->code == JL_OK && !dense.is_same(tensor)) {
@@ -70,7 +72,7 @@ void NativeEngine::all_reduce(at::Tensor& tensor, int op, uint64_t seq, NativeOu
   }
 }
 
-void NativeEngine::all_gather(at::Tensor& output, const at::Tensor& input, uint64_t seq, NativeOutcome* out) {
+void NativeEngine::all_gather(at::Tensor& output, const at::Tensor& input, NativeOutcome* out) {
   at::Tensor dst = output.is_contiguous() ? output : at::empty(output.sizes(), output.options());
   at::Tensor src = input.contiguous();
   const char* s = static_cast<const char*>(src.data_ptr());
@@ -82,7 +84,7 @@ void NativeEngine::all_gather(at::Tensor& output, const at::Tensor& input, uint6
   }
   const int dtype = dtype_of(src);
   const size_t count = static_cast<size_t>(src.numel());
-  make_header(out->header, codes_.all_gather, dtype, seq, in_bytes, 0);
+  make_header(out->header, codes_.all_gather, dtype, in_bytes, 0);
   out->code = api_->all_gather(ctx_, src.data_ptr(), dst.data_ptr(), count, dtype, out->header, deadline(),
                                &out->status);
   if (out->code == JL_OK && !dst.is_same(output)) {
@@ -90,13 +92,12 @@ void NativeEngine::all_gather(at::Tensor& output, const at::Tensor& input, uint6
   }
 }
 
-void NativeEngine::reduce_scatter(at::Tensor& output, const at::Tensor& input, int op, uint64_t seq,
-                                  NativeOutcome* out) {
+void NativeEngine::reduce_scatter(at::Tensor& output, const at::Tensor& input, int op, NativeOutcome* out) {
   at::Tensor dst = output.is_contiguous() ? output : at::empty(output.sizes(), output.options());
   at::Tensor src = input.contiguous();
   const int dtype = dtype_of(src);
   const size_t count = static_cast<size_t>(dst.numel());
-  make_header(out->header, codes_.reduce_scatter, dtype, seq, static_cast<uint64_t>(src.numel()) * src.element_size(),
+  make_header(out->header, codes_.reduce_scatter, dtype, static_cast<uint64_t>(src.numel()) * src.element_size(),
               codes_.reduce[op]);
   out->code = api_->reduce_scatter(ctx_, src.data_ptr(), dst.data_ptr(), count, dtype, op, out->header, deadline(),
                                    &out->status);
@@ -105,19 +106,19 @@ void NativeEngine::reduce_scatter(at::Tensor& output, const at::Tensor& input, i
   }
 }
 
-void NativeEngine::broadcast(at::Tensor& tensor, int32_t root, uint64_t seq, NativeOutcome* out) {
+void NativeEngine::broadcast(at::Tensor& tensor, int32_t root, NativeOutcome* out) {
   at::Tensor dense = tensor.is_contiguous() ? tensor : tensor.contiguous();
   const int dtype = dtype_of(dense);
   const size_t count = static_cast<size_t>(dense.numel());
-  make_header(out->header, codes_.broadcast, dtype, seq, count * dense.element_size(), root);
+  make_header(out->header, codes_.broadcast, dtype, count * dense.element_size(), root);
   out->code = api_->broadcast(ctx_, dense.data_ptr(), count, dtype, root, out->header, deadline(), &out->status);
   if (out->code == JL_OK && !dense.is_same(tensor)) {
     tensor.copy_(dense);
   }
 }
 
-void NativeEngine::barrier(uint64_t seq, NativeOutcome* out) {
-  make_header(out->header, codes_.barrier, 0, seq, 0, 0);
+void NativeEngine::barrier(NativeOutcome* out) {
+  make_header(out->header, codes_.barrier, 0, 0, 0);
   out->code = api_->barrier(ctx_, out->header, deadline(), &out->status);
 }
 

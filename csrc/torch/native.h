@@ -49,19 +49,19 @@ class NativeEngine {
   }
   int32_t size() const { return api_->size(ctx_); }
 
-  // Each runs one collective whose header carries sequence number seq (what the Python path
-  // would pack at this point of the group's history). Tensors may be strided: a dense copy goes
-  // through the engine and the result is copied back.
-  void all_reduce(at::Tensor& tensor, int op, uint64_t seq, NativeOutcome* out);
+  // Each runs one collective whose header carries the group's next sequence number, taken from
+  // the engine's one counter (jl_next_sequence), which the Python path counts on too. Tensors
+  // may be strided: a dense copy goes through the engine and the result is copied back.
+  void all_reduce(at::Tensor& tensor, int op, NativeOutcome* out);
   // output: size x input's elements, rank q's input at block q.
-  void all_gather(at::Tensor& output, const at::Tensor& input, uint64_t seq, NativeOutcome* out);
+  void all_gather(at::Tensor& output, const at::Tensor& input, NativeOutcome* out);
   // input: size x output's elements; output: this rank's block reduced.
-  void reduce_scatter(at::Tensor& output, const at::Tensor& input, int op, uint64_t seq, NativeOutcome* out);
-  void broadcast(at::Tensor& tensor, int32_t root, uint64_t seq, NativeOutcome* out);
-  void barrier(uint64_t seq, NativeOutcome* out);
+  void reduce_scatter(at::Tensor& output, const at::Tensor& input, int op, NativeOutcome* out);
+  void broadcast(at::Tensor& tensor, int32_t root, NativeOutcome* out);
+  void barrier(NativeOutcome* out);
 
  private:
-  void make_header(unsigned char* out, uint8_t op, int dtype, uint64_t seq, uint64_t nbytes, int64_t extra) const;
+  void make_header(unsigned char* out, uint8_t op, int dtype, uint64_t nbytes, int64_t extra);
   int64_t deadline() const;
 
   const jl_api* api_;

@@ -2,6 +2,7 @@
 // they are numbered, and where they run (the caller's thread or the communication thread).
 #include "backend.h"
 
+#include <torch/csrc/Exceptions.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include <map>
@@ -9,7 +10,6 @@
 
 #include "done_work.h"
 #include "native_work.h"
-#include "python_error.h"
 
 namespace py = pybind11;
 
@@ -48,7 +48,6 @@ void JacklringBackend::catch_up_with_python() {
   }
   py::gil_scoped_acquire gil;
   delegate_.attr("wait_collectives_idle")();
-  seq_ = delegate_.attr("native_sequence")().cast<uint64_t>();
   delegated_since_idle_.store(false, std::memory_order_relaxed);
 }
 
@@ -65,8 +64,12 @@ std::exception_ptr JacklringBackend::failure(const std::string& what, const Nati
                                      py::bytes(reinterpret_cast<const char*>(outcome.header), JL_HEADER_BYTES));
     throw std::runtime_error("jacklring: native_failure returned instead of raising");
   } catch (py::error_already_set& error) {
-    // Kept as the exception object, raised again by every wait() and future (python_error.h).
-    return std::make_exception_ptr(PythonError(error.value(), error.what()));
+    // torch's python_error keeps the exception object and raises it again each time torch's
+    // bindings meet it (wait(), exception(), future.wait()); pybind11's may be raised once only.
+    error.restore();
+    python_error kept;
+    kept.persist();
+    return std::make_exception_ptr(std::move(kept));
   } catch (...) {
     return std::current_exception();
   }
@@ -74,13 +77,12 @@ std::exception_ptr JacklringBackend::failure(const std::string& what, const Nati
 
 c10::intrusive_ptr<c10d::Work> JacklringBackend::run_native(c10d::OpType type, std::string what,
                                                             std::vector<at::Tensor> result, bool async,
-                                                            uint64_t collectives, NativeRun run) {
+                                                            NativeRun run) {
   catch_up_with_python();
-  const uint64_t seq = seq_;
-  seq_ += collectives;
-  native_since_sync_.store(true, std::memory_order_relaxed);
   sequence_.fetch_add(1, std::memory_order_relaxed);
-  auto execute = [this, seq, run = std::move(run)](NativeOutcome* outcome) {
+  // The header's sequence number is taken when the collective runs (the engine's counter), so
+  // ops issued from callbacks on the communication thread count in the order they run.
+  auto execute = [this, run = std::move(run)](NativeOutcome* outcome) {
     std::lock_guard<std::mutex> lock(native_mutex_);
     if (native_ == nullptr) {
       outcome->code = JL_SELF_BROKEN;  // disabled in between: the group was shut down
@@ -89,7 +91,7 @@ c10::intrusive_ptr<c10d::Work> JacklringBackend::run_native(c10d::OpType type, s
       outcome->status.culprit = -1;
       return;
     }
-    run(*native_, seq, outcome);
+    run(*native_, outcome);
   };
   // An op issued from a future's callback on the communication thread runs right there (the
   // callback may wait for it, and nothing else could run it meanwhile).
@@ -145,24 +147,24 @@ c10::intrusive_ptr<c10d::Work> JacklringBackend::native_allreduce(std::vector<at
   const c10d::OpType type = coalesced ? c10d::OpType::ALLREDUCE_COALESCED : c10d::OpType::ALLREDUCE;
   if (groups.size() == 1 && groups[0].size() == 1) {
     at::Tensor t = groups[0][0];
-    return run_native(type, std::move(what), tensors, async, 1,
-                      [t, code](NativeEngine& e, uint64_t seq, NativeOutcome* out) mutable {
-                        e.all_reduce(t, code, seq, out);
+    return run_native(type, std::move(what), tensors, async,
+                      [t, code](NativeEngine& e, NativeOutcome* out) mutable {
+                        e.all_reduce(t, code, out);
                       });
   }
-  return run_native(type, std::move(what), tensors, async, groups.size(),
-                    [groups, code](NativeEngine& e, uint64_t seq, NativeOutcome* out) {
+  return run_native(type, std::move(what), tensors, async,
+                    [groups, code](NativeEngine& e, NativeOutcome* out) {
                       for (const auto& group : groups) {
                         if (group.size() == 1) {
                           at::Tensor t = group[0];
-                          e.all_reduce(t, code, seq++, out);
+                          e.all_reduce(t, code, out);
                         } else {
                           std::vector<at::Tensor> flat_parts;
                           for (const at::Tensor& t : group) {
                             flat_parts.push_back(t.reshape(-1));
                           }
                           at::Tensor flat = at::cat(flat_parts);
-                          e.all_reduce(flat, code, seq++, out);
+                          e.all_reduce(flat, code, out);
                           if (out->code == JL_OK) {
                             int64_t offset = 0;
                             for (const at::Tensor& t : group) {
@@ -189,8 +191,8 @@ c10::intrusive_ptr<c10d::Work> JacklringBackend::native_broadcast(std::vector<at
   const auto root = static_cast<int32_t>(opts.rootRank);
   at::Tensor t = tensors[0];
   return run_native(c10d::OpType::BROADCAST, "broadcast(root " + std::to_string(root) + ")", tensors, opts.asyncOp,
-                    1, [t, root](NativeEngine& e, uint64_t seq, NativeOutcome* out) mutable {
-                      e.broadcast(t, root, seq, out);
+                    [t, root](NativeEngine& e, NativeOutcome* out) mutable {
+                      e.broadcast(t, root, out);
                     });
 }
 
@@ -211,9 +213,9 @@ c10::intrusive_ptr<c10d::Work> JacklringBackend::native_allgather(std::vector<at
   std::vector<at::Tensor> outs = outputs, ins = inputs;
   return run_native(coalesced ? c10d::OpType::COALESCED : c10d::OpType::_ALLGATHER_BASE,
                     coalesced ? "all_gather_into_tensor_coalesced" : "all_gather_into_tensor", outputs, async,
-                    outs.size(), [outs, ins](NativeEngine& e, uint64_t seq, NativeOutcome* out) mutable {
+                    [outs, ins](NativeEngine& e, NativeOutcome* out) mutable {
                       for (size_t i = 0; i < outs.size() && out->code == JL_OK; ++i) {
-                        e.all_gather(outs[i], ins[i], seq++, out);
+                        e.all_gather(outs[i], ins[i], out);
                       }
                     });
 }
@@ -233,11 +235,11 @@ c10::intrusive_ptr<c10d::Work> JacklringBackend::native_allgather_list(std::vect
     }
   }
   std::vector<at::Tensor> outs = outputs[0];
-  return run_native(c10d::OpType::ALLGATHER, "allgather", outs, async, 1,
-                    [outs, input](NativeEngine& e, uint64_t seq, NativeOutcome* out) {
+  return run_native(c10d::OpType::ALLGATHER, "allgather", outs, async,
+                    [outs, input](NativeEngine& e, NativeOutcome* out) {
                       const int64_t n = input.numel();
                       at::Tensor gathered = at::empty({static_cast<int64_t>(outs.size()) * n}, input.options());
-                      e.all_gather(gathered, input, seq, out);
+                      e.all_gather(gathered, input, out);
                       for (size_t q = 0; q < outs.size() && out->code == JL_OK; ++q) {
                         const auto start = static_cast<int64_t>(q) * n;
                         at::Tensor(outs[q]).copy_(gathered.slice(0, start, start + n).view(outs[q].sizes()));
@@ -265,10 +267,10 @@ c10::intrusive_ptr<c10d::Work> JacklringBackend::native_reduce_scatter(std::vect
                      kOpNames[code] + ")";
   std::vector<at::Tensor> outs = outputs, ins = inputs;
   return run_native(coalesced ? c10d::OpType::REDUCE_SCATTER_TENSOR_COALESCED : c10d::OpType::_REDUCE_SCATTER_BASE,
-                    std::move(what), outputs, async, outs.size(),
-                    [outs, ins, code](NativeEngine& e, uint64_t seq, NativeOutcome* out) mutable {
+                    std::move(what), outputs, async,
+                    [outs, ins, code](NativeEngine& e, NativeOutcome* out) mutable {
                       for (size_t i = 0; i < outs.size() && out->code == JL_OK; ++i) {
-                        e.reduce_scatter(outs[i], ins[i], code, seq++, out);
+                        e.reduce_scatter(outs[i], ins[i], code, out);
                       }
                     });
 }
@@ -278,8 +280,8 @@ c10::intrusive_ptr<c10d::Work> JacklringBackend::native_barrier(bool async) {
   if (!native_ready(&size)) {
     return nullptr;
   }
-  return run_native(c10d::OpType::BARRIER, "barrier", {}, async, 1,
-                    [](NativeEngine& e, uint64_t seq, NativeOutcome* out) { e.barrier(seq, out); });
+  return run_native(c10d::OpType::BARRIER, "barrier", {}, async,
+                    [](NativeEngine& e, NativeOutcome* out) { e.barrier(out); });
 }
 
 }  // namespace jacklring

@@ -25,12 +25,14 @@ class NativeWork : public c10d::Work {
 
   // Called once, on the communication thread.
   void complete(std::exception_ptr error) {
-    finish(error);  // the base's completed_/exception_ under its mutex, waiters woken
+    // The future first (its callbacks run here), then the Work: once wait() returns, the
+    // future is done too (docs/torch.md's Work/Future contract; gloo's order).
     if (error) {
       future_->setError(error);
     } else {
       future_->markCompleted(c10::IValue(result_));
     }
+    finish(error);  // the base's completed_/exception_ under its mutex, waiters woken
   }
 
   bool wait(std::chrono::milliseconds timeout) override {
@@ -47,7 +49,11 @@ class NativeWork : public c10d::Work {
     }
     return true;
   }
-  std::vector<at::Tensor> result() override { return result_; }
+  // As the Python group's Works: waits, and raises the op's error.
+  std::vector<at::Tensor> result() override {
+    wait(kNoTimeout);
+    return result_;
+  }
   void synchronize() override {}
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
 
