@@ -100,6 +100,12 @@ def test_a_failed_build_fails_loudly_and_jobs_fall_back(tmp_path):
     harness.assert_all_ok(results)
     warnings = [line for line in results[0].stderr.splitlines() if "runs in Python" in line]
     assert len(warnings) == 1 and "no C++ torch backend is built" in warnings[0], results[0].stderr
+    # The default (auto) on ranks that share memory: the same fallback, the same one line each.
+    results = harness.run(2, "cpp_fallback.py", timeout=90, env=_default_env(XDG_CACHE_HOME=str(tmp_path)))
+    harness.assert_all_ok(results)
+    for r in results:
+        warnings = [line for line in r.stderr.splitlines() if "runs in Python" in line]
+        assert len(warnings) == 1 and "no C++ torch backend is built" in warnings[0], r.stderr
 
 
 @pytest.fixture(scope="module")
