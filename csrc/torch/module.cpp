@@ -11,6 +11,16 @@
 
 namespace py = pybind11;
 
+namespace {
+
+// The Python group behind a NamedProcessGroup: its CPU backend's delegate.
+py::object python_group(const py::object& group) {
+  py::object cpu = py::module_::import("torch").attr("device")("cpu");
+  return group.attr("_get_backend")(cpu).attr("delegate");
+}
+
+}  // namespace
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   py::module_::import("torch.distributed");  // c10d's Backend must be registered before ours
   py::class_<jacklring::JacklringBackend, c10d::Backend, c10::intrusive_ptr<jacklring::JacklringBackend>>(
@@ -42,7 +52,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       m, "NamedProcessGroup")
       .def(py::init<int, int>(), py::arg("rank"), py::arg("size"))
       // What the Python group answers too (code written against either asks it).
-      .def("getBackendName", &jacklring::NamedProcessGroup::getBackendName);
+      .def("getBackendName", &jacklring::NamedProcessGroup::getBackendName)
+      .def("description", [](py::object self) { return python_group(self).attr("description")(); })
+      .def("underlying_backend", [](py::object self) { return python_group(self).attr("underlying_backend")(); })
+      .def_property_readonly("timeout_s", [](py::object self) { return python_group(self).attr("timeout_s"); });
   py::class_<jacklring::FloorBackend, c10d::Backend, c10::intrusive_ptr<jacklring::FloorBackend>>(m, "FloorBackend")
       .def(py::init<int, int>(), py::arg("rank"), py::arg("size"));
 }
