@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from ..backends.base import Backend
-from ..errors import DistributedError
+from ..errors import DistributedError, PeerError
 from ..group import DEFAULT_SHRINK_TIMEOUT_S
 from . import cpp_backend, cpp_handles, dynamo, inline, ops, shrink
 from .executors import Completer, Executor, PeerExecutors
@@ -408,6 +408,11 @@ class JacklringProcessGroup(PointToPoint, dist.ProcessGroup):
         try:
             engine.raise_status(segment, tuple(status), header)
         except Exception as exc:
+            # As the Python path says (ring/plumbing.py): another thread gave the group up while
+            # this op ran (dist.shrink_group's SHRINK_ABORT): why, not just what broke.
+            earlier = getattr(getattr(self._comm, "failure", None), "why", None)
+            if earlier is not None and isinstance(exc, DistributedError):
+                exc = PeerError(f"{exc}; {earlier}")
             raise self._error(name, exc)  # noqa: B904  (wrap_error chains exc as the cause)
 
     # ---- lifecycle --------------------------------------------------------------------------
