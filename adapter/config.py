@@ -249,10 +249,12 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
     # torch process group
     Setting("JACKLRING_TORCH_BACKEND", choice("auto", "ring", "jaccl", "mpi", "nccl"), "auto",
             "what the torch process group runs on; auto: the launcher's backend, else a ring formed through the store"),
-    Setting("JACKLRING_TORCH_NATIVE", choice("0", "1"), "0",
-            "1: the torch process group is the C++ c10d Backend (built by scripts/setup.sh) where its cached build "
-            "loads: synchronous all-reduces of a group whose ranks share memory run in C++, everything else in the "
-            "Python group behind it; 0: the Python group alone (docs/torch.md, 'The C++ Backend')"),
+    Setting("JACKLRING_TORCH_NATIVE", choice("auto", "0", "1"), "auto",
+            "auto: the torch process group is the C++ c10d Backend (built by scripts/setup.sh) where its ranks share "
+            "memory and its cached build loads (all-reduce, all-gather, reduce-scatter, broadcast and barrier run in "
+            "C++, everything else in the Python group behind it), else the Python group (warning when the build does "
+            "not load); 1: the C++ Backend wherever its build loads (warning when it does not); 0: the Python group "
+            "alone (docs/torch.md, 'The C++ Backend')"),
     Setting("JACKLRING_TORCH_MONITORED_BARRIER", flag, True,
             "torch.distributed.monitored_barrier answers on jacklring groups (routed when the first group forms); "
             "0 leaves torch's function alone"),

@@ -1,10 +1,12 @@
 """Which process group torch gets: the C++ c10d Backend (csrc/torch/) or the Python one.
 
-JACKLRING_TORCH_NATIVE chooses: 0 (the default) the Python group; 1 the C++ Backend whenever
-its cached build loads (native.py), else the Python group with one warning naming why. Where the
-group's ranks all share one segment of the shared-memory engine, the C++ Backend runs the
-synchronous all-reduces itself (csrc/torch/native.cpp); everything else it hands to the Python
-group (docs/torch.md, "The C++ Backend").
+JACKLRING_TORCH_NATIVE chooses: auto (the default) the C++ Backend where the group's ranks share
+memory and its cached build loads (native.py), else the Python group (one warning line says why
+when the build does not load); 1 the C++ Backend whenever its build loads, else the Python group
+with one warning naming why; 0 the Python group. Where the group's ranks all share one segment of
+the shared-memory engine, the C++ Backend runs the collectives it covers itself (all-reduce,
+all-gather, reduce-scatter, broadcast, barrier: csrc/torch/native_ops.cpp); everything else it
+hands to the Python group (docs/torch.md, "The C++ Backend").
 
 Either way the Python JacklringProcessGroup exists: the C++ Backend delegates to it what it does
 not run itself, in issue order on the same executors.
@@ -33,10 +35,12 @@ ENGINE_OP_NAMES = ("SUM", "PRODUCT", "MAX", "MIN", "BAND", "BOR", "BXOR")
 
 def choose(group: Any) -> Any:
     """What the creator hands torch for the Python process group `group`: the group itself or a
-    process group over a C++ Backend delegating to it (and running its synchronous all-reduces
+    process group over a C++ Backend delegating to it (and running the collectives it covers
     natively where the group shares memory)."""
-    if config.get("JACKLRING_TORCH_NATIVE") != "1":
-        return group
+    setting = config.get("JACKLRING_TORCH_NATIVE")
+    segment = group.shared_memory()
+    if setting == "0" or (setting == "auto" and segment is None):
+        return group  # auto: with nothing shared the C++ Backend would only hand everything over
     from . import native
 
     module, why = native.load()
@@ -44,7 +48,6 @@ def choose(group: Any) -> Any:
         _say_once(logging.WARNING, why)
         return group
     backend = module.JacklringBackend(group.rank(), group.size(), group)
-    segment = group.shared_memory()
     if segment is not None:
         _enable_native(backend, segment, group.timeout_s)
     return _named(module, backend)
@@ -68,11 +71,13 @@ def _enable_native(backend: Any, segment: Any, timeout_s: float) -> None:
     from ..backends.local import _engine
     from ..backends.local.segment import OP_CODES
     from ..backends.protocol import REDUCE_CODES
-    from ..backends.ring.header import HEADER_MAGIC, OP_ALL_REDUCE
+    from ..backends.ring import header
 
     by_engine_code = {code: op for op, code in OP_CODES.items()}
     reduce = [REDUCE_CODES[by_engine_code[code]] for code in range(len(ENGINE_OP_NAMES))]
-    backend.enable_native(_engine.API, segment.context(), segment, timeout_s, HEADER_MAGIC, OP_ALL_REDUCE, reduce)
+    ops = [header.OP_ALL_REDUCE, header.OP_ALL_GATHER, header.OP_REDUCE_SCATTER, header.OP_BROADCAST,
+           header.OP_BARRIER]
+    backend.enable_native(_engine.API, segment.context(), segment, timeout_s, header.HEADER_MAGIC, ops, reduce)
 
 
 def python_group(pg: Any, group_class: type) -> Any:

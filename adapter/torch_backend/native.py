@@ -32,7 +32,8 @@ from types import ModuleType
 log = logging.getLogger("jacklring.torch")
 
 SOURCE_DIR = Path(__file__).resolve().parents[2] / "csrc" / "torch"
-SOURCES = ("module.cpp", "backend.cpp", "delegated_work.cpp", "floor.cpp", "native.cpp")
+SOURCES = ("module.cpp", "backend.cpp", "delegated_work.cpp", "floor.cpp", "native.cpp", "native_ops.cpp",
+           "native_queue.cpp")
 ENGINE_HEADER = SOURCE_DIR.parent / "shm" / "engine.h"  # the engine's C interface, compiled in
 MODULE = "jacklring_torch"
 CFLAGS = ("-O3", "-Wall", "-Wextra", "-Werror")  # at -O2 GCC 12 left the reduction loops scalar

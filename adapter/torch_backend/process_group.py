@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from ..backends.base import Backend
-from ..errors import DistributedError
+from ..errors import DistributedError, PeerError
 from ..group import DEFAULT_SHRINK_TIMEOUT_S
 from . import cpp_backend, cpp_handles, dynamo, inline, ops, shrink
 from .executors import Completer, Executor, PeerExecutors
@@ -396,20 +396,23 @@ class JacklringProcessGroup(PointToPoint, dist.ProcessGroup):
         except TimeoutError as exc:
             raise self._error("a native collective waiting for the earlier ones", exc) from None
 
-    def native_failure(self, what: str, op: int, status: tuple, header: bytes) -> None:
+    def native_failure(self, name: str, status: tuple, header: bytes) -> None:
         """Raise what this group raises for the engine's status (the one conversion place,
-        local/engine.py), named as the Python path names the op."""
+        local/engine.py), named as the Python path names the op (`name`, e.g. allreduce(SUM))."""
         from ..backends.local import engine
-        from .cpp_backend import ENGINE_OP_NAMES
 
         segment = self.shared_memory()
-        name = f"{what}({ENGINE_OP_NAMES[op]})"
         if segment is None:
             raise self._error(name, DistributedError(f"the shared-memory engine failed (status {status[0]})"))
         segment.what = name
         try:
             engine.raise_status(segment, tuple(status), header)
         except Exception as exc:
+            # As the Python path says (ring/plumbing.py): another thread gave the group up while
+            # this op ran (dist.shrink_group's SHRINK_ABORT): why, not just what broke.
+            earlier = getattr(getattr(self._comm, "failure", None), "why", None)
+            if earlier is not None and isinstance(exc, DistributedError):
+                exc = PeerError(f"{exc}; {earlier}")
             raise self._error(name, exc)  # noqa: B904  (wrap_error chains exc as the cause)
 
     # ---- lifecycle --------------------------------------------------------------------------

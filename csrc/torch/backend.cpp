@@ -19,6 +19,7 @@ JacklringBackend::~JacklringBackend() {
   // The last reference may go on any thread: every Python reference is dropped here with the
   // GIL (members are destroyed after this body, without it); after finalization there is
   // nothing left to release.
+  drain_native_queue();  // its tasks use native_
   native_.reset();
   if (Py_IsInitialized() && !_Py_IsFinalizing()) {
     py::gil_scoped_acquire gil;
@@ -32,11 +33,17 @@ JacklringBackend::~JacklringBackend() {
 
 template <typename... Args>
 c10::intrusive_ptr<c10d::Work> JacklringBackend::delegated(c10d::OpType op, const char* method, Args&&... args) {
-  delegated_since_idle_.store(true, std::memory_order_relaxed);
   sequence_.fetch_add(1, std::memory_order_relaxed);
   py::gil_scoped_acquire gil;
+  hand_over();
   py::object work = delegate_.attr(method)(std::forward<Args>(args)...);
   return c10::make_intrusive<DelegatedWork>(getRank(), op, std::move(work));
+}
+
+void JacklringBackend::hand_over() {
+  // Issue order: what the communication thread still holds goes first, on every rank.
+  drain_native_queue();
+  delegated_since_idle_.store(true, std::memory_order_relaxed);
 }
 
 void JacklringBackend::enable_native(py::capsule api, py::capsule ctx, py::object keepalive, double timeout_s,
@@ -56,6 +63,7 @@ void JacklringBackend::disable_native() {
   std::unique_ptr<NativeEngine> gone;
   {
     py::gil_scoped_release nogil;  // a native op in flight may need the GIL to report its error
+    queue_.drain();
     std::lock_guard<std::mutex> lock(native_mutex_);
     gone = std::move(native_);
   }
@@ -67,60 +75,18 @@ bool JacklringBackend::native_enabled() const {
   return native_ != nullptr;
 }
 
-bool JacklringBackend::native_all_reduce(at::Tensor& tensor, const c10d::ReduceOp& op) {
-  if (!tensor.device().is_cpu() || tensor.is_sparse()) {
-    return false;
-  }
-  const int dtype = NativeEngine::dtype_of(tensor);
-  const int code = dtype < 0 ? -1 : NativeEngine::op_of(op, dtype);
-  if (code < 0) {
-    return false;
-  }
-  if (delegated_since_idle_.load(std::memory_order_relaxed)) {
-    // An op handed to the Python group may still be queued: it goes first, on every rank.
-    py::gil_scoped_acquire gil;
-    delegate_.attr("wait_collectives_idle")();
-    delegated_since_idle_.store(false, std::memory_order_relaxed);
-  }
-  unsigned char header[JL_HEADER_BYTES];
-  jl_status status{};
-  int result;
-  {
-    std::lock_guard<std::mutex> lock(native_mutex_);
-    if (native_ == nullptr) {
-      return false;
-    }
-    result = native_->all_reduce(tensor, dtype, code, header, &status);
-  }
-  if (result != JL_OK) {
-    // The Python group words the status as its own path does and raises it (pybind11 carries
-    // that exception to the caller unchanged).
-    py::gil_scoped_acquire gil;
-    if (result == JL_INTERRUPTED && PyErr_Occurred()) {
-      throw py::error_already_set();  // a signal handler raised (KeyboardInterrupt): that error
-    }
-    py::tuple st = py::make_tuple(status.code, status.peer, status.culprit, status.fd, status.sys_errno,
-                                  status.step, status.peer_step,
-                                  py::bytes(reinterpret_cast<const char*>(status.header), JL_HEADER_BYTES));
-    delegate_.attr("native_failure")("allreduce", code, st,
-                                     py::bytes(reinterpret_cast<const char*>(header), JL_HEADER_BYTES));
-    throw std::runtime_error("jacklring: native_failure returned instead of raising");
-  }
-  return true;
-}
-
 c10::intrusive_ptr<c10d::Work> JacklringBackend::broadcast(std::vector<at::Tensor>& tensors,
                                                            const c10d::BroadcastOptions& opts) {
+  if (auto work = native_broadcast(tensors, opts)) {
+    return work;
+  }
   return delegated(c10d::OpType::BROADCAST, "broadcast", tensors, opts);
 }
 
 c10::intrusive_ptr<c10d::Work> JacklringBackend::allreduce(std::vector<at::Tensor>& tensors,
                                                            const c10d::AllreduceOptions& opts) {
-  // Synchronous calls (async_op=False) run here; asynchronous ones (DDP's bucket all-reduces)
-  // go to the Python group's communication thread, so backward keeps overlapping them.
-  if (!opts.asyncOp && tensors.size() == 1 && native_all_reduce(tensors[0], opts.reduceOp)) {
-    sequence_.fetch_add(1, std::memory_order_relaxed);
-    return c10::make_intrusive<DoneWork>(getRank(), c10d::OpType::ALLREDUCE, tensors);
+  if (auto work = native_allreduce(tensors, opts.reduceOp, opts.asyncOp, false)) {
+    return work;
   }
   return delegated(c10d::OpType::ALLREDUCE, "allreduce", tensors, opts);
 }
@@ -132,6 +98,9 @@ c10::intrusive_ptr<c10d::Work> JacklringBackend::allreduce_sparse(std::vector<at
 
 c10::intrusive_ptr<c10d::Work> JacklringBackend::allreduce_coalesced(std::vector<at::Tensor>& tensors,
                                                                      const c10d::AllreduceCoalescedOptions& opts) {
+  if (auto work = native_allreduce(tensors, opts.reduceOp, opts.asyncOp, true)) {
+    return work;
+  }
   return delegated(c10d::OpType::ALLREDUCE_COALESCED, "allreduce_coalesced", tensors, opts);
 }
 
@@ -143,11 +112,18 @@ c10::intrusive_ptr<c10d::Work> JacklringBackend::reduce(std::vector<at::Tensor>&
 c10::intrusive_ptr<c10d::Work> JacklringBackend::allgather(std::vector<std::vector<at::Tensor>>& outputs,
                                                            std::vector<at::Tensor>& inputs,
                                                            const c10d::AllgatherOptions& opts) {
+  if (auto work = native_allgather_list(outputs, inputs, opts.asyncOp)) {
+    return work;
+  }
   return delegated(c10d::OpType::ALLGATHER, "allgather", outputs, inputs, opts);
 }
 
 c10::intrusive_ptr<c10d::Work> JacklringBackend::_allgather_base(at::Tensor& output, at::Tensor& input,
                                                                  const c10d::AllgatherOptions& opts) {
+  std::vector<at::Tensor> outs{output}, ins{input};
+  if (auto work = native_allgather(outs, ins, opts.asyncOp, false)) {
+    return work;
+  }
   return delegated(c10d::OpType::_ALLGATHER_BASE, "all_gather_single", output, input, opts);
 }
 
@@ -159,6 +135,9 @@ c10::intrusive_ptr<c10d::Work> JacklringBackend::allgather_coalesced(std::vector
 
 c10::intrusive_ptr<c10d::Work> JacklringBackend::allgather_into_tensor_coalesced(
     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs, const c10d::AllgatherOptions& opts) {
+  if (auto work = native_allgather(outputs, inputs, opts.asyncOp, true)) {
+    return work;
+  }
   return delegated(c10d::OpType::COALESCED, "all_gather_single_coalesced", outputs, inputs, opts);
 }
 
@@ -182,11 +161,18 @@ c10::intrusive_ptr<c10d::Work> JacklringBackend::reduce_scatter(std::vector<at::
 
 c10::intrusive_ptr<c10d::Work> JacklringBackend::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
                                                                       const c10d::ReduceScatterOptions& opts) {
+  std::vector<at::Tensor> outs{output}, ins{input};
+  if (auto work = native_reduce_scatter(outs, ins, opts.reduceOp, opts.asyncOp, false)) {
+    return work;
+  }
   return delegated(c10d::OpType::_REDUCE_SCATTER_BASE, "reduce_scatter_single", output, input, opts);
 }
 
 c10::intrusive_ptr<c10d::Work> JacklringBackend::reduce_scatter_tensor_coalesced(
     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs, const c10d::ReduceScatterOptions& opts) {
+  if (auto work = native_reduce_scatter(outputs, inputs, opts.reduceOp, opts.asyncOp, true)) {
+    return work;
+  }
   return delegated(c10d::OpType::REDUCE_SCATTER_TENSOR_COALESCED, "reduce_scatter_single_coalesced", outputs,
                    inputs, opts);
 }
@@ -218,11 +204,15 @@ c10::intrusive_ptr<c10d::Work> JacklringBackend::recvAnysource(std::vector<at::T
 }
 
 c10::intrusive_ptr<c10d::Work> JacklringBackend::barrier(const c10d::BarrierOptions& opts) {
+  if (auto work = native_barrier(opts.asyncOp)) {
+    return work;
+  }
   return delegated(c10d::OpType::BARRIER, "barrier", opts);
 }
 
 void JacklringBackend::monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) {
   py::gil_scoped_acquire gil;
+  hand_over();
   delegate_.attr("monitored_barrier")(opts, wait_all_ranks);
 }
 

@@ -2,7 +2,11 @@
 // cannot run natively is handed, in issue order, to the Python process group of the same
 // ranks (adapter/torch_backend/process_group.py) with the GIL held; its Work is a
 // DelegatedWork over the Python one. Native operations (same-host groups on the shared-memory
-// engine) run on the calling thread and return a finished Work.
+// engine, native_ops.cpp) run on the calling thread when the caller waits (async_op=False) and
+// on the backend's communication thread otherwise. Which path an op takes depends only on what
+// every rank agrees on (the op, its dtypes, shapes, reduction and root, the group), never on
+// async_op; native and Python ops count on the engine's one sequence counter (jl_next_sequence,
+// the number in every header).
 #ifndef JACKLRING_TORCH_BACKEND_H
 #define JACKLRING_TORCH_BACKEND_H
 
@@ -10,12 +14,14 @@
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
 
 #include "native.h"
+#include "native_queue.h"
 
 namespace jacklring {
 
@@ -90,7 +96,31 @@ class __attribute__((visibility("hidden"))) JacklringBackend : public c10d::Back
   template <typename... Args>
   c10::intrusive_ptr<c10d::Work> delegated(c10d::OpType op, const char* method, Args&&... args);
 
-  bool native_all_reduce(at::Tensor& tensor, const c10d::ReduceOp& op);
+  // One native call: one or more engine collectives, stopping at the first failure.
+  using NativeRun = std::function<void(NativeEngine&, NativeOutcome*)>;
+  // Whether native ops may run (the segment is attached); the engine's group size in *size.
+  bool native_ready(int32_t* size) const;
+  c10::intrusive_ptr<c10d::Work> run_native(c10d::OpType type, std::string what, std::vector<at::Tensor> result,
+                                            bool async, NativeRun run);
+  // The first native op after ops handed to Python: wait until Python's thread is idle.
+  void catch_up_with_python();
+  // The exception the Python group raises for a failed native op (the one conversion place).
+  std::exception_ptr failure(const std::string& what, const NativeOutcome& outcome);
+  void drain_native_queue();
+  // Before an op goes to the Python group (GIL held): the communication thread's queue drained.
+  void hand_over();
+  // The native routes (native_ops.cpp): a Work, or null when the op goes to the Python group.
+  c10::intrusive_ptr<c10d::Work> native_allreduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOp& op,
+                                                  bool async, bool coalesced);
+  c10::intrusive_ptr<c10d::Work> native_broadcast(std::vector<at::Tensor>& tensors, const c10d::BroadcastOptions& opts);
+  c10::intrusive_ptr<c10d::Work> native_allgather(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+                                                  bool async, bool coalesced);
+  c10::intrusive_ptr<c10d::Work> native_allgather_list(std::vector<std::vector<at::Tensor>>& outputs,
+                                                       std::vector<at::Tensor>& inputs, bool async);
+  c10::intrusive_ptr<c10d::Work> native_reduce_scatter(std::vector<at::Tensor>& outputs,
+                                                       std::vector<at::Tensor>& inputs, const c10d::ReduceOp& op,
+                                                       bool async, bool coalesced);
+  c10::intrusive_ptr<c10d::Work> native_barrier(bool async);
 
   pybind11::object delegate_;  // touched only with the GIL held
   pybind11::object keepalive_;  // owns the engine context; GIL held
@@ -100,10 +130,13 @@ class __attribute__((visibility("hidden"))) JacklringBackend : public c10d::Back
   std::unique_ptr<NativeEngine> native_;
   // Set when an operation was handed to the Python group: it may still be queued or running on
   // its communication thread, so the next native op first waits for that thread to be idle
-  // (issue order). Relaxed: only the thread issuing ops reads and writes it in a correct program.
+  // (issue order). Relaxed: only the thread issuing this group's ops reads and writes it in a
+  // correct program (torch's contract: one issuing order per group).
   std::atomic<bool> delegated_since_idle_{false};
   // Relaxed: a count read for diagnostics, ordered by nothing else.
   std::atomic<uint64_t> sequence_{0};
+  // Last, so it is destroyed first: its thread runs tasks that use the members above.
+  NativeQueue queue_;
 };
 
 }  // namespace jacklring

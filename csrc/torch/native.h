@@ -1,7 +1,8 @@
 // The native fast path: whole collectives of a same-host group on the shared-memory engine's C
-// interface (csrc/shm/engine.h), called on the torch caller's thread with no GIL and no Python.
-// Headers follow the ring's layout (adapter/backends/ring/header.py), so a mismatch between ranks
-// is detected and worded as the Python path words it.
+// interface (csrc/shm/engine.h), with no GIL and no Python. Headers are byte for byte the ones
+// the Python path packs for the same call (adapter/backends/ring/header.py, ring/backend.py), so
+// a mismatch between ranks is detected and worded as the Python path words it, and a native op
+// and a Python op of the same group may meet on the segment.
 #ifndef JACKLRING_TORCH_NATIVE_H
 #define JACKLRING_TORCH_NATIVE_H
 
@@ -19,7 +20,18 @@ namespace jacklring {
 struct HeaderCodes {
   uint16_t magic = 0;
   uint8_t all_reduce = 0;
+  uint8_t all_gather = 0;
+  uint8_t reduce_scatter = 0;
+  uint8_t broadcast = 0;
+  uint8_t barrier = 0;
   std::array<int64_t, 7> reduce{};  // the ring's code of each jl_op
+};
+
+// What one native call reports: the engine's code, its status and this rank's header.
+struct NativeOutcome {
+  int code = JL_OK;
+  jl_status status{};
+  unsigned char header[JL_HEADER_BYTES] = {};
 };
 
 class NativeEngine {
@@ -31,19 +43,31 @@ class NativeEngine {
   // (the Python group then runs the op, with its own checks and messages).
   static int dtype_of(const at::Tensor& tensor);
   static int op_of(const c10d::ReduceOp& op, int dtype);
+  // Whether a tensor may go native at all: dense, on the CPU, of a dtype the engine takes.
+  static bool takes(const at::Tensor& tensor) {
+    return tensor.device().is_cpu() && tensor.layout() == at::kStrided && dtype_of(tensor) >= 0;
+  }
+  int32_t size() const { return api_->size(ctx_); }
 
-  // In place on a dense CPU tensor; JL_OK or the engine's code, with *status filled. header
-  // receives the JL_HEADER_BYTES this rank published (for the error message).
-  int all_reduce(at::Tensor& tensor, int dtype, int op, unsigned char* header, jl_status* status);
+  // Each runs one collective whose header carries the group's next sequence number, taken from
+  // the engine's one counter (jl_next_sequence), which the Python path counts on too. Tensors
+  // may be strided: a dense copy goes through the engine and the result is copied back.
+  void all_reduce(at::Tensor& tensor, int op, NativeOutcome* out);
+  // output: size x input's elements, rank q's input at block q.
+  void all_gather(at::Tensor& output, const at::Tensor& input, NativeOutcome* out);
+  // input: size x output's elements; output: this rank's block reduced.
+  void reduce_scatter(at::Tensor& output, const at::Tensor& input, int op, NativeOutcome* out);
+  void broadcast(at::Tensor& tensor, int32_t root, NativeOutcome* out);
+  void barrier(NativeOutcome* out);
 
  private:
   void make_header(unsigned char* out, uint8_t op, int dtype, uint64_t nbytes, int64_t extra);
+  int64_t deadline() const;
 
   const jl_api* api_;
   jl_ctx* ctx_;
   int64_t timeout_ns_;
   HeaderCodes codes_;
-  uint64_t seq_ = 0;  // this group's native collectives so far: the same count on every rank
 };
 
 }  // namespace jacklring

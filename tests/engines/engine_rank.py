@@ -114,9 +114,12 @@ def grow_refusals(g, pg_backend: str) -> dict:
     found["split"] = refusal(sub, lambda: float(adapter.all_sum(np.array([1.0]), group=sub)[0]))
     if pg_backend == "jacklring":
         # torch has no grow() for a process group: the ring under it (the default group is the
-        # JacklringProcessGroup itself) is reached through a private attribute, to check the
-        # refusal that guards it
-        pg = dist.group.WORLD
+        # JacklringProcessGroup, or the one behind the C++ Backend) is reached through a private
+        # attribute, to check the refusal that guards it
+        from adapter.torch_backend.cpp_backend import python_group
+        from adapter.torch_backend.process_group import JacklringProcessGroup
+
+        pg = python_group(dist.group.WORLD, JacklringProcessGroup)  # also behind the C++ Backend
 
         def torch_sum() -> float:
             t = torch.ones(1)

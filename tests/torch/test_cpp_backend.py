@@ -100,6 +100,12 @@ def test_a_failed_build_fails_loudly_and_jobs_fall_back(tmp_path):
     harness.assert_all_ok(results)
     warnings = [line for line in results[0].stderr.splitlines() if "runs in Python" in line]
     assert len(warnings) == 1 and "no C++ torch backend is built" in warnings[0], results[0].stderr
+    # The default (auto) on ranks that share memory: the same fallback, the same one line each.
+    results = harness.run(2, "cpp_fallback.py", timeout=90, env=_default_env(XDG_CACHE_HOME=str(tmp_path)))
+    harness.assert_all_ok(results)
+    for r in results:
+        warnings = [line for line in r.stderr.splitlines() if "runs in Python" in line]
+        assert len(warnings) == 1 and "no C++ torch backend is built" in warnings[0], r.stderr
 
 
 @pytest.fixture(scope="module")
@@ -127,10 +133,35 @@ def test_without_shared_memory_everything_is_delegated(built):
                                                             JACKLRING_LOCAL_TRANSPORT="tcp")))
 
 
-@pytest.mark.timeout(200)
-def test_the_default_keeps_the_python_group(built):
+def _default_env(**extra: str) -> dict[str, str]:
     env = harness.clean_env()
     env.pop("JACKLRING_TORCH_NATIVE", None)  # the default, whatever the suite runs with
-    results = harness.run(2, "cpp_fallback.py", timeout=90, env=env)
+    env.update(extra)
+    return env
+
+
+@pytest.mark.timeout(240)
+def test_the_default_is_the_cpp_backend_where_memory_is_shared(built):
+    harness.assert_all_ok(harness.run(2, "cpp_backend.py", timeout=200, env=_default_env()))
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("env", [{"JACKLRING_LOCAL_TRANSPORT": "tcp"}, {"JACKLRING_TORCH_NATIVE": "0"}],
+                         ids=["default-without-shared-memory", "native-0"])
+def test_the_python_group_without_shared_memory_or_when_asked(built, env):
+    results = harness.run(2, "cpp_fallback.py", timeout=90, env=_default_env(**env))
     harness.assert_all_ok(results)
     assert all("runs in Python" not in r.stderr for r in results)
+
+
+@pytest.mark.timeout(120)
+def test_native_ops_route_and_number_alike_whatever_async_op(built):
+    """The default (the C++ Backend): ranks pass different async_op for the same all-reduces,
+    every native op matches gloo bit for bit, async native Works time out, fail and complete."""
+    harness.assert_all_ok(harness.run(2, "cpp_native_ops.py", timeout=90, env=_default_env()))
+
+
+@pytest.mark.timeout(120)
+def test_native_headers_are_the_python_paths(built):
+    """Rank 0 native, rank 1 the Python group, on one segment: the same headers or a mismatch."""
+    harness.assert_all_ok(harness.run(2, "cpp_native_ops.py", "mixed-routes", timeout=90, env=_default_env()))

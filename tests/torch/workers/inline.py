@@ -86,6 +86,9 @@ def short_paths(rank: int, world: int) -> None:
 
 
 def main() -> None:
+    # The Python group's execution model (the C++ Backend's is tests/torch/workers/cpp_native_ops.py):
+    # read when the group forms, so this part's group is the Python one whatever the default.
+    os.environ["JACKLRING_TORCH_NATIVE"] = "0"
     rank, world = init()
     pg = dist.distributed_c10d._get_default_group()
     t = torch.ones(4)
