@@ -276,11 +276,18 @@ class Executor:
         while True:
             if not self._busy.acquire(timeout=max(deadline - time.monotonic(), 0.0)):
                 raise TimeoutError(f"{self._name}: operations still running after {timeout:g} s")
-            self._busy.release()
+            try:
+                # Looked at while holding _busy: the thread pops only while it holds it, so an
+                # empty queue now means nothing runs either (looked at after releasing it, the
+                # thread could have popped an op and be running it).
+                with self._cond:
+                    if not self._queue:
+                        return
+            finally:
+                self._busy.release()
             with self._cond:
-                if not self._queue:
-                    return
-                self._cond.wait(0.001)  # the thread is about to take it
+                if self._queue:
+                    self._cond.wait(0.001)  # the thread is about to take it
             if time.monotonic() >= deadline:
                 raise TimeoutError(f"{self._name}: operations still queued after {timeout:g} s")
 
