@@ -9,6 +9,7 @@ is a DistributedError naming rank 0, both within wait_s.
 one lives here, above the backends, because its records are the store ring's.)"""
 from __future__ import annotations
 
+import functools
 from typing import Callable
 
 from ..backends.transport import auth
@@ -38,9 +39,15 @@ def exchange_id_via_store(store, key: str, rank: int, size: int, make_id: Callab
         if len(unique_id) > MAX_ID_BYTES:
             raise ValueError(f"an NCCL unique id of {len(unique_id)} bytes (at most {MAX_ID_BYTES})")
     mine = book.publish(unique_id.hex())
-    records = book.gather(mine, wait_s)
-    with book.defended(mine):
-        store_records.seal(store, f"{key}/", job, rank, records, wait_s, book.key_name)
+    told = functools.partial(store_records.told_tampering, store, f"{key}/", job, rank, size)
+    try:
+        records = book.gather(mine, wait_s)
+        with book.defended(mine):
+            store_records.seal(store, f"{key}/", job, rank, records, wait_s, book.key_name,
+                               watch=lambda missing: _stopped(rank, records, missing, told))
+    except IntegrityError as exc:  # peers waiting for this rank's seal name the tampering, at once
+        store_records.tell_tampering(store, f"{key}/", job, rank, size, book.run, str(exc))
+        raise
     if rank == 0:
         return unique_id
     try:
@@ -50,3 +57,15 @@ def exchange_id_via_store(store, key: str, rank: int, size: int, make_id: Callab
     if not unique_id:
         raise IntegrityError(f"rank {rank}: the NCCL id record at store key {book.key_name(0)!r} holds no id")
     return unique_id
+
+
+def _stopped(rank: int, records: list[store_records.Record], missing: list[int],
+             told: Callable[[int, str], "str | None"]) -> None:
+    """IntegrityError with the words of the first rank that has not sealed because it found a
+    tampered record (it said so in the store, under its nonce of this exchange), instead of
+    waiting wait_s for its seal."""
+    for q in missing:
+        verdict = told(q, records[q].run)
+        if verdict is not None:
+            raise IntegrityError(f"rank {rank}: jacklring rendezvous: rank {q} stopped exchanging the NCCL id: "
+                                 f"{verdict}")

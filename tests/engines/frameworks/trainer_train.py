@@ -57,6 +57,16 @@ def single_process() -> list[float]:
     return torch.cat([p.detach().flatten() for p in model.parameters()]).tolist()
 
 
+def formed_by() -> str:
+    """How the default group formed (the Python group's record; behind the C++ Backend too)."""
+    from adapter.torch_backend.process_group import JacklringProcessGroup
+    from adapter.torch_backend.cpp_backend import python_group
+
+    group = torch.distributed.distributed_c10d._get_default_group()
+    python = python_group(group, JacklringProcessGroup)
+    return python.rendezvous if python is not None else group.rendezvous
+
+
 if __name__ == "__main__":
     BACKEND = sys.argv[1] if len(sys.argv) > 1 else "jacklring"  # gloo: the same run for comparison
     trainer = L.Trainer(accelerator="cpu", devices=RANKS, strategy=DDPStrategy(process_group_backend=BACKEND),
@@ -66,7 +76,7 @@ if __name__ == "__main__":
     trainer.fit(module, torch.utils.data.DataLoader(data(), batch_size=PER_RANK, shuffle=False))
     sys.stdout.write("RESULT " + json.dumps({
         "rank": trainer.global_rank, "size": trainer.world_size, "backend": torch.distributed.get_backend(),
-        "steps": trainer.global_step, "formed": torch.distributed.distributed_c10d._get_default_group().rendezvous,
+        "steps": trainer.global_step, "formed": formed_by(),
         "params": torch.cat([p.detach().flatten() for p in module.parameters()]).tolist(),
         "single_process": single_process()}) + "\n")  # one write: ranks share the pipe
     sys.stdout.flush()
