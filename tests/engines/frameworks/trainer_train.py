@@ -59,8 +59,8 @@ def single_process() -> list[float]:
 
 def formed_by() -> str:
     """How the default group formed (the Python group's record; behind the C++ Backend too)."""
-    from adapter.torch_backend.process_group import JacklringProcessGroup
     from adapter.torch_backend.cpp_backend import python_group
+    from adapter.torch_backend.process_group import JacklringProcessGroup
 
     group = torch.distributed.distributed_c10d._get_default_group()
     python = python_group(group, JacklringProcessGroup)
