@@ -35,14 +35,34 @@ def without_secret(env: dict[str, str]) -> dict[str, str]:
     return {k: v for k, v in env.items() if k != "JACKLRING_SECRET"}
 
 
+# What a refusal names: the two ways to give a secret and the explicit opt-out.
+REFUSAL_NAMES = ("JACKLRING_SECRET=", "JACKLRING_SECRET_FILE=", "JACKLRING_ALLOW_UNAUTHENTICATED=1")
+
+
+def start_across(backend: str, body: str, tmp_path, veth, envs: list[dict[str, str]],
+                 env: dict[str, str] | None = None) -> list:
+    """Two ranks of `backend`, rank q in network namespace q (two hosts)."""
+    return start(backend, 2, body, tmp_path, envs=envs, env=env,
+                 wraps={0: veth.exec_prefix(0), 1: veth.exec_prefix(1)})
+
+
+def assert_refused(procs: list, codes: list[int], report: str, wording: str) -> None:
+    """Nothing got in, no rank formed, and each said ConfigError with `wording` and every name."""
+    assert not any(p.tagged("GOT") for p in procs), report
+    for p, code in zip(procs, codes):
+        assert code != 0 and not p.tagged("FORMED"), report
+        said = p.stdout + p.stderr  # the rank's INITERR line, or a traceback
+        assert "ConfigError" in said and wording in said, report
+        assert all(name in said for name in REFUSAL_NAMES), report
+
+
 @pytest.mark.timeout(120)
 def test_a_hostfile_spanning_hosts_without_a_secret_is_refused_and_nothing_gets_in(tmp_path, veth, outsider):
     envs = [without_secret(e) for e in rank_envs("ring", 2, tmp_path, hosts=list(veth.addresses))]
     addresses = json.loads((tmp_path / "ring-hosts.json").read_text())
     begin = time.monotonic()
-    procs = start("ring", 2, INJECTION_TARGET, tmp_path, envs=envs,
-                  env={"FAULT_DIR": str(tmp_path), "JACKLRING_CONNECT_TIMEOUT": "20"},
-                  wraps={0: veth.exec_prefix(0), 1: veth.exec_prefix(1)})
+    procs = start_across("ring", INJECTION_TARGET, tmp_path, veth, envs,
+                         {"FAULT_DIR": str(tmp_path), "JACKLRING_CONNECT_TIMEOUT": "20"})
     try:
         until = time.monotonic() + 40  # formed (before) or refused (now)
         while time.monotonic() < until and not all(p.popen.poll() is not None or p.tagged("FORMED") for p in procs):
@@ -57,13 +77,7 @@ def test_a_hostfile_spanning_hosts_without_a_secret_is_refused_and_nothing_gets_
         stop_all(procs)
     report = reports(procs) + out + err
     assert "ack status 0" not in out, report  # no forged handshake completed
-    assert not any(p.tagged("GOT") for p in procs), report
-    for p, code in zip(procs, codes):
-        assert code != 0 and not p.tagged("FORMED"), report
-        said = p.stdout + p.stderr  # the rank's INITERR line, or a traceback
-        assert "ConfigError" in said and "names hosts other than this one" in said, report
-        for name in ("JACKLRING_SECRET=", "JACKLRING_SECRET_FILE=", "JACKLRING_ALLOW_UNAUTHENTICATED=1"):
-            assert name in said, report
+    assert_refused(procs, codes, report, "names hosts other than this one")
     assert settled < 30, f"refused after {settled:.1f} s, not at once"
 
 
@@ -71,9 +85,8 @@ def test_a_hostfile_spanning_hosts_without_a_secret_is_refused_and_nothing_gets_
 def test_the_same_hostfile_forms_with_the_opt_out(tmp_path, veth):
     """The refusal is about the secret alone: with the opt-out the two hosts form and sum."""
     envs = [without_secret(e) for e in rank_envs("ring", 2, tmp_path, hosts=list(veth.addresses))]
-    procs = start("ring", 2, "say('SUM', float(all_sum(np.ones(4))[0]))", tmp_path, envs=envs,
-                  env={"JACKLRING_ALLOW_UNAUTHENTICATED": "1"},
-                  wraps={0: veth.exec_prefix(0), 1: veth.exec_prefix(1)})
+    procs = start_across("ring", "say('SUM', float(all_sum(np.ones(4))[0]))", tmp_path, veth, envs,
+                         {"JACKLRING_ALLOW_UNAUTHENTICATED": "1"})
     try:
         codes = finish_all(procs, 60)
     finally:
@@ -86,7 +99,6 @@ def test_the_same_hostfile_forms_with_the_opt_out(tmp_path, veth):
 # the same two hosts, rank 0 and the coordinator in the first, rank 1 in the second. The
 # outsider in the second host claims rank 1 at the coordinator with the key public facts give
 # (fake_peer.py). Before, the group formed without a secret; now both ranks refuse at once.
-JACCL_NAMES = ("JACKLRING_SECRET=", "JACKLRING_SECRET_FILE=", "JACKLRING_ALLOW_UNAUTHENTICATED=1")
 
 
 @pytest.mark.timeout(120)
@@ -94,9 +106,8 @@ def test_a_jaccl_coordinator_on_another_host_without_a_secret_is_refused(tmp_pat
     envs = [without_secret(e) for e in rank_envs("jaccl", 2, tmp_path, hosts=list(veth.addresses))]
     devices = json.loads((tmp_path / "jaccl-devices.json").read_text())
     begin = time.monotonic()
-    procs = start("jaccl", 2, INJECTION_TARGET, tmp_path, envs=envs,
-                  env={"FAULT_DIR": str(tmp_path), "JACKLRING_CONNECT_TIMEOUT": "20"},
-                  wraps={0: veth.exec_prefix(0), 1: veth.exec_prefix(1)})
+    procs = start_across("jaccl", INJECTION_TARGET, tmp_path, veth, envs,
+                         {"FAULT_DIR": str(tmp_path), "JACKLRING_CONNECT_TIMEOUT": "20"})
     try:
         attack = outsider("fake_peer.py", envs[0]["MLX_JACCL_COORDINATOR"], json.dumps(devices), 3,
                           wrap=veth.exec_prefix(1))
@@ -107,12 +118,7 @@ def test_a_jaccl_coordinator_on_another_host_without_a_secret_is_refused(tmp_pat
     finally:
         stop_all(procs)
     report = reports(procs) + out + err
-    assert not any(p.tagged("GOT") for p in procs), report
-    for p, code in zip(procs, codes):
-        assert code != 0 and not p.tagged("FORMED"), report
-        said = p.stdout + p.stderr
-        assert "ConfigError" in said and "host other than this one" in said, report
-        assert all(name in said for name in JACCL_NAMES), report
+    assert_refused(procs, codes, report, "host other than this one")
     assert settled < 30, f"refused after {settled:.1f} s, not at once"
 
 
@@ -122,8 +128,7 @@ def test_the_same_jaccl_group_forms_across_hosts_with_a_secret(tmp_path, veth):
     launcher does) the two hosts form and sum."""
     envs = rank_envs("jaccl", 2, tmp_path, hosts=list(veth.addresses))
     assert all("JACKLRING_SECRET" in e for e in envs)
-    procs = start("jaccl", 2, "say('SUM', float(all_sum(np.ones(4))[0]))", tmp_path, envs=envs,
-                  wraps={0: veth.exec_prefix(0), 1: veth.exec_prefix(1)})
+    procs = start_across("jaccl", "say('SUM', float(all_sum(np.ones(4))[0]))", tmp_path, veth, envs)
     try:
         codes = finish_all(procs, 60)
     finally:
@@ -147,5 +152,5 @@ def test_a_jaccl_newcomer_on_another_host_without_a_secret_is_refused(tmp_path, 
         stop_all(procs)
     said = procs[0].stdout + procs[0].stderr
     assert codes[0] != 0 and "ConfigError" in said and "host other than this one" in said, reports(procs)
-    assert all(name in said for name in JACCL_NAMES), said
+    assert all(name in said for name in REFUSAL_NAMES), said
     assert time.monotonic() - begin < 15, reports(procs)
