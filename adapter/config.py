@@ -214,10 +214,10 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
             'sockets only with unix, and its collectives stay on the mesh with unix or tcp'),
     Setting("JACKLRING_SHM_CHUNK_BYTES", byte_size, 2 << 20,
             "shared-memory buffer per rank and step (the segment is 2 x ranks x this)"),
-    Setting("JACKLRING_SHM_YIELD_US", microseconds, None,
+    Setting("JACKLRING_SHM_YIELD_US", microseconds, 1000.0,
             "after spinning, how long a rank waiting on shared memory keeps checking while giving its CPU "
-            "away (sched_yield) before it sleeps; default 1000 us, 0 (sleep at once) when the host has more than two "
-            "ranks per CPU"),
+            "away (sched_yield) before it sleeps; default 1000 us (none for 50 ms after a yield that kept the CPU "
+            "away 1 ms or more)"),
     Setting("JACKLRING_SHM_SMALL_BYTES", byte_size, 128 * 1024,
             "largest shared-memory all_reduce in which every rank reduces the whole message itself"),
     Setting("JACKLRING_P2P_SPILL_BYTES", byte_size, 1 << 30,

@@ -15,9 +15,9 @@ sys.path.insert(0, HERE)
 os.environ.setdefault("PYTHONFAULTHANDLER", "1")
 
 # The suite runs four workers on two cores, each starting groups of two to four ranks: the host
-# has more ranks than CPUs, the case where the library's waiters sleep at once instead of
-# spinning or yielding, but a rank cannot see the ranks of the tests beside it. Tell the ranks:
-# a waiter spinning or yielding while the peer it waits for is descheduled only adds CPU. The
+# has more ranks than CPUs, and a rank cannot see the ranks of the tests beside it. Tell the
+# ranks: a waiter spinning or yielding while the peer it waits for is descheduled only takes CPU
+# from the tests beside it. The
 # folders of the two transports whose waits these settings tune (tests/shm, tests/ring) run
 # with the library's defaults (the library_wait_defaults fixture below).
 OVERSUBSCRIBED_WAITS = {"JACKLRING_SPIN_US": "0", "JACKLRING_SHM_YIELD_US": "0"}

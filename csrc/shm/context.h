@@ -45,6 +45,9 @@ struct jl_ctx {
     int32_t poll_rank[JL_MAX_RANKS + JL_MAX_WATCHED];   /* socket: its peer's rank (or -1) */
     int npolls;
     jl_settings settings;
+    /* Until then (CLOCK_MONOTONIC ns) waits sleep without yielding first: a yield lately handed
+     * the CPU to something that kept it long (step.c, wait_for). */
+    int64_t yields_off_until;
     jl_stores stores;          /* plain or non-temporal stores for chunked messages (copy.c) */
     jl_stores stores_one_step; /* the same for one-step all-reduces, timed apart */
 };

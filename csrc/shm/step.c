@@ -208,13 +208,19 @@ static int sleep_for(jl_ctx *ctx, int32_t q, uint64_t step, int64_t deadline_ns,
     return rc;
 }
 
+/* A sched_yield() that returned this much later handed the CPU to something that kept it (a
+ * process outside the job, or ranks busy with long work): yielding then mostly feeds that, and
+ * the peers that have work to do wait behind it, so waits sleep instead for a while. */
+#define LONG_YIELD_NS 1000000LL
+#define YIELDS_OFF_NS 50000000LL
+
 /* Spin (pause instructions: the peer runs elsewhere and is about to publish), then check while
  * giving the CPU away (the peer may wait for this very CPU), then sleep. */
 static int wait_for(jl_ctx *ctx, int32_t q, uint64_t step, int64_t deadline_ns, jl_status *st) {
     int r;
     int64_t start = jl_now_ns();
     int64_t spin_until = start + ctx->settings.spin_ns;
-    int64_t yield_until = spin_until + ctx->settings.yield_ns;
+    int64_t yield_until = start < ctx->yields_off_until ? spin_until : spin_until + ctx->settings.yield_ns;
     int64_t now = start;
     while (now < yield_until) {
         for (int i = 0; i < 64; i++) {
@@ -224,9 +230,14 @@ static int wait_for(jl_ctx *ctx, int32_t q, uint64_t step, int64_t deadline_ns, 
                 break;
             cpu_relax();
         }
+        int64_t before = now;
         if (now >= spin_until)
             sched_yield();
         now = jl_now_ns();
+        if (now >= spin_until && now - before >= LONG_YIELD_NS) {
+            ctx->yields_off_until = now + YIELDS_OFF_NS;
+            break;
+        }
     }
     if ((r = reached(ctx, q, step, st)) != 0)
         return r > 0 ? 0 : -1;

@@ -9,7 +9,6 @@ to their backend's sockets together, since the decision is collective.
 from __future__ import annotations
 
 import logging
-import os
 from typing import Callable
 
 from ... import config
@@ -19,29 +18,7 @@ from .segment import PAGE, SharedGroup
 
 log = logging.getLogger("jacklring.shm")
 
-SPIN_US = 1.0                  # pause-instruction spin before yielding, unless JACKLRING_SPIN_US
-YIELD_US = 1000.0              # checking while yielding, unless the host is oversubscribed (below)
-OVERSUBSCRIBED_YIELD_US = 0.0  # sleep at once (see docs/shared-memory.md, "Waiting")
-YIELDING_RANKS_PER_CPU = 2     # up to this many ranks of the segment per CPU, waiters still yield
-
-
-def _cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
-
-
-def yield_seconds(local_ranks: int) -> float:
-    """How long a shared-memory waiter checks while yielding its CPU before it sleeps:
-    JACKLRING_SHM_YIELD_US when set, else YIELD_US, or OVERSUBSCRIBED_YIELD_US when the segment
-    has more than YIELDING_RANKS_PER_CPU ranks per CPU this process may run on: a yield then
-    mostly hands the CPU to another rank that has nothing to do either, and the step's last
-    rank waits behind them all (at 2 ranks per CPU it still finds the one with work at once)."""
-    value = config.get("JACKLRING_SHM_YIELD_US")
-    if value is None:
-        value = YIELD_US if local_ranks <= YIELDING_RANKS_PER_CPU * _cpus() else OVERSUBSCRIBED_YIELD_US
-    return value * 1e-6
+SPIN_US = 1.0  # pause-instruction spin before yielding, unless JACKLRING_SPIN_US
 
 
 def attach(rank: int, size: int, gather: Callable[[bytes], list[bytes]], describe: Callable[[bytes], str],
@@ -65,7 +42,7 @@ def attach(rank: int, size: int, gather: Callable[[bytes], list[bytes]], describ
         # keeps a peer that waits for this CPU off it; pure busy-spinning measured several times
         # slower on a loaded host, so longer spins are off unless asked for.
         spin = config.get("JACKLRING_SPIN_US")
-        group.configure(spin_s=(SPIN_US if spin is None else spin) * 1e-6, yield_s=yield_seconds(group.size),
+        group.configure(spin_s=(SPIN_US if spin is None else spin) * 1e-6, yield_s=config.get("JACKLRING_SHM_YIELD_US") * 1e-6,
                         stall_report_s=config.get("JACKLRING_STALL_REPORT"),
                         small_bytes=config.get("JACKLRING_SHM_SMALL_BYTES"))
     return placement
