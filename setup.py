@@ -33,7 +33,12 @@ def extensions() -> list:
     folders = [os.path.join("csrc", "shm"), os.path.join("csrc", "python")]
     sources = sorted(glob.glob(os.path.join(folders[0], "*.c"))) + sorted(glob.glob(os.path.join(folders[1], "*.c")))
     headers = sorted(h for folder in folders for h in glob.glob(os.path.join(folder, "*.h")))
+    # numpy's headers (pyproject.toml's build requirements): the fast path reads arrays through its C API;
+    # built against numpy 2, the module runs with numpy 1.x too (numpy's default target version).
+    import numpy
+
     return [Extension("adapter.backends.local._engine", sources=sources, depends=headers,
+                      include_dirs=[numpy.get_include()],
                       extra_compile_args=["-std=c11", "-O3", "-Wall", "-Wextra", "-Werror"])]
 
 

@@ -3,18 +3,26 @@
  * Shell: what a group's Python shell (adapter/backends/local/shell.py) does around an all_reduce
  * over its segment (the lock, the "given up" check, the sequence number, the header in the ring's
  * or JACCL's layout, the deadline) for the common case only: an
- * exact numpy array, C-contiguous, a native dtype and an op the library accepts for it, in place
- * (out=x), into a separate array of its shape and dtype, or into a fresh array. Anything else
- * returns NotImplemented before anything happened, and the caller runs its Python path, which
- * words every refusal as it always did. A failed collective goes to the group's Python failure
- * handler (failed(header, deadline, status tuple or exception), called with the lock held; it
- * raises), so every exception and message is the Python path's. Nothing is allocated on success
- * beyond a fresh result array. */
+ * exact numpy array, C-contiguous and aligned, a dtype of the group's table (native byte order,
+ * bfloat16 included) and an op the library accepts for it, in place (out=x), into a separate
+ * array of its shape and dtype, or into a fresh array. Anything else returns NotImplemented
+ * before anything happened, and the caller runs its Python path, which words every refusal as it
+ * always did. A failed collective goes to the group's Python failure handler (failed(header,
+ * deadline, status tuple or exception), called with the lock held; it raises), so every
+ * exception and message is the Python path's.
+ *
+ * The arrays are read through numpy's C API (their flags, descriptor and data pointer), not the
+ * buffer protocol: a buffer request makes numpy build (and, for a fresh array, allocate) a
+ * description of the array at every call. Nothing is allocated on success beyond a fresh
+ * result array, made like x by numpy without a Python call. */
 #include "shell.h"
 
 #include <math.h>
 #include <string.h>
 #include <time.h>
+
+#define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
+#include <numpy/arrayobject.h>
 
 #include "lock.h"
 #include "segment_object.h"
@@ -32,8 +40,6 @@ typedef struct {
     Lock *lock;
     PyObject *failure;    /* .why: None while the group is usable */
     PyObject *failed;     /* failed(header, deadline, status tuple or exception): raises */
-    PyObject *empty_like; /* numpy.empty_like */
-    PyObject *ndarray;    /* numpy.ndarray */
     double timeout;       /* seconds per collective */
     int layout;           /* SHELL_RING or SHELL_JACCL: the header's layout */
     int refuse;           /* a busy lock: NotImplemented (the Python path refuses), not a wait */
@@ -41,42 +47,41 @@ typedef struct {
     uint8_t op_code;               /* the header's operation (all_reduce) */
     int64_t extra[JL_OPS];         /* the header's extra field per jl_op */
     unsigned char reducible[JL_DTYPES]; /* bit op set: the library accepts (dtype code, op) */
-    /* The numpy dtype objects the fast path takes (native byte order, builtin: numpy hands out
-     * one object per such dtype) and their codes: an array's dtype is found by identity. */
+    /* The numpy dtype objects the fast path takes (native byte order; numpy hands out one
+     * object per builtin dtype, ml_dtypes one for bfloat16) and their codes: an array's dtype
+     * is found by identity. */
     PyObject *dtypes[2 * JL_DTYPES];
     int codes[2 * JL_DTYPES];
     int ndtypes;
     unsigned char header[JL_HEADER_BYTES];
 } Shell;
 
-static PyObject *why_name;   /* "why", interned */
-static PyObject *dtype_name; /* "dtype", interned */
+static PyObject *why_name; /* "why", interned */
 
-/* The engine's dtype code of a numpy array (by its dtype object's identity), 0 when the fast
- * path does not take it: another byte order, bfloat16 (no buffer protocol), a non-numeric type.
- * Reading the dtype spares numpy the buffer's format string (built anew at every request). */
-static int dtype_of(Shell *self, PyObject *arr) {
-    PyObject *dtype = PyObject_GetAttr(arr, dtype_name);
-    if (dtype == NULL) {
-        PyErr_Clear();
-        return 0;
-    }
-    int code = 0;
-    for (int i = 0; i < self->ndtypes; i++) {
-        if (self->dtypes[i] == dtype) {
-            code = self->codes[i];
-            break;
-        }
-    }
-    Py_DECREF(dtype);
-    return code;
+/* The engine's dtype code of a numpy array (by its descriptor's identity), 0 when the fast path
+ * does not take it: another byte order, a non-numeric type. */
+static int dtype_of(Shell *self, PyArrayObject *arr) {
+    PyObject *dtype = (PyObject *)PyArray_DESCR(arr);
+    for (int i = 0; i < self->ndtypes; i++)
+        if (self->dtypes[i] == dtype)
+            return self->codes[i];
+    return 0;
 }
 
-static int same_shape(const Py_buffer *a, const Py_buffer *b) {
-    if (a->ndim != b->ndim)
+/* What the fast path needs of an array: C-contiguous and aligned (the engine reads whole
+ * elements), writable where written. */
+static int usable(PyArrayObject *arr, int writable) {
+    int need = NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_ALIGNED | (writable ? NPY_ARRAY_WRITEABLE : 0);
+    return (PyArray_FLAGS(arr) & need) == need;
+}
+
+static int same_shape(PyArrayObject *a, PyArrayObject *b) {
+    int nd = PyArray_NDIM(a);
+    if (nd != PyArray_NDIM(b))
         return 0;
-    for (int i = 0; i < a->ndim; i++)
-        if (a->shape[i] != b->shape[i])
+    npy_intp *sa = PyArray_DIMS(a), *sb = PyArray_DIMS(b);
+    for (int i = 0; i < nd; i++)
+        if (sa[i] != sb[i])
             return 0;
     return 1;
 }
@@ -136,8 +141,6 @@ static void hand_failure(Shell *self, int rc, const jl_status *st, double deadli
     }
 }
 
-#define C_BUFFER PyBUF_C_CONTIGUOUS /* no format: the dtype comes from dtype_of */
-
 /* all_reduce(x, out, op): op a jl_op; out x (in place), None (a fresh result) or a separate
  * array. Returns the result, or NotImplemented when this call is not the fast path's. */
 static PyObject *Shell_all_reduce(Shell *self, PyObject *const *args, Py_ssize_t n) {
@@ -148,82 +151,71 @@ static PyObject *Shell_all_reduce(Shell *self, PyObject *const *args, Py_ssize_t
     PyObject *x = args[0], *out = args[1];
     int overflow;
     long op = PyLong_AsLongAndOverflow(args[2], &overflow);
-    PyTypeObject *ndarray = (PyTypeObject *)self->ndarray;
     jl_ctx *ctx = self->segment->ctx;
-    if (Py_TYPE(x) != ndarray || (out != x && out != Py_None && Py_TYPE(out) != ndarray) || ctx == NULL ||
+    if (!PyArray_CheckExact(x) || (out != x && out != Py_None && !PyArray_CheckExact(out)) || ctx == NULL ||
         op < 0 || op >= JL_OPS) {
         PyErr_Clear(); /* a non-integer op: the Python path says so */
         Py_RETURN_NOTIMPLEMENTED;
     }
-    int dtype = dtype_of(self, x);
-    if (dtype == 0 || !(self->reducible[dtype] >> op & 1))
+    PyArrayObject *src = (PyArrayObject *)x;
+    int dtype = dtype_of(self, src);
+    if (dtype == 0 || !(self->reducible[dtype] >> op & 1) || !usable(src, out == x) ||
+        (size_t)PyArray_ITEMSIZE(src) != jl_dtype_size(dtype))
         Py_RETURN_NOTIMPLEMENTED;
-    Py_buffer src, dst;
-    if (PyObject_GetBuffer(x, &src, out == x ? (C_BUFFER | PyBUF_WRITABLE) : C_BUFFER) < 0) {
-        PyErr_Clear(); /* not C-contiguous, read-only, ... */
-        Py_RETURN_NOTIMPLEMENTED;
-    }
-    PyObject *result = NULL;
-    void *into = src.buf;
-    int own_dst = 0;
-    if ((size_t)src.itemsize != jl_dtype_size(dtype))
-        goto not_mine;
-    if (out == x) {
-        result = x;
-        Py_INCREF(result);
+    PyArrayObject *dst = src;
+    if (out == Py_None) {
+        /* like x (C-contiguous): its dtype and shape, a base-class array; NewFromDescr takes a
+         * reference to the descriptor */
+        PyArray_Descr *descr = PyArray_DESCR(src);
+        Py_INCREF(descr);
+        dst = (PyArrayObject *)PyArray_NewFromDescr(&PyArray_Type, descr, PyArray_NDIM(src), PyArray_DIMS(src), NULL,
+                                                    NULL, 0, NULL);
+        if (dst == NULL)
+            return NULL;
+    } else if (out != x) {
+        dst = (PyArrayObject *)out;
+        const char *a = PyArray_BYTES(src), *b = PyArray_BYTES(dst);
+        npy_intp len = PyArray_NBYTES(src);
+        if (dtype_of(self, dst) != dtype || !usable(dst, 1) || !same_shape(src, dst) || !(a + len <= b || b + len <= a))
+            Py_RETURN_NOTIMPLEMENTED; /* the Python path refuses it, or finds it in place, and says so */
+        Py_INCREF(dst);
     } else {
-        if (out == Py_None) {
-            result = PyObject_CallOneArg(self->empty_like, x);
-            if (result == NULL)
-                goto error;
-        } else {
-            result = out;
-            Py_INCREF(result);
-        }
-        if (PyObject_GetBuffer(result, &dst, C_BUFFER | PyBUF_WRITABLE) < 0) {
-            if (out == Py_None)
-                goto error;
-            PyErr_Clear();
-            goto not_mine;
-        }
-        own_dst = 1;
-        const char *a = src.buf, *b = dst.buf;
-        if ((out != Py_None && dtype_of(self, out) != dtype) || !same_shape(&src, &dst) ||
-            !(a + src.len <= b || b + dst.len <= a))
-            goto not_mine; /* the Python path refuses it, or finds it in place, and says so */
-        into = dst.buf;
+        Py_INCREF(dst);
     }
+    /* Held for the call: an array another thread could resize (refcheck) or free meanwhile. */
+    Py_INCREF(src);
+    PyObject *result = (PyObject *)dst;
     int taken = jl_lock_take(self->lock, !self->refuse);
-    if (taken < 0)
-        goto error;
-    if (taken == 0)
-        goto not_mine; /* another thread runs a collective: the Python path refuses, in its words */
+    if (taken <= 0)
+        goto not_taken; /* < 0: an error; 0: another thread runs a collective (the Python path
+                         * refuses, in its words) */
     PyObject *why = PyObject_GetAttr(self->failure, why_name);
     if (why == NULL) {
         jl_lock_give(self->lock);
-        goto error;
+        taken = -1;
+        goto not_taken;
     }
     int given_up = why != Py_None;
     Py_DECREF(why);
     ctx = self->segment->ctx; /* closed while this thread waited for the lock? */
     if (given_up || ctx == NULL) {
         jl_lock_give(self->lock); /* the Python path raises what the group's state says */
-        goto not_mine;
+        taken = 0;
+        goto not_taken;
     }
-    size_t item = jl_dtype_size(dtype);
-    pack_header(self, dtype, jl_next_sequence(ctx), (uint64_t)src.len, (int)op);
+    size_t bytes = (size_t)PyArray_NBYTES(src);
+    pack_header(self, dtype, jl_next_sequence(ctx), (uint64_t)bytes, (int)op);
     double deadline = monotonic_s() + self->timeout;
     int64_t deadline_ns = (isinf(deadline) || deadline * 1e9 >= 9.2e18) ? JL_NO_DEADLINE : (int64_t)(deadline * 1e9);
+    void *from = PyArray_DATA(src), *into = PyArray_DATA(dst);
     jl_status st;
     int rc;
     self->segment->running = self->header;
     Py_BEGIN_ALLOW_THREADS
-    rc = jl_all_reduce(ctx, src.buf, into, (size_t)src.len / item, dtype, (int)op, self->header, deadline_ns, &st);
+    rc = jl_all_reduce(ctx, from, into, bytes / jl_dtype_size(dtype), dtype, (int)op, self->header, deadline_ns, &st);
     Py_END_ALLOW_THREADS
     self->segment->running = NULL;
-    PyBuffer_Release(&src);
-    if (own_dst)
-        PyBuffer_Release(&dst);
+    Py_DECREF(src);
     if (rc != JL_OK)
         hand_failure(self, rc, &st, deadline);
     jl_lock_give(self->lock);
@@ -232,18 +224,12 @@ static PyObject *Shell_all_reduce(Shell *self, PyObject *const *args, Py_ssize_t
         return NULL;
     }
     return result;
-not_mine:
-    PyBuffer_Release(&src);
-    if (own_dst)
-        PyBuffer_Release(&dst);
-    Py_XDECREF(result);
+not_taken:
+    Py_DECREF(src);
+    Py_DECREF(result);
+    if (taken < 0)
+        return NULL;
     Py_RETURN_NOTIMPLEMENTED;
-error:
-    PyBuffer_Release(&src);
-    if (own_dst)
-        PyBuffer_Release(&dst);
-    Py_XDECREF(result);
-    return NULL;
 }
 
 static void dtypes_clear(Shell *self) {
@@ -284,24 +270,27 @@ static int dtype_table(Shell *self, PyObject *pairs) {
     return 0;
 }
 
-/* Shell(segment, lock, failure, failed, empty_like, ndarray, timeout, magic, op_code, extras,
- * reducible, dtypes, layout=0, refuse=False): dtypes, (numpy dtype, engine code) pairs; extras, the header's extra field (the ring's) or reduce
+/* Shell(segment, lock, failure, failed, timeout, magic, op_code, extras, reducible, dtypes,
+ * layout=0, refuse=False): dtypes, (numpy dtype, engine code) pairs; extras, the header's extra field (the ring's) or reduce
  * byte (JACCL's) per jl_op (7 ints); reducible, 16 bytes by dtype code, bit op set where the
  * library accepts (dtype, op); layout, SHELL_RING or SHELL_JACCL; refuse, whether a busy lock
  * means NotImplemented (the group refuses a second thread) rather than a wait. */
 static int Shell_init(Shell *self, PyObject *args, PyObject *kwargs) {
-    PyObject *segment, *lock, *failure, *failed, *empty_like, *ndarray, *extras, *dtypes;
+    PyObject *segment, *lock, *failure, *failed, *extras, *dtypes;
     double timeout;
     int magic, op_code;
     const char *reducible;
     Py_ssize_t reducible_len;
     int layout = SHELL_RING, refuse = 0;
-    static char *keywords[] = {"segment", "lock", "failure", "failed", "empty_like", "ndarray", "timeout",
-                               "magic", "op_code", "extras", "reducible", "dtypes", "layout", "refuse", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!O!OOOO!diiOy#O|ip", keywords, &SegmentType, &segment,
-                                     &LockType, &lock, &failure, &failed, &empty_like, &PyType_Type, &ndarray,
-                                     &timeout, &magic, &op_code, &extras, &reducible, &reducible_len, &dtypes,
-                                     &layout, &refuse))
+    static char *keywords[] = {"segment", "lock", "failure", "failed", "timeout", "magic", "op_code",
+                               "extras", "reducible", "dtypes", "layout", "refuse", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!O!OOdiiOy#O|ip", keywords, &SegmentType, &segment, &LockType,
+                                     &lock, &failure, &failed, &timeout, &magic, &op_code, &extras, &reducible,
+                                     &reducible_len, &dtypes, &layout, &refuse))
+        return -1;
+    /* numpy's C API, looked up when the first group makes its shell (numpy is imported by
+     * then; importing the engine alone does not import it) */
+    if (PyArray_API == NULL && _import_array() < 0)
         return -1;
     if (dtype_table(self, dtypes) < 0)
         return -1;
@@ -344,10 +333,6 @@ static int Shell_init(Shell *self, PyObject *args, PyObject *kwargs) {
     Py_XSETREF(self->failure, failure);
     Py_INCREF(failed);
     Py_XSETREF(self->failed, failed);
-    Py_INCREF(empty_like);
-    Py_XSETREF(self->empty_like, empty_like);
-    Py_INCREF(ndarray);
-    Py_XSETREF(self->ndarray, ndarray);
     return 0;
 }
 
@@ -357,8 +342,6 @@ static void Shell_dealloc(Shell *self) {
     Py_XDECREF(self->lock);
     Py_XDECREF(self->failure);
     Py_XDECREF(self->failed);
-    Py_XDECREF(self->empty_like);
-    Py_XDECREF(self->ndarray);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -403,8 +386,7 @@ static PyTypeObject ShellType = {
 
 int jl_shell_add_types(PyObject *module) {
     why_name = PyUnicode_InternFromString("why");
-    dtype_name = PyUnicode_InternFromString("dtype");
-    if (why_name == NULL || dtype_name == NULL || jl_lock_add_type(module) < 0 || PyType_Ready(&ShellType) < 0)
+    if (why_name == NULL || jl_lock_add_type(module) < 0 || PyType_Ready(&ShellType) < 0)
         return -1;
     Py_INCREF(&ShellType);
     if (PyModule_AddObject(module, "Shell", (PyObject *)&ShellType) < 0) {

@@ -15,6 +15,7 @@ import sys
 import sysconfig
 from pathlib import Path
 
+import numpy
 import pytest
 from contract.backends import DATA_PATH, VARIANTS
 from ranks import ROOT, launch, output_tail, run
@@ -55,7 +56,8 @@ def sanitized(tmp_path_factory) -> dict[str, str]:
     subprocess.run(["cc", "-std=c11", "-O1", "-g", "-fno-omit-frame-pointer", "-fsanitize=address,undefined",
                     "-DJL_STORES_FORCE=1",
                     "-fno-sanitize-recover=all", "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC",
-                    "-I", sysconfig.get_paths()["include"], *sources, "-o", str(module)], check=True)
+                    "-I", sysconfig.get_paths()["include"], "-I", numpy.get_include(), *sources, "-o", str(module)],
+                   check=True)
     (folder / "sitecustomize.py").write_text(LOADER.format(path=str(module)))
     env = dict(os.environ)
     env.update(PYTHONPATH=f"{folder}{os.pathsep}{ROOT}", LD_PRELOAD=f"{asan} {ubsan}",

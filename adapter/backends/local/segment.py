@@ -50,8 +50,8 @@ def _reducible() -> bytes:
 
 def _fast_dtypes() -> list[tuple[np.dtype, int]]:
     """(dtype, code) for the dtypes the fast path reads by identity: the native numpy ones (both
-    names of a 64-bit integer); bfloat16 has no buffer protocol and stays on the Python path."""
-    pairs = [(dtype, code) for dtype, code in DTYPE_CODES.items() if dtype != BFLOAT16]
+    names of a 64-bit integer) and bfloat16 (read through numpy's C API, not its buffer protocol)."""
+    pairs = list(DTYPE_CODES.items())
     for alias in (np.dtype(np.longlong), np.dtype(np.ulonglong)):
         if all(alias is not dtype for dtype, _ in pairs):
             pairs.append((alias, DTYPE_CODES[alias]))
@@ -141,8 +141,8 @@ class SharedGroup:
         ring's magic, op_code, dtype code, sequence, byte count, extras[engine op]; or JACCL's);
         it returns NotImplemented for any call it does not take. A failure goes to
         failed(header, deadline, status or exception), called with the lock held, which raises."""
-        return engine.shell_type()(self._seg, lock, failure, failed, np.empty_like, np.ndarray, timeout, magic,
-                                   op_code, extras, _reducible(), _fast_dtypes(), layout, refuse)
+        return engine.shell_type()(self._seg, lock, failure, failed, timeout, magic, op_code, extras, _reducible(),
+                                   _fast_dtypes(), layout, refuse)
 
     def raise_status(self, status: tuple, header: bytes | None) -> None:
         """Raise what a failed engine call's status means (local/engine.py's wording)."""

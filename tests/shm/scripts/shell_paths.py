@@ -1,8 +1,8 @@
 """The engine's fast path (Group.fast, csrc/python/shell.c) beside the Python path, over shared
 memory. argv[1] says what to check:
 
-mix (2 ranks, ring or JACCL): the ranks mix out=x, fresh results, out=other (fast) with non-contiguous, bfloat16
-  and all_reduce(op) calls (Python path) in one job: bit-identical results, the same sequence
+mix (2 ranks, ring or JACCL): the ranks mix out=x, fresh results, out=other, bfloat16 (fast) with
+  non-contiguous and all_reduce(op) calls (Python path) in one job: bit-identical results, the same sequence
   number everywhere (the segment's), no mismatch; then another thread of rank 0 runs while rank
   0's fast call waits for a late rank 1 (the GIL is released); then a mismatch (different sizes)
   through the fast path on one sub-group and through the Python path on another: the same
@@ -66,17 +66,21 @@ def mix() -> None:
             got = adapter.all_reduce(x, "sum", out=x)  # the Python path (ops._all_reduce)
         if got.tobytes() != want(size, dtype).tobytes():
             fail(f"collective {i} (path {how}): {got[:5]} != {want(size, dtype)[:5]}")
-        y = data(r, 9, ml_dtypes.bfloat16)  # bfloat16 has no buffer protocol: the Python path
-        if adapter.all_sum(y).tobytes() != want(9, ml_dtypes.bfloat16).tobytes():
+        y = data(r, 9, ml_dtypes.bfloat16)
+        got = adapter.all_sum(y) if (i + r) % 2 else adapter.all_reduce(y, "sum")  # fast / Python path
+        if got.tobytes() != want(9, ml_dtypes.bfloat16).tobytes():
             fail(f"bfloat16 after collective {i}")
         z = data(r, 3, np.int32)
         got = adapter.all_max(z) if (i + r) % 2 else adapter.all_reduce(z, "max")
         if got.tobytes() != want(3, np.int32, np.maximum).tobytes():
             fail(f"max after collective {i}")
     # The fast path took its calls (and left the others): asked directly, as ops asks.
-    x = data(r, 4, np.float32)
-    if g.fast.all_reduce(x, x, 0) is NotImplemented or g.fast.all_reduce(x[::2], None, 0) is not NotImplemented:
-        fail("the fast path took the wrong calls")
+    x, b = data(r, 4, np.float32), data(r, 4, ml_dtypes.bfloat16)
+    taken = [g.fast.all_reduce(x, x, 0), g.fast.all_reduce(b, None, 0)]
+    left = [g.fast.all_reduce(x[::2], None, 0), g.fast.all_reduce(x.astype(">f4"), None, 0),
+            g.fast.all_reduce(np.frombuffer(bytearray(17), np.float32, 4, 1), None, 0)]  # unaligned
+    if any(t is NotImplemented for t in taken) or any(t is not NotImplemented for t in left):
+        fail(f"the fast path took the wrong calls: {taken} {left}")
     if state is not None:
         seqs = adapter.all_gather(np.array([state.seq], np.int64))
         if state.seq != state.shm.sequence or len(set(seqs.tolist())) != 1:
