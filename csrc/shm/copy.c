@@ -22,6 +22,11 @@
  * either kind gives the same bytes, so they need not agree; they run their trials in the same
  * calls, since every member runs the same collectives in the same order.
  *
+ * The host may also move the CPUs while a job runs, and a round of large messages lasts seconds:
+ * so when calls in a row cost more than twice the chosen kind's trial, the next round starts at
+ * once. Load slows calls too, without making the other kind better: a round started early that
+ * keeps the same kind doubles the slow calls needed to start the next one early.
+ *
  * Non-temporal stores are weakly ordered: a later plain or release store (the step counter that
  * publishes the buffer) may become visible before them. So every streaming copy ends with an
  * sfence, which makes them globally visible first; the counter's store then publishes data that
@@ -42,6 +47,7 @@
 #define RUN 6      /* then RUN calls with plain stores and RUN streamed: the trials */
 #define TRIALS (2 * RUN)
 #define MARGIN 10  /* streaming must be this many percent faster (its fence and memory traffic) */
+#define SLOW_CALLS 8 /* calls in a row over twice the chosen trial's cost that start a round early */
 
 int jl_stores_pick(const jl_stores *s) {
 #ifdef JL_STORES_FORCE /* measurement builds: one kind only */
@@ -53,16 +59,45 @@ int jl_stores_pick(const jl_stores *s) {
 #endif
 }
 
+/* A call with the chosen kind (outside the trials): start the next round now after enough slow
+ * calls in a row. */
+static void watch(jl_stores *s, uint64_t cost) {
+    if (s->chosen_cost == 0 || cost <= 2 * s->chosen_cost) {
+        s->slow = 0;
+        return;
+    }
+    if (s->patience == 0)
+        s->patience = SLOW_CALLS;
+    if (++s->slow < s->patience)
+        return;
+    s->slow = 0;
+    s->calls += ROUND - s->calls % ROUND; /* the next call is the new round's first */
+    s->chosen_cost = 0;                   /* marks the round as started early (below) */
+}
+
 void jl_stores_took(jl_stores *s, int stream, int64_t ns, size_t bytes) {
     uint64_t phase = s->calls++ % ROUND;
-    if (phase < WARM || phase >= WARM + TRIALS || bytes == 0)
+    if (bytes == 0)
         return;
     uint64_t cost = (uint64_t)(ns < 1 ? 1 : ns) * 1024 / bytes + 1; /* + 1: never "none yet" */
+    if (phase < WARM || phase >= WARM + TRIALS) {
+        if (phase >= WARM + TRIALS)
+            watch(s, cost);
+        return;
+    }
     /* A run's first call pays for the lines the other kind left behind: not counted. */
     if ((phase - WARM) % RUN != 0 && (s->best[stream] == 0 || cost < s->best[stream]))
         s->best[stream] = cost;
     if (phase == WARM + TRIALS - 1) {
-        s->chosen = s->best[1] * 100 < s->best[0] * (100 - MARGIN);
+        int chosen = s->best[1] * 100 < s->best[0] * (100 - MARGIN);
+        /* Early (chosen_cost 0 after a first round) and the same kind again: load, not placement. */
+        int early = s->chosen_cost == 0 && s->patience != 0;
+        if (early && chosen == s->chosen)
+            s->patience = s->patience < ROUND / 2 ? s->patience * 2 : ROUND;
+        else if (chosen != s->chosen)
+            s->patience = SLOW_CALLS; /* the placement moved: watch closely again */
+        s->chosen = chosen;
+        s->chosen_cost = s->best[chosen];
 #ifdef JL_STORES_TRACE /* measurement builds: each choice on stderr */
         fprintf(stderr, "jl-stores plain %llu stream %llu ns/KiB -> %s\n", (unsigned long long)s->best[0],
                 (unsigned long long)s->best[1], s->chosen ? "stream" : "plain");

@@ -20,9 +20,13 @@
 /* Which stores a context's large collectives use, chosen by timing them (copy.c says why and
  * how). All zero: nothing measured yet. */
 typedef struct {
-    uint64_t calls;   /* timed all-reduces of JL_STREAM_MIN_BYTES and more */
-    uint64_t best[2]; /* this round's fastest trial, ns per KiB, by mode (0: none yet) */
-    int chosen;       /* 1: non-temporal stores, 0: plain */
+    uint64_t calls;       /* timed all-reduces of JL_STREAM_MIN_BYTES and more */
+    uint64_t best[2];     /* this round's fastest trial, ns per KiB, by mode (0: none yet) */
+    uint64_t chosen_cost; /* the chosen kind's fastest trial, ns per KiB (0: none yet) */
+    uint32_t slow;        /* calls in a row since then that cost over twice that */
+    uint32_t patience;    /* how many such calls start the next round early (grows when one
+                           * changes nothing) */
+    int chosen;           /* 1: non-temporal stores, 0: plain */
 } jl_stores;
 
 /* The stores for the next timed all-reduce (1: non-temporal), and what it took. */
