@@ -12,7 +12,7 @@
  *
  * Writes into a member's own buffer (the lines its peers read in the last steps) may use
  * non-temporal stores for messages from JL_STREAM_MIN_BYTES on (one-step all-reduces: from
- * JL_STREAM_ONE_STEP_MIN_BYTES), as the context's timing of its all-reduces chose (copy.c says
+ * JL_STREAM_ONE_STEP_MIN_BYTES), as the context's timing of that collective chose (copy.c says
  * why); writes into the caller's memory keep plain stores. */
 #include <string.h>
 
@@ -36,6 +36,37 @@ static inline void copy(void *dst, const void *src, size_t bytes) {
         memmove(dst, src, bytes);
 }
 
+/* A collective's trial of store kinds (copy.c): which kind it uses, and the member's own work
+ * (its copies and reductions, not its waits for the peers) timed when the message is large
+ * enough to choose for. */
+typedef struct {
+    jl_stores *stores; /* NULL: not timed (plain stores) */
+    int stream;
+    int64_t start, work;
+} trial;
+
+static void trial_begin(trial *t, jl_stores *stores, size_t bytes, size_t min_bytes) {
+    t->stores = bytes >= min_bytes ? stores : NULL;
+    t->stream = t->stores ? jl_stores_pick(stores) : 0;
+    t->work = 0;
+    t->start = t->stores ? jl_now_ns() : 0;
+}
+
+static inline void trial_wait(trial *t) { /* before an exchange */
+    if (t->stores)
+        t->work += jl_now_ns() - t->start;
+}
+
+static inline void trial_go(trial *t) { /* after it */
+    if (t->stores)
+        t->start = jl_now_ns();
+}
+
+static void trial_end(trial *t, size_t bytes) {
+    if (t->stores)
+        jl_stores_took(t->stores, t->stream, t->work + jl_now_ns() - t->start, bytes);
+}
+
 /* The start of block q when count elements are split in n blocks differing by at most one (the
  * first count % n are the larger): elements.block_bounds. */
 static inline size_t bound(size_t count, int32_t n, int32_t q) {
@@ -47,22 +78,18 @@ static int small_all_reduce(jl_ctx *ctx, const void *src, void *dst, size_t coun
                             const unsigned char *header, int64_t deadline_ns, jl_status *st) {
     size_t bytes = count * jl_dtype_size(dtype);
     int parity = (int)(ctx->step & 1);
-    int timed = bytes >= JL_STREAM_ONE_STEP_MIN_BYTES;
-    int stream = timed ? jl_stores_pick(&ctx->stores_one_step) : 0;
-    int64_t start = timed ? jl_now_ns() : 0, work = 0;
-    jl_copy_shared(ctx->buf[ctx->member][parity], src, bytes, stream);
-    if (timed)
-        work = jl_now_ns() - start;
+    trial t;
+    trial_begin(&t, &ctx->stores_one_step, bytes, JL_STREAM_ONE_STEP_MIN_BYTES);
+    jl_copy_shared(ctx->buf[ctx->member][parity], src, bytes, t.stream);
+    trial_wait(&t);
     if (jl_exchange(ctx, header, deadline_ns, st) < 0)
         return failed(ctx, st);
-    if (timed)
-        start = jl_now_ns();
+    trial_go(&t);
     const void *parts[JL_MAX_RANKS];
     for (int32_t q = 0; q < ctx->size; q++)
         parts[q] = ctx->buf[q][parity];
     jl_reduce(dst, parts, ctx->size, count, dtype, op);
-    if (timed)
-        jl_stores_took(&ctx->stores_one_step, stream, work + jl_now_ns() - start, bytes);
+    trial_end(&t, bytes);
     return JL_OK;
 }
 
@@ -85,10 +112,9 @@ int jl_all_reduce(jl_ctx *ctx, const void *src, void *dst, size_t count, int dty
     size_t p_lo = 0, p_len = 0;
     int p_parity = 0;
     const void *parts[JL_MAX_RANKS];
-    int timed = count * item >= JL_STREAM_MIN_BYTES;
-    int stream = timed ? jl_stores_pick(&ctx->stores) : 0;
-    /* The trials time this member's own work, not its waits for the peers (copy.c) */
-    int64_t start = timed ? jl_now_ns() : 0, work = 0;
+    trial t;
+    trial_begin(&t, &ctx->stores, count * item, JL_STREAM_MIN_BYTES);
+    int stream = t.stream;
     for (size_t k = 0; k <= chunks; k++) {
         unsigned char *mine = ctx->buf[r][ctx->step & 1];
         if (pending) {
@@ -109,13 +135,11 @@ int jl_all_reduce(jl_ctx *ctx, const void *src, void *dst, size_t count, int dty
                 jl_copy_shared(mine + (size_t)q * w * item, in + (lo + a) * item, (b - a) * item, stream);
             }
         }
-        if (timed)
-            work += jl_now_ns() - start;
+        trial_wait(&t);
         int p = jl_exchange(ctx, k == 0 ? header : NULL, deadline_ns, st);
         if (p < 0)
             return failed(ctx, st);
-        if (timed)
-            start = jl_now_ns();
+        trial_go(&t);
         if (pending) {
             for (int32_t q = 0; q < n; q++) {
                 if (q == r)
@@ -129,8 +153,7 @@ int jl_all_reduce(jl_ctx *ctx, const void *src, void *dst, size_t count, int dty
         p_len = len;
         p_parity = p;
     }
-    if (timed)
-        jl_stores_took(&ctx->stores, stream, work + jl_now_ns() - start, count * item);
+    trial_end(&t, count * item);
     return JL_OK;
 }
 
@@ -144,21 +167,25 @@ int jl_reduce_scatter(jl_ctx *ctx, const void *src, void *dst, size_t count, int
     const unsigned char *in = src;
     unsigned char *out = dst;
     const void *parts[JL_MAX_RANKS];
-    int stream = m * item * (size_t)n >= JL_STREAM_MIN_BYTES && ctx->stores.chosen;
+    trial t;
+    trial_begin(&t, &ctx->stores_scatter, m * item * (size_t)n, JL_STREAM_MIN_BYTES);
     for (size_t lo = 0; lo < (m ? m : 1); lo += w) {
         size_t len = m - lo < w ? m - lo : w;
         unsigned char *mine = ctx->buf[r][ctx->step & 1];
         for (int32_t q = 0; q < n; q++)
             if (q != r)
-                jl_copy_shared(mine + (size_t)q * w * item, in + ((size_t)q * m + lo) * item, len * item, stream);
+                jl_copy_shared(mine + (size_t)q * w * item, in + ((size_t)q * m + lo) * item, len * item, t.stream);
+        trial_wait(&t);
         int p = jl_exchange(ctx, lo == 0 ? header : NULL, deadline_ns, st);
         if (p < 0)
             return failed(ctx, st);
+        trial_go(&t);
         for (int32_t q = 0; q < n; q++)
             parts[q] = q == r ? in + ((size_t)r * m + lo) * item : ctx->buf[q][p] + (size_t)r * w * item;
         if (len)
             jl_reduce(out + lo * item, parts, n, len, dtype, op);
     }
+    trial_end(&t, m * item * (size_t)n);
     return JL_OK;
 }
 
@@ -172,18 +199,22 @@ int jl_all_gather(jl_ctx *ctx, const void *src, void *dst, size_t count, int dty
     int32_t n = ctx->size, r = ctx->member;
     const unsigned char *in = src;
     unsigned char *out = dst;
-    int stream = m * item >= JL_STREAM_MIN_BYTES && ctx->stores.chosen;
+    trial t;
+    trial_begin(&t, &ctx->stores_gather, m * item, JL_STREAM_MIN_BYTES);
     for (size_t lo = 0; lo < (m ? m : 1); lo += cap) {
         size_t hi = lo + cap < m ? lo + cap : m;
-        jl_copy_shared(ctx->buf[r][ctx->step & 1], in + lo * item, (hi - lo) * item, stream);
+        jl_copy_shared(ctx->buf[r][ctx->step & 1], in + lo * item, (hi - lo) * item, t.stream);
+        trial_wait(&t);
         int p = jl_exchange(ctx, lo == 0 ? header : NULL, deadline_ns, st);
         if (p < 0)
             return failed(ctx, st);
+        trial_go(&t);
         for (int32_t q = 0; q < n; q++) {
             const unsigned char *from = q == r ? in + lo * item : ctx->buf[q][p];
             copy(out + ((size_t)q * m + lo) * item, from, (hi - lo) * item);
         }
     }
+    trial_end(&t, m * item);
     return JL_OK;
 }
 
@@ -195,7 +226,7 @@ int jl_broadcast(jl_ctx *ctx, void *buf, size_t count, int dtype, int32_t root,
         return invalid(st);
     size_t cap = ctx->chunk / item;
     unsigned char *data = buf;
-    int stream = count * item >= JL_STREAM_MIN_BYTES && ctx->stores.chosen;
+    int stream = count * item >= JL_STREAM_MIN_BYTES && ctx->stores_gather.chosen;
     for (size_t lo = 0; lo < (count ? count : 1); lo += cap) {
         size_t hi = lo + cap < count ? lo + cap : count;
         if (ctx->member == root)

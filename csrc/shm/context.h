@@ -48,8 +48,13 @@ struct jl_ctx {
     /* Until then (CLOCK_MONOTONIC ns) waits sleep without yielding first: a yield lately handed
      * the CPU to something that kept it long (step.c, wait_for). */
     int64_t yields_off_until;
-    jl_stores stores;          /* plain or non-temporal stores for chunked messages (copy.c) */
-    jl_stores stores_one_step; /* the same for one-step all-reduces, timed apart */
+    /* Plain or non-temporal stores, timed apart per collective (copy.c): chunked all-reduces,
+     * one-step all-reduces, all-gathers and reduce-scatters. A broadcast's root cannot time its
+     * peers' reads, so it follows the all-gathers' choice (the same copy in, copies out). */
+    jl_stores stores;
+    jl_stores stores_one_step;
+    jl_stores stores_gather;
+    jl_stores stores_scatter;
 };
 
 static inline size_t jl_data_offset(int32_t size) {
