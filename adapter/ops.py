@@ -109,7 +109,7 @@ def _all_reduce(x: Any, op: ReduceOp, group: Group | None, out: Any = None, what
     if arr is not None and (arr.dtype, op) in _REDUCIBLE:
         # A plain contiguous CPU tensor: its numpy view and a tensor over the result, no more.
         out = np.empty(arr.shape, arr.dtype)
-        backend.all_reduce(arr.reshape(-1), out.reshape(-1), op)
+        _reduce_views(g, arr.reshape(-1), out.reshape(-1), op)
         return plain_tensor_over(out)
     if _on_device(g, x):
         check_reducible(gpu.numpy_dtype_of(x), op)
@@ -121,6 +121,14 @@ def _all_reduce(x: Any, op: ReduceOp, group: Group | None, out: Any = None, what
     out = np.empty(arr.shape, arr.dtype)
     g.backend.all_reduce(flat(arr), flat(out), op)
     return restore(out)
+
+
+def _reduce_views(g: Group, src: np.ndarray, dst: np.ndarray, op: ReduceOp) -> None:
+    """backend.all_reduce of two numpy arrays (views of tensors, say) that every check already
+    accepted, through the engine's one-call path where the group has it."""
+    fast = g.fast if type(g) is Group else None
+    if fast is None or fast.all_reduce(src, dst, OP_CODES[op]) is NotImplemented:  # type: ignore[attr-defined]
+        g.backend.all_reduce(src, dst, op)
 
 
 def _plain_into(g: Group, src: np.ndarray, dst: np.ndarray | None, op: ReduceOp) -> bool:
@@ -154,7 +162,7 @@ def _plain_tensors_into(g: Group, x: Any, src: np.ndarray, out: Any, op: ReduceO
     if not (lo + src.nbytes <= hi or hi + dst.nbytes <= lo):
         return False  # overlapping without being one tensor: the general path says so
     if g.size() > 1:
-        g.backend.all_reduce(src, dst, op)
+        _reduce_views(g, src, dst, op)
     else:
         dst[...] = src
     return True
@@ -178,7 +186,7 @@ def _all_reduce_into(g: Group, x: Any, op: ReduceOp, out: Any, what: str) -> Any
             if out is x and (view.dtype, op) in _REDUCIBLE:
                 # In place on a plain tensor: out= is x's own memory, so every check of out= holds.
                 if g.size() > 1:
-                    g.backend.all_reduce(view, view, op)
+                    _reduce_views(g, view, view, op)
                 return out
             if _plain_tensors_into(g, x, view, out, op):
                 return out  # plain tensors in and out (tensor parallelism's call)
