@@ -45,8 +45,9 @@ struct jl_ctx {
     int32_t poll_rank[JL_MAX_RANKS + JL_MAX_WATCHED];   /* socket: its peer's rank (or -1) */
     int npolls;
     jl_settings settings;
-    /* Until then (CLOCK_MONOTONIC ns) waits sleep without yielding first: a yield lately handed
-     * the CPU to something that kept it long (step.c, wait_for). */
+    /* The CPUs this process may run on; until yields_off_until (CLOCK_MONOTONIC ns), waits sleep
+     * without yielding first: a yield lately handed the CPU to work outside the job (step.c). */
+    int cpus;
     int64_t yields_off_until;
     /* Plain or non-temporal stores, timed apart per collective (copy.c): chunked all-reduces,
      * one-step all-reduces, all-gathers and reduce-scatters. A broadcast's root cannot time its

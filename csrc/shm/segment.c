@@ -2,6 +2,7 @@
  * open a pidfd per peer; detaching; the watched sockets. */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -49,6 +50,10 @@ int jl_attach(int fd, int32_t member, int32_t size, size_t chunk_bytes, const in
     ctx->bytes = total;
     ctx->member = member;
     ctx->size = size;
+    /* The CPUs this process may run on (step.c: when yielding pauses). */
+    cpu_set_t cpus;
+    int ncpus = sched_getaffinity(0, sizeof cpus, &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
+    ctx->cpus = ncpus > 0 ? ncpus : 1;
     ctx->chunk = chunk_bytes;
     ctx->sleepers = (jl_word *)(ctx->base + JL_SLEEPERS);
     ctx->arrivals = (jl_word *)(ctx->base + JL_ARRIVALS);
