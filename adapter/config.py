@@ -230,7 +230,8 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
             "then use sockets (one warning line)"),
     Setting("JACKLRING_SPIN_US", microseconds, None,
             "how long a waiting rank busy-polls before sleeping; sockets: default 50 us, 0 when ranks outnumber "
-            "CPUs; shared memory: default 1 us of pause instructions (then it yields the CPU while checking)"),
+            "CPUs; shared memory: default 1 us of pause instructions (then it yields the CPU while checking), 0 with more "
+            "than two ranks per CPU"),
     # JACCL
     Setting("JACKLRING_JACCL_TRANSPORT", choice("auto", "tcp", "rdma"), "auto",
             "JACCL's links: RDMA when every rank has its devices (auto), always the TCP mesh, or RDMA only"),
