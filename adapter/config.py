@@ -216,7 +216,7 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
             "shared-memory buffer per rank and step (the segment is 2 x ranks x this)"),
     Setting("JACKLRING_SHM_YIELD_US", microseconds, 1000.0,
             "after spinning, how long a rank waiting on shared memory keeps checking while giving its CPU "
-            "away (sched_yield) before it sleeps; default 1000 us (with more ranks than CPUs, none for 50 ms after a "
+            "away (sched_yield) before it sleeps; default 1000 us (with more ranks than CPUs, none for 250 ms after a "
             "yield that kept the CPU away 1 ms while work outside the job could fill the CPUs)"),
     Setting("JACKLRING_SHM_SMALL_BYTES", byte_size, 128 * 1024,
             "largest shared-memory all_reduce in which every rank reduces the whole message itself"),

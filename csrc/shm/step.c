@@ -219,7 +219,7 @@ static int sleep_for(jl_ctx *ctx, int32_t q, uint64_t step, int64_t deadline_ns,
  * yield). A member's long work is no reason, and with a CPU per member yielding beside busy loops
  * measured faster than sleeping (2 members, two busy loops: 0.6-5 us against 16-19 us). */
 #define LONG_YIELD_NS 1000000LL    /* a time slice: a member's part of a small step takes microseconds */
-#define YIELDS_OFF_NS 50000000LL   /* then sleep at once for 50 ms before trying again */
+#define YIELDS_OFF_NS 250000000LL  /* then sleep at once for 250 ms before trying again */
 
 /* Runnable tasks on the machine now (/proc/loadavg's fourth field, "runnable/total"; the caller
  * among them), or -1 when it cannot be read. */
