@@ -346,8 +346,15 @@ int jl_exchange(jl_ctx *ctx, const unsigned char *header, int64_t deadline_ns, j
 void jl_mark_broken(jl_ctx *ctx, int32_t culprit) {
     if (ctx == NULL)
         return;
-    atomic_store_explicit(ctx->broken[ctx->member], (uint64_t)(JL_BROKEN_BASE + (culprit < -1 ? -1 : culprit)),
-                          memory_order_seq_cst);
+    /* The first blame that names a rank stays: a later mark without one (the group given up
+     * after the error, break_links) must not turn "rank 2 died" into "this rank left" for a peer
+     * that reads the word only now. seq_cst, as the store it replaces (the file's comment). */
+    uint64_t want = (uint64_t)(JL_BROKEN_BASE + (culprit < -1 ? -1 : culprit));
+    uint64_t have = atomic_load_explicit(ctx->broken[ctx->member], memory_order_seq_cst);
+    while (have == 0 || (have == JL_BROKEN_BASE - 1 && want != have))
+        if (atomic_compare_exchange_weak_explicit(ctx->broken[ctx->member], &have, want, memory_order_seq_cst,
+                                                  memory_order_seq_cst))
+            break;
     /* Move the arrival word by a multiple of the size (which keeps the completion rule): a peer
      * about to sleep on it returns at once instead of sleeping through this. */
     atomic_fetch_add_explicit(ctx->arrivals, (uint64_t)ctx->size, memory_order_seq_cst);
