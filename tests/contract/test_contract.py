@@ -24,7 +24,8 @@ KNOWN_MISMATCH_BUGS: dict[str, str] = {
         "adapter/backends/mpi/backend.py MPIBackend.all_reduce (and the other collectives) pass each "
         "rank's own dtype and count to MPI without checking that the ranks agree (the module docstring "
         "calls it undefined): rank 0 gets DistributedError MPI_ERR_TRUNCATE, not MismatchError, and the "
-        "float64 ranks return wrong sums silently. JACKLRING_VERIFY=1 adds the agreement check "
+        "float64 ranks return wrong sums silently, or now and then a rank exits and mpirun stops the job "
+        "before the others report (the launch then has no results). JACKLRING_VERIFY=1 adds the agreement check "
         "(tests/mpi/test_mpi_backend.py); by default MPI's own speed is kept"),
 }
 
@@ -67,7 +68,8 @@ def _mismatch_cases() -> list:
             continue  # one launch per backend; settings variants add nothing here
         marks = [pytest.mark.skip(reason=v.missing(MISMATCH_SIZE))] if v.missing(MISMATCH_SIZE) else []
         if v.expected_backend in KNOWN_MISMATCH_BUGS:
-            marks.append(pytest.mark.xfail(strict=True, raises=AssertionError,
+            # Failed: the launch without results (rank_results), one more face of the same bug
+            marks.append(pytest.mark.xfail(strict=True, raises=(AssertionError, pytest.fail.Exception),
                                            reason=KNOWN_MISMATCH_BUGS[v.expected_backend]))
         cases.append(pytest.param(v, MISMATCH_SIZE, "--mismatch", id=f"{v.id}-{MISMATCH_SIZE}", marks=marks))
     return cases
