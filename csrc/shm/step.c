@@ -213,11 +213,10 @@ static int sleep_for(jl_ctx *ctx, int32_t q, uint64_t step, int64_t deadline_ns,
 /* A sched_yield() that returned this much later handed the CPU to something that kept it: a
  * member of the job with long work (a peer computing between collectives), or work outside the
  * job. With more members than CPUs, yielding then feeds the outside work while the members wait
- * behind it (two busy loops beside 4 or 8 members on 2 CPUs: 1.2-1.5 ms and 2.6-3.1 ms per
- * 4-byte all-reduce), so waits sleep instead for a while when that is what happened: enough
- * runnable tasks besides the members to take every CPU (/proc/loadavg, read only after such a
- * yield). A member's long work is no reason, and with a CPU per member yielding beside busy loops
- * measured faster than sleeping (2 members, two busy loops: 0.6-5 us against 16-19 us). */
+ * behind it (milliseconds per small collective), so waits sleep instead for a while when that is
+ * what happened: enough runnable tasks besides the members to take every CPU (/proc/loadavg,
+ * read only after such a yield). A member's long work is no reason, and with a CPU per member
+ * yielding beside busy loops measured faster than sleeping (docs/shared-memory.md, "Waiting"). */
 #define LONG_YIELD_NS 1000000LL    /* a time slice: a member's part of a small step takes microseconds */
 #define YIELDS_OFF_NS 250000000LL  /* then sleep at once for 250 ms before trying again */
 

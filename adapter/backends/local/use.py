@@ -33,9 +33,8 @@ def _cpus() -> int:
 def spin_us(local_ranks: int) -> float:
     """How long a shared-memory waiter spins before it yields: JACKLRING_SPIN_US when set, else
     SPIN_US, or 0 with more than SPINNING_RANKS_PER_CPU ranks of the segment per CPU this process
-    may run on: the peer it waits for is then mostly waiting for this very CPU (8 ranks on 2 CPUs,
-    a 4-byte all_sum: 11-12 us without the spin, 17-23 us with it; at 4 ranks the spin still
-    pays off for large messages)."""
+    may run on: the peer it waits for is then mostly waiting for this very CPU (at two ranks per
+    CPU the spin still pays off for large messages; docs/shared-memory.md, "Waiting")."""
     value = config.get("JACKLRING_SPIN_US")
     if value is not None:
         return value
