@@ -81,6 +81,9 @@ def soak(group, ops: int, seed: int) -> dict:
                 adapter.recv((1,), np.int8, a, group=group)
     adapter.barrier(group=group)
     threads0 = settled_threads()  # first: an opener still running has no socket yet
+    # and the peers' openers too: the socket a peer's standby opener makes to this rank is
+    # accepted here, so it is counted only once every rank's openers have ended
+    adapter.barrier(group=group)
     fds0 = open_fds()
     rng = np.random.default_rng(seed)
     started = time.monotonic()
