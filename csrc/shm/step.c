@@ -19,6 +19,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "crowding.h"
 #include "step.h"
 
 #define LIVENESS_FIRST_NS 2000000LL  /* first check for dead peers after 2 ms of sleep */
@@ -220,8 +221,7 @@ static int sleep_for(jl_ctx *ctx, int32_t q, uint64_t step, int64_t deadline_ns,
 #define LONG_YIELD_NS 1000000LL    /* a time slice: a member's part of a small step takes microseconds */
 #define YIELDS_OFF_NS 250000000LL  /* then sleep at once for 250 ms before trying again */
 
-/* Runnable tasks on the machine now (/proc/loadavg's fourth field, "runnable/total"; the caller
- * among them), or -1 when it cannot be read. */
+/* Runnable tasks on the machine now (the caller among them), or -1 when unreadable. */
 static int runnable_tasks(void) {
     int fd = open("/proc/loadavg", O_RDONLY | O_CLOEXEC);
     if (fd < 0)
@@ -232,22 +232,16 @@ static int runnable_tasks(void) {
     if (n <= 0)
         return -1;
     text[n] = '\0';
-    char *at = text;
-    for (int field = 0; field < 3 && at != NULL; field++)
-        if ((at = strchr(at, ' ')) != NULL)
-            at++;
-    return at != NULL ? atoi(at) : -1;
+    return jl_runnable_in_loadavg(text);
 }
 
 /* More members than CPUs, and runnable tasks besides the members that may be runnable
  * (those not asleep in the futex: the sleepers mask; relaxed, an estimate) fill every CPU. */
 static int outside_work_fills_the_cpus(jl_ctx *ctx) {
     if (ctx->size <= ctx->cpus)
-        return 0;
-    int runnable = runnable_tasks();
+        return 0;  /* before reading /proc: the common case costs nothing */
     uint64_t asleep = atomic_load_explicit(ctx->sleepers, memory_order_relaxed);
-    int members = ctx->size - __builtin_popcountll(asleep);
-    return runnable >= 0 && runnable - members >= ctx->cpus;
+    return jl_outside_work_fills_the_cpus(ctx->size, __builtin_popcountll(asleep), ctx->cpus, runnable_tasks());
 }
 
 /* Spin (pause instructions: the peer runs elsewhere and is about to publish), then check while
