@@ -206,8 +206,8 @@ def _all_reduce_into(g: Group, x: Any, op: ReduceOp, out: Any, what: str) -> Any
 
 def all_sum(x: Any, *, group: Group | None = None, out: Any = None) -> Any:
     """Elementwise sum of x over every rank of the group (into out= when given)."""
-    # The hottest call: a numpy array of a group whose backend has the engine's one-call path
-    # runs there (NotImplemented: not its case, the Python path below runs and words any error).
+    # The hottest call: a numpy array (or a plain torch CPU tensor) of a group whose backend has
+    # the engine's one-call path runs there (NotImplemented: not its case, the Python path below runs and words any error).
     g = groups.first if group is None else group
     if type(g) is Group and g.fast is not None:
         done = g.fast.all_reduce(x, out, _SUM)  # type: ignore[attr-defined]

@@ -2,19 +2,19 @@
  *
  * Shell: what a group's Python shell (adapter/backends/local/shell.py) does around an all_reduce
  * over its segment (the lock, the "given up" check, the sequence number, the header in the ring's
- * or JACCL's layout, the deadline) for the common case only: an
- * exact numpy array, C-contiguous and aligned, a dtype of the group's table (native byte order,
- * bfloat16 included) and an op the library accepts for it, in place (out=x), into a separate
- * array of its shape and dtype, or into a fresh array. Anything else returns NotImplemented
- * before anything happened, and the caller runs its Python path, which words every refusal as it
- * always did. A failed collective goes to the group's Python failure handler (failed(header,
- * deadline, status tuple or exception), called with the lock held; it raises), so every
- * exception and message is the Python path's.
+ * or JACCL's layout, the deadline) for the common cases only: an exact numpy array, C-contiguous
+ * and aligned, a dtype of the group's table (native byte order, bfloat16 included) and an op the
+ * library accepts for it, in place (out=x), into a separate array of its shape and dtype, or into
+ * a fresh array; or the same with plain torch CPU tensors (tensors.c). Anything else returns
+ * NotImplemented before anything happened, and the caller runs its Python path, which words every
+ * refusal as it always did. A failed collective goes to the group's Python failure handler
+ * (failed(header, deadline, status tuple or exception), called with the lock held; it raises),
+ * so every exception and message is the Python path's.
  *
  * The arrays are read through numpy's C API (their flags, descriptor and data pointer), not the
  * buffer protocol: a buffer request makes numpy build (and, for a fresh array, allocate) a
  * description of the array at every call. Nothing is allocated on success beyond a fresh
- * result array, made like x by numpy without a Python call. */
+ * result, made like x by numpy without a Python call (by torch.empty_like for a tensor). */
 #include "shell.h"
 
 #include <math.h>
@@ -26,6 +26,7 @@
 
 #include "lock.h"
 #include "segment_object.h"
+#include "tensors.h"
 
 #define JL_OPS 7
 #define JL_DTYPES 16
@@ -53,6 +54,7 @@ typedef struct {
     PyObject *dtypes[2 * JL_DTYPES];
     int codes[2 * JL_DTYPES];
     int ndtypes;
+    jl_tensors tensors; /* torch's Tensor type and dtypes, once torch is imported */
     unsigned char header[JL_HEADER_BYTES];
 } Shell;
 
@@ -141,22 +143,61 @@ static void hand_failure(Shell *self, int rc, const jl_status *st, double deadli
     }
 }
 
-/* all_reduce(x, out, op): op a jl_op; out x (in place), None (a fresh result) or a separate
- * array. Returns the result, or NotImplemented when this call is not the fast path's. */
-static PyObject *Shell_all_reduce(Shell *self, PyObject *const *args, Py_ssize_t n) {
-    if (n != 3) {
-        PyErr_Format(PyExc_TypeError, "all_reduce takes 3 arguments (%zd given)", n);
+/* Runs the all_reduce of `bytes` at `from` into `into` as the group's next collective: the
+ * lock, the "given up" check, the header, the deadline, the engine's call without the GIL.
+ * Takes over the references to keep (the input, held for the call: an array another thread
+ * could resize or free meanwhile) and result (returned on success). */
+static PyObject *run(Shell *self, PyObject *keep, PyObject *result, const void *from, void *into, size_t bytes,
+                     int dtype, int op) {
+    int taken = jl_lock_take(self->lock, !self->refuse);
+    if (taken <= 0)
+        goto not_taken; /* < 0: an error; 0: another thread runs a collective (the Python path
+                         * refuses, in its words) */
+    PyObject *why = PyObject_GetAttr(self->failure, why_name);
+    if (why == NULL) {
+        jl_lock_give(self->lock);
+        taken = -1;
+        goto not_taken;
+    }
+    int given_up = why != Py_None;
+    Py_DECREF(why);
+    jl_ctx *ctx = self->segment->ctx; /* closed while this thread waited for the lock? */
+    if (given_up || ctx == NULL) {
+        jl_lock_give(self->lock); /* the Python path raises what the group's state says */
+        taken = 0;
+        goto not_taken;
+    }
+    pack_header(self, dtype, jl_next_sequence(ctx), (uint64_t)bytes, op);
+    double deadline = monotonic_s() + self->timeout;
+    int64_t deadline_ns = (isinf(deadline) || deadline * 1e9 >= 9.2e18) ? JL_NO_DEADLINE : (int64_t)(deadline * 1e9);
+    jl_status st;
+    int rc;
+    self->segment->running = self->header;
+    Py_BEGIN_ALLOW_THREADS
+    rc = jl_all_reduce(ctx, from, into, bytes / jl_dtype_size(dtype), dtype, op, self->header, deadline_ns, &st);
+    Py_END_ALLOW_THREADS
+    self->segment->running = NULL;
+    Py_DECREF(keep);
+    if (rc != JL_OK)
+        hand_failure(self, rc, &st, deadline);
+    jl_lock_give(self->lock);
+    if (rc != JL_OK) {
+        Py_DECREF(result);
         return NULL;
     }
-    PyObject *x = args[0], *out = args[1];
-    int overflow;
-    long op = PyLong_AsLongAndOverflow(args[2], &overflow);
-    jl_ctx *ctx = self->segment->ctx;
-    if (!PyArray_CheckExact(x) || (out != x && out != Py_None && !PyArray_CheckExact(out)) || ctx == NULL ||
-        op < 0 || op >= JL_OPS) {
-        PyErr_Clear(); /* a non-integer op: the Python path says so */
+    return result;
+not_taken:
+    Py_DECREF(keep);
+    Py_DECREF(result);
+    if (taken < 0)
+        return NULL;
+    Py_RETURN_NOTIMPLEMENTED;
+}
+
+/* all_reduce of numpy arrays: x exact, out x, None or an exact array. */
+static PyObject *arrays_all_reduce(Shell *self, PyObject *x, PyObject *out, int op) {
+    if (out != x && out != Py_None && !PyArray_CheckExact(out))
         Py_RETURN_NOTIMPLEMENTED;
-    }
     PyArrayObject *src = (PyArrayObject *)x;
     int dtype = dtype_of(self, src);
     if (dtype == 0 || !(self->reducible[dtype] >> op & 1) || !usable(src, out == x) ||
@@ -182,54 +223,67 @@ static PyObject *Shell_all_reduce(Shell *self, PyObject *const *args, Py_ssize_t
     } else {
         Py_INCREF(dst);
     }
-    /* Held for the call: an array another thread could resize (refcheck) or free meanwhile. */
     Py_INCREF(src);
-    PyObject *result = (PyObject *)dst;
-    int taken = jl_lock_take(self->lock, !self->refuse);
-    if (taken <= 0)
-        goto not_taken; /* < 0: an error; 0: another thread runs a collective (the Python path
-                         * refuses, in its words) */
-    PyObject *why = PyObject_GetAttr(self->failure, why_name);
-    if (why == NULL) {
-        jl_lock_give(self->lock);
-        taken = -1;
-        goto not_taken;
+    return run(self, x, (PyObject *)dst, PyArray_DATA(src), PyArray_DATA(dst), (size_t)PyArray_NBYTES(src), dtype, op);
+}
+
+/* all_reduce of plain CPU tensors: x exactly a torch.Tensor; out x, None or another. A fresh
+ * result is taken for an x that requires grad too (the result does not, as on the Python path);
+ * in place or into out= it is not (the Python path decides what writing into it means). */
+static PyObject *tensors_all_reduce(Shell *self, PyObject *x, PyObject *out, int op) {
+    jl_tensor_view src, dst;
+    int r = jl_tensors_view(&self->tensors, x, out == Py_None, &src);
+    if (r <= 0)
+        return r < 0 ? NULL : Py_NewRef(Py_NotImplemented);
+    if (!(self->reducible[src.dtype] >> op & 1))
+        Py_RETURN_NOTIMPLEMENTED;
+    PyObject *result;
+    if (out == Py_None) {
+        if ((result = jl_tensors_empty_like(&self->tensors, x, &dst.data)) == NULL)
+            return NULL;
+    } else if (out != x) {
+        /* a plain tensor of x's dtype and shape in memory apart from x's; anything else the
+         * Python path refuses, or finds in place, and says so */
+        r = jl_tensors_is_tensor(&self->tensors, out);
+        if (r > 0)
+            r = jl_tensors_view(&self->tensors, out, 0, &dst);
+        if (r > 0)
+            r = dst.dtype == src.dtype && (src.data + src.nbytes <= dst.data || dst.data + dst.nbytes <= src.data);
+        if (r > 0 && (r = jl_tensors_same_shape(x, out)) < 0) {
+            PyErr_Clear(); /* the Python path reads the shapes again and words what failed */
+            r = 0;
+        }
+        if (r <= 0)
+            return r < 0 ? NULL : Py_NewRef(Py_NotImplemented);
+        result = Py_NewRef(out);
+    } else {
+        dst = src;
+        result = Py_NewRef(out);
     }
-    int given_up = why != Py_None;
-    Py_DECREF(why);
-    ctx = self->segment->ctx; /* closed while this thread waited for the lock? */
-    if (given_up || ctx == NULL) {
-        jl_lock_give(self->lock); /* the Python path raises what the group's state says */
-        taken = 0;
-        goto not_taken;
-    }
-    size_t bytes = (size_t)PyArray_NBYTES(src);
-    pack_header(self, dtype, jl_next_sequence(ctx), (uint64_t)bytes, (int)op);
-    double deadline = monotonic_s() + self->timeout;
-    int64_t deadline_ns = (isinf(deadline) || deadline * 1e9 >= 9.2e18) ? JL_NO_DEADLINE : (int64_t)(deadline * 1e9);
-    void *from = PyArray_DATA(src), *into = PyArray_DATA(dst);
-    jl_status st;
-    int rc;
-    self->segment->running = self->header;
-    Py_BEGIN_ALLOW_THREADS
-    rc = jl_all_reduce(ctx, from, into, bytes / jl_dtype_size(dtype), dtype, (int)op, self->header, deadline_ns, &st);
-    Py_END_ALLOW_THREADS
-    self->segment->running = NULL;
-    Py_DECREF(src);
-    if (rc != JL_OK)
-        hand_failure(self, rc, &st, deadline);
-    jl_lock_give(self->lock);
-    if (rc != JL_OK) {
-        Py_DECREF(result);
+    return run(self, Py_NewRef(x), result, src.data, dst.data, src.nbytes, src.dtype, op);
+}
+
+/* all_reduce(x, out, op): op a jl_op; out x (in place), None (a fresh result) or a separate
+ * array or tensor of x's kind. Returns the result, or NotImplemented when this call is not the
+ * fast path's. */
+static PyObject *Shell_all_reduce(Shell *self, PyObject *const *args, Py_ssize_t n) {
+    if (n != 3) {
+        PyErr_Format(PyExc_TypeError, "all_reduce takes 3 arguments (%zd given)", n);
         return NULL;
     }
-    return result;
-not_taken:
-    Py_DECREF(src);
-    Py_DECREF(result);
-    if (taken < 0)
-        return NULL;
-    Py_RETURN_NOTIMPLEMENTED;
+    PyObject *x = args[0], *out = args[1];
+    int overflow;
+    long op = PyLong_AsLongAndOverflow(args[2], &overflow);
+    if (self->segment->ctx == NULL || op < 0 || op >= JL_OPS) {
+        PyErr_Clear(); /* a non-integer op: the Python path says so */
+        Py_RETURN_NOTIMPLEMENTED;
+    }
+    if (PyArray_CheckExact(x))
+        return arrays_all_reduce(self, x, out, (int)op);
+    int r = jl_tensors_is_tensor(&self->tensors, x);
+    if (r <= 0)
+        return r < 0 ? NULL : Py_NewRef(Py_NotImplemented);
+    return tensors_all_reduce(self, x, out, (int)op);
 }
 
 static void dtypes_clear(Shell *self) {
@@ -271,10 +325,12 @@ static int dtype_table(Shell *self, PyObject *pairs) {
 }
 
 /* Shell(segment, lock, failure, failed, timeout, magic, op_code, extras, reducible, dtypes,
- * layout=0, refuse=False): dtypes, (numpy dtype, engine code) pairs; extras, the header's extra field (the ring's) or reduce
- * byte (JACCL's) per jl_op (7 ints); reducible, 16 bytes by dtype code, bit op set where the
- * library accepts (dtype, op); layout, SHELL_RING or SHELL_JACCL; refuse, whether a busy lock
- * means NotImplemented (the group refuses a second thread) rather than a wait. */
+ * layout=0, refuse=False, tensors=None): dtypes, (numpy dtype, engine code) pairs; extras, the
+ * header's extra field (the ring's) or reduce byte (JACCL's) per jl_op (7 ints); reducible, 16
+ * bytes by dtype code, bit op set where the library accepts (dtype, op); layout, SHELL_RING or
+ * SHELL_JACCL; refuse, whether a busy lock means NotImplemented (the group refuses a second
+ * thread) rather than a wait; tensors, a function returning None until torch is imported, then
+ * (torch.Tensor, (torch dtype, engine code) pairs, torch.empty_like, torch.strided). */
 static int Shell_init(Shell *self, PyObject *args, PyObject *kwargs) {
     PyObject *segment, *lock, *failure, *failed, *extras, *dtypes;
     double timeout;
@@ -282,17 +338,18 @@ static int Shell_init(Shell *self, PyObject *args, PyObject *kwargs) {
     const char *reducible;
     Py_ssize_t reducible_len;
     int layout = SHELL_RING, refuse = 0;
+    PyObject *tensors = Py_None;
     static char *keywords[] = {"segment", "lock", "failure", "failed", "timeout", "magic", "op_code",
-                               "extras", "reducible", "dtypes", "layout", "refuse", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!O!OOdiiOy#O|ip", keywords, &SegmentType, &segment, &LockType,
+                               "extras", "reducible", "dtypes", "layout", "refuse", "tensors", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!O!OOdiiOy#O|ipO", keywords, &SegmentType, &segment, &LockType,
                                      &lock, &failure, &failed, &timeout, &magic, &op_code, &extras, &reducible,
-                                     &reducible_len, &dtypes, &layout, &refuse))
+                                     &reducible_len, &dtypes, &layout, &refuse, &tensors))
         return -1;
     /* numpy's C API, looked up when the first group makes its shell (numpy is imported by
      * then; importing the engine alone does not import it) */
     if (PyArray_API == NULL && _import_array() < 0)
         return -1;
-    if (dtype_table(self, dtypes) < 0)
+    if (dtype_table(self, dtypes) < 0 || jl_tensors_init(&self->tensors, tensors) < 0)
         return -1;
     if (layout != SHELL_RING && layout != SHELL_JACCL) {
         PyErr_Format(PyExc_ValueError, "unknown header layout %d", layout);
@@ -338,6 +395,7 @@ static int Shell_init(Shell *self, PyObject *args, PyObject *kwargs) {
 
 static void Shell_dealloc(Shell *self) {
     dtypes_clear(self);
+    jl_tensors_clear(&self->tensors);
     Py_XDECREF(self->segment);
     Py_XDECREF(self->lock);
     Py_XDECREF(self->failure);

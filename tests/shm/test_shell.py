@@ -20,3 +20,10 @@ def test_a_dead_peer_is_named_alike_on_the_fast_and_the_python_path():
     results = run(3, "shm/scripts/shell_paths.py", ["dead"], timeout=50)
     assert_all_ok(results)
     assert all("ok" in r.stdout for r in results[:2])
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("backend", ["ring", "jaccl"])
+def test_plain_tensors_take_the_fast_path_and_agree_with_the_python_path(backend, tmp_path):
+    env = jaccl_env(2, str(tmp_path)) if backend == "jaccl" else {}
+    assert_all_ok(run(2, "shm/scripts/tensor_paths.py", timeout=80, env=env))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import weakref
 from typing import Callable
 
@@ -56,6 +57,24 @@ def _fast_dtypes() -> list[tuple[np.dtype, int]]:
         if all(alias is not dtype for dtype, _ in pairs):
             pairs.append((alias, DTYPE_CODES[alias]))
     return pairs
+
+
+def _tensor_table() -> tuple | None:
+    """What the fast path needs to take plain torch CPU tensors (csrc/python/tensors.c): None
+    while torch is not imported (it is never imported here), then (torch.Tensor, (torch dtype,
+    engine code) pairs, torch.empty_like, torch.strided). The fast path asks again at each
+    call of something that is no numpy array until it has the table."""
+    torch = sys.modules.get("torch")
+    try:
+        tensor, empty_like, strided = torch.Tensor, torch.empty_like, torch.strided  # type: ignore[union-attr]
+    except AttributeError:
+        return None  # not imported, or still importing
+    pairs = []
+    for dtype, code in DTYPE_CODES.items():
+        named = getattr(torch, str(dtype), None)  # "float32", "bfloat16", ...; older torch lacks uint32
+        if named is not None:
+            pairs.append((named, code))
+    return tensor, pairs, empty_like, strided
 
 
 def _raw(arr: np.ndarray) -> np.ndarray:
@@ -134,7 +153,8 @@ class SharedGroup:
                   timeout: float, magic: int, op_code: int, extras: list[int], layout: int = 0,
                   refuse: bool = False) -> object:
         """The engine's fast path over this segment (_engine.Shell, csrc/python/shell.c):
-        shell.all_reduce(x, out, OP_CODES[op]) runs an all_reduce of numpy arrays in one call,
+        shell.all_reduce(x, out, OP_CODES[op]) runs an all_reduce of numpy arrays (or plain torch
+        CPU tensors, once torch is imported) in one call,
         taking `lock` (engine.new_lock(): the one its group's other paths take; refuse: when it
         is busy, NotImplemented instead of a wait), refusing when failure.why is set, numbering it
         with this segment's sequence and packing the header in `layout` (local/shell.py: the
@@ -142,7 +162,7 @@ class SharedGroup:
         it returns NotImplemented for any call it does not take. A failure goes to
         failed(header, deadline, status or exception), called with the lock held, which raises."""
         return engine.shell_type()(self._seg, lock, failure, failed, timeout, magic, op_code, extras, _reducible(),
-                                   _fast_dtypes(), layout, refuse)
+                                   _fast_dtypes(), layout, refuse, _tensor_table)
 
     def raise_status(self, status: tuple, header: bytes | None) -> None:
         """Raise what a failed engine call's status means (local/engine.py's wording)."""
