@@ -25,6 +25,14 @@ from .group import Group, default_group
 _SUM, _MAX, _MIN = OP_CODES[ReduceOp.SUM], OP_CODES[ReduceOp.MAX], OP_CODES[ReduceOp.MIN]
 
 
+def _fast(group: Group | None) -> object | None:
+    """The engine's one-call path of the group (Group.fast, csrc/python/shell.c), or None. Each
+    collective tries it first; NotImplemented from it means the call is not its case, and the
+    Python path below runs and words any error."""
+    g = groups.first if group is None else group
+    return g.fast if type(g) is Group else None
+
+
 def _on_device(g: Group, x: Any) -> bool:
     """A GPU buffer headed for a backend that reads device memory itself (NCCL): no staging."""
     return getattr(g.backend, "takes_device_buffers", False) and gpu.is_cuda_array(x)
@@ -254,6 +262,11 @@ def _reduce_op(op: ReduceOp | str) -> ReduceOp:
 def all_gather(x: Any, *, group: Group | None = None, out: Any = None) -> Any:
     """Every rank's x concatenated along axis 0, in rank order (a scalar counts as shape (1,));
     into out= (of shape (size * x.shape[0], *x.shape[1:])) when given."""
+    fast = _fast(group)
+    if fast is not None:
+        done = fast.all_gather(x, out)  # type: ignore[attr-defined]
+        if done is not NotImplemented:
+            return done
     g = default_group(group)
     if out is not None:
         if _on_device(g, x):
@@ -284,6 +297,11 @@ def all_gather(x: Any, *, group: Group | None = None, out: Any = None) -> Any:
 def sum_scatter(x: Any, *, group: Group | None = None, out: Any = None) -> Any:
     """Sum x over ranks and return this rank's block of the first axis (which size() must divide);
     into out= (of shape (x.shape[0] // size, *x.shape[1:])) when given."""
+    fast = _fast(group)
+    if fast is not None:
+        done = fast.reduce_scatter(x, out, _SUM)  # type: ignore[attr-defined]
+        if done is not NotImplemented:
+            return done
     return _reduce_scatter(x, ReduceOp.SUM, group, out, "sum_scatter")
 
 
@@ -325,6 +343,11 @@ def reduce_scatter(x: Any, op: ReduceOp | str = ReduceOp.SUM, *, group: Group | 
 def broadcast(x: Any, root: int = 0, *, group: Group | None = None, out: Any = None) -> Any:
     """root's x on every rank (every rank passes an array of the same shape and dtype); into
     out= when given (out=x broadcasts in place)."""
+    fast = _fast(group)
+    if fast is not None:
+        done = fast.broadcast(x, out, root)  # type: ignore[attr-defined]
+        if done is not NotImplemented:
+            return done
     g = default_group(group)
     _check_peer(g, root, "broadcast root")
     if out is not None:
@@ -351,6 +374,9 @@ def broadcast(x: Any, root: int = 0, *, group: Group | None = None, out: Any = N
 
 def barrier(*, group: Group | None = None) -> None:
     """Return once every rank of the group has entered the barrier."""
+    fast = _fast(group)
+    if fast is not None and fast.barrier() is not NotImplemented:  # type: ignore[attr-defined]
+        return
     g = default_group(group)
     if g.size() > 1:
         g.backend.barrier()

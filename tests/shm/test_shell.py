@@ -27,3 +27,10 @@ def test_a_dead_peer_is_named_alike_on_the_fast_and_the_python_path():
 def test_plain_tensors_take_the_fast_path_and_agree_with_the_python_path(backend, tmp_path):
     env = jaccl_env(2, str(tmp_path)) if backend == "jaccl" else {}
     assert_all_ok(run(2, "shm/scripts/tensor_paths.py", timeout=80, env=env))
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("backend,ranks", [("ring", 2), ("ring", 3), ("jaccl", 2)])
+def test_gather_scatter_broadcast_barrier_take_the_fast_path_and_agree(backend, ranks, tmp_path):
+    env = jaccl_env(ranks, str(tmp_path)) if backend == "jaccl" else {}
+    assert_all_ok(run(ranks, "shm/scripts/op_paths.py", timeout=80, env=env))

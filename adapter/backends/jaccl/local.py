@@ -83,7 +83,7 @@ class SharedCollectives:
         self.group = group
         self.staging = staging
         self._timeout = timeout
-        self._fast: object | None = None  # the engine's one-call all_reduce (fast_path())
+        self._fast: object | None = None  # the engine's one-call collectives (fast_path())
         self._failure = failure
         # One collective at a time (refused while another thread runs one), numbered, with
         # header, deadline and failure: the same shell as the ring's (local/shell.py).
@@ -103,11 +103,12 @@ class SharedCollectives:
             self._fast.timeout = seconds  # type: ignore[attr-defined]
 
     def fast_path(self) -> object | None:
-        """The engine's one-call all_reduce over the whole group's segment, in JACCL's header
+        """The engine's one-call collectives over the whole group's segment, in JACCL's header
         layout (None when the group is staged or has no segment); all_reduce tries it first."""
         if self.group is not None:
             reduces = [REDUCE_CODES[op] for op, _ in sorted(ENGINE_OPS.items(), key=lambda item: item[1])]
-            self._fast = self._shell.fast_path(self._timeout, 0, ALL_REDUCE, reduces, JACCL_HEADER)
+            op_codes = [ALL_REDUCE, REDUCE_SCATTER, ALL_GATHER, BROADCAST, BARRIER]
+            self._fast = self._shell.fast_path(self._timeout, 0, op_codes, reduces, JACCL_HEADER)
         return self._fast
 
     def _failed(self, exc: BaseException) -> None:

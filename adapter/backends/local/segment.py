@@ -150,19 +150,23 @@ class SharedGroup:
         return self._seg.context()
 
     def fast_path(self, lock: object, failure: GroupFailure, failed: Callable[[bytes, float, object], None],
-                  timeout: float, magic: int, op_code: int, extras: list[int], layout: int = 0,
-                  refuse: bool = False) -> object:
+                  timeout: float, magic: int, op_codes: list[int], extras: list[int], layout: int = 0,
+                  refuse: bool = False, stage: int = 0) -> object:
         """The engine's fast path over this segment (_engine.Shell, csrc/python/shell.c):
-        shell.all_reduce(x, out, OP_CODES[op]) runs an all_reduce of numpy arrays (or plain torch
-        CPU tensors, once torch is imported) in one call,
-        taking `lock` (engine.new_lock(): the one its group's other paths take; refuse: when it
-        is busy, NotImplemented instead of a wait), refusing when failure.why is set, numbering it
-        with this segment's sequence and packing the header in `layout` (local/shell.py: the
-        ring's magic, op_code, dtype code, sequence, byte count, extras[engine op]; or JACCL's);
-        it returns NotImplemented for any call it does not take. A failure goes to
-        failed(header, deadline, status or exception), called with the lock held, which raises."""
-        return engine.shell_type()(self._seg, lock, failure, failed, timeout, magic, op_code, extras, _reducible(),
-                                   _fast_dtypes(), layout, refuse, _tensor_table)
+        shell.all_reduce(x, out, OP_CODES[op]), reduce_scatter(x, out, OP_CODES[op]),
+        all_gather(x, out), broadcast(x, out, root) and barrier() each run their collective of
+        numpy arrays (all_reduce: or plain torch CPU tensors, once torch is imported) in one
+        call, taking `lock` (engine.new_lock(): the one its group's other paths take; refuse:
+        when it is busy, NotImplemented instead of a wait), refusing when failure.why is set,
+        numbering it with this segment's sequence and packing the header in `layout`
+        (local/shell.py: the ring's magic, op_codes[collective] in the order all_reduce,
+        reduce_scatter, all_gather, broadcast, barrier, dtype code, sequence, byte count,
+        extras[engine op] for the reductions, the root plus `stage` for broadcast, `stage` for
+        all_gather; or JACCL's); each returns NotImplemented for any call it does not take. A
+        failure goes to failed(header, deadline, status or exception), called with the lock
+        held, which raises."""
+        return engine.shell_type()(self._seg, lock, failure, failed, timeout, magic, op_codes, extras, _reducible(),
+                                   _fast_dtypes(), layout, refuse, _tensor_table, stage)
 
     def raise_status(self, status: tuple, header: bytes | None) -> None:
         """Raise what a failed engine call's status means (local/engine.py's wording)."""

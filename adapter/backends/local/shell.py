@@ -161,17 +161,17 @@ class CollectiveShell:
 
     # ---- the engine's fast path ----------------------------------------------------------
 
-    def fast_path(self, timeout: float, magic: int, op_code: int, extras: list[int],
-                  layout: int = RING_HEADER) -> object | None:
-        """The engine's one-call all_reduce in this shell over the attached segment (None
+    def fast_path(self, timeout: float, magic: int, op_codes: list[int], extras: list[int],
+                  layout: int = RING_HEADER, stage: int = 0) -> object | None:
+        """The engine's one-call collectives in this shell over the attached segment (None
         without one, or when the lock is not the engine's); see SharedGroup.fast_path for the
         header's fields. A shell that refuses a busy group's second thread makes the fast path
         leave such a call to the Python path, which refuses it."""
         segment = self._segment
         if segment is None or not use.is_engine_lock(self.lock):
             return None
-        return segment.fast_path(self.lock, self.failure, self.fast_failed, timeout, magic, op_code, extras,
-                                 layout, self._refuse is not None)
+        return segment.fast_path(self.lock, self.failure, self.fast_failed, timeout, magic, op_codes, extras,
+                                 layout, self._refuse is not None, stage)
 
     def fast_failed(self, header: bytes, deadline: float, status: object) -> None:
         """The fast path failed a collective it numbered and started at `deadline` over the

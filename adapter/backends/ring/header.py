@@ -20,6 +20,8 @@ OP_ALL_REDUCE, OP_ALL_GATHER, OP_REDUCE_SCATTER, OP_BROADCAST, OP_BARRIER, OP_SE
     OP_CODES[name] for name in ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "barrier", "send", "split",
                                 "abort", "shared-memory set-up"))
 _REDUCING = (OP_ALL_REDUCE, OP_REDUCE_SCATTER)
+# The codes in the order the engine's fast path takes them (local/segment.py SharedGroup.fast_path).
+FAST_PATH_OPS = (OP_ALL_REDUCE, OP_REDUCE_SCATTER, OP_ALL_GATHER, OP_BROADCAST, OP_BARRIER)
 # A member that gives up forming a ring sends an abort header (sequence = the reporting rank,
 # extra = the rank that failed, or -1) before it stops writing; see formation.py.
 # Its dtype byte says why: the culprit died or gave up, or never connected before the deadline.

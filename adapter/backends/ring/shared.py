@@ -16,7 +16,7 @@ from ..elements import dtype_code
 from ..local import shm, staged, use
 from ..local.segment import OP_CODES
 from ..protocol import REDUCE_CODES
-from .header import HEADER, HEADER_MAGIC, OP_ALL_REDUCE, OP_SHM, SEQ_MASK, describe_header
+from .header import FAST_PATH_OPS, HEADER, HEADER_MAGIC, OP_SHM, SEQ_MASK, describe_header
 from .plumbing import Plumbing
 from .state import RingState
 
@@ -44,13 +44,14 @@ def attach_memory(ring: "RingBackend", state: RingState, plumbing: Plumbing) -> 
 
 
 def fast_path(state: RingState) -> object | None:
-    """The engine's one-call all_reduce over the whole group's segment (None without one): it
+    """The engine's one-call collectives over the whole group's segment (None without one): each
     takes the shell's lock, refuses once the group failed, numbers with the shell's sequence and
-    packs the ring's header, as Plumbing.header and the shell's on_segment do."""
+    packs the ring's header, as Plumbing.header, RingBackend.barrier and the shell's on_segment do."""
     if state.shm is None or state.shm.size != state.size or state.hier is not None:
         return None
     extras = [REDUCE_CODES[op] + state.stage for op, _ in sorted(OP_CODES.items(), key=lambda item: item[1])]
-    return state.shell.fast_path(state.timeout, HEADER_MAGIC, OP_ALL_REDUCE, extras)  # type: ignore[union-attr]
+    return state.shell.fast_path(state.timeout, HEADER_MAGIC, list(FAST_PATH_OPS), extras,  # type: ignore[union-attr]
+                                 stage=state.stage)
 
 
 def attach(state: RingState, gather: Callable[[bytes], list[bytes]]) -> shm.Placement:

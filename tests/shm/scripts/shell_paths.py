@@ -19,19 +19,10 @@ import time
 
 import ml_dtypes
 import numpy as np
+from fast_job import fail, g, n, r, sequences_agree, state
 
 import adapter
 from adapter.errors import DistributedError, MismatchError, PeerError, failure_of
-
-g = adapter.init(strict=True)
-r, n = g.rank(), g.size()
-state = getattr(g.backend, "state", None)  # the ring's
-if (state is not None and state.shm is None) or g.fast is None:
-    sys.exit(f"rank {r}: expected shared memory and the fast path")
-
-
-def fail(text: str) -> None:
-    sys.exit(f"rank {r}: {text}")
 
 
 def data(q: int, size: int, dtype) -> np.ndarray:
@@ -81,10 +72,7 @@ def mix() -> None:
             g.fast.all_reduce(np.frombuffer(bytearray(17), np.float32, 4, 1), None, 0)]  # unaligned
     if any(t is NotImplemented for t in taken) or any(t is not NotImplemented for t in left):
         fail(f"the fast path took the wrong calls: {taken} {left}")
-    if state is not None:
-        seqs = adapter.all_gather(np.array([state.seq], np.int64))
-        if state.seq != state.shm.sequence or len(set(seqs.tolist())) != 1:
-            fail(f"sequence numbers: this rank {state.seq}, its segment {state.shm.sequence}, all {seqs.tolist()}")
+    sequences_agree()
 
 
 def gil() -> None:

@@ -13,29 +13,19 @@ path, 2 ranks over shared memory (ring or JACCL):
   path gives those the right results;
 - the ring's sequence number is the segment's on every rank; a size mismatch through the fast
   path is worded as the numpy fast path words it."""
-import sys
 
 import numpy as np
 import torch
+from fast_job import fail, g, n, r, sequences_agree, worded_alike
 
 import adapter
 from adapter.arrays import as_numpy, numpy_dtype, numpy_to_torch
 from adapter.backends.elements import BFLOAT16
-from adapter.errors import MismatchError
 
-g = adapter.init(strict=True)
-r, n = g.rank(), g.size()
-state = getattr(g.backend, "state", None)  # the ring's
-if (state is not None and state.shm is None) or g.fast is None:
-    sys.exit(f"rank {r}: expected shared memory and the fast path")
 DTYPES = [torch.bool, torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, torch.uint16, torch.uint32,
           torch.uint64, torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.complex64,
           torch.complex128]
 FAST = {"sum": adapter.all_sum, "max": adapter.all_max, "min": adapter.all_min}
-
-
-def fail(text: str) -> None:
-    sys.exit(f"rank {r}: {text}")
 
 
 def data(q: int, shape: tuple, dtype: torch.dtype) -> torch.Tensor:
@@ -131,24 +121,9 @@ def taken_and_left() -> None:
 
 
 def sequence_and_mismatch() -> None:
-    if state is not None:
-        seqs = adapter.all_gather(np.array([state.seq], np.int64))
-        if state.seq != state.shm.sequence or len(set(seqs.tolist())) != 1:
-            fail(f"sequence numbers: this rank {state.seq}, its segment {state.shm.sequence}, all {seqs.tolist()}")
-    texts = []
-    for kind in ("tensor", "numpy"):
-        sub = g.split(0)
-        x = torch.ones(3 + r) if kind == "tensor" else np.ones(3 + r, np.float32)
-        try:
-            adapter.all_sum(x, group=sub)
-        except MismatchError as exc:
-            texts.append(str(exc))
-        else:
-            fail(f"{kind}: no MismatchError")
-        sub.close()
-    if texts[0] != texts[1] or "mismatch" not in texts[0]:
-        fail("a tensor and an array word a mismatch apart:\n" + "\n".join(texts))
-
+    sequences_agree()
+    worded_alike({"tensor": lambda sub: adapter.all_sum(torch.ones(3 + r), group=sub),
+                  "array": lambda sub: adapter.all_sum(np.ones(3 + r, np.float32), group=sub)})
 
 every_dtype_and_op()
 taken_and_left()
