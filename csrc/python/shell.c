@@ -2,9 +2,9 @@
  *
  * Shell: what a group's Python shell (adapter/backends/local/shell.py) does around a collective
  * over its segment (the lock, the "given up" check, the sequence number, the header in the ring's
- * or JACCL's layout, the deadline), for the common cases only (shell_calls.c says which: numpy
- * arrays, C-contiguous and aligned, of a dtype of the group's table, and plain torch CPU tensors
- * for all_reduce). Anything else returns NotImplemented before anything happened, and the caller
+ * or JACCL's layout, the deadline), for the common cases only (shell_calls.c and shell_tensors.c
+ * say which: numpy arrays, C-contiguous and aligned, of a dtype of the group's table, and plain
+ * torch CPU tensors). Anything else returns NotImplemented before anything happened, and the caller
  * runs its Python path, which words every refusal as it always did. A failed collective goes to
  * the group's Python failure handler (failed(header, deadline, status tuple or exception),
  * called with the lock held; it raises), so every exception and message is the Python path's. */

@@ -2,7 +2,7 @@
  * shell_calls.h). Arrays are read through numpy's C API (their flags, descriptor and data
  * pointer), not the buffer protocol: a buffer request makes numpy build (and, for a fresh array,
  * allocate) a description of the array at every call. Nothing is allocated on success beyond a
- * fresh result, made by numpy without a Python call (by torch.empty_like for a tensor). What is
+ * fresh result, made by numpy without a Python call. Tensors go to shell_tensors.c. What is
  * taken is what the Python path (adapter/ops.py) would run as it is, without a copy: an exact
  * numpy array, C-contiguous and aligned, of a dtype of the group's table (native byte order,
  * bfloat16 included); out= an exact, writable array of the result's shape and dtype in memory
@@ -10,6 +10,8 @@
 #include "shell_calls.h"
 
 #include <string.h>
+
+#include "shell_tensors.h"
 
 #define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
 #include <numpy/arrayobject.h>
@@ -112,44 +114,6 @@ static PyObject *arrays_all_reduce(Shell *self, PyObject *x, PyObject *out, int 
     return jl_shell_run(self, &c, x, (PyObject *)dst);
 }
 
-/* all_reduce of plain CPU tensors: x exactly a torch.Tensor; out x, None or another. A fresh
- * result is taken for an x that requires grad too (the result does not, as on the Python path);
- * in place or into out= it is not (the Python path decides what writing into it means). */
-static PyObject *tensors_all_reduce(Shell *self, PyObject *x, PyObject *out, int op) {
-    jl_tensor_view src, dst;
-    int r = jl_tensors_view(&self->tensors, x, out == Py_None, &src);
-    if (r <= 0)
-        return r < 0 ? NULL : Py_NewRef(Py_NotImplemented);
-    if (!(self->reducible[src.dtype] >> op & 1))
-        Py_RETURN_NOTIMPLEMENTED;
-    PyObject *result;
-    if (out == Py_None) {
-        if ((result = jl_tensors_empty_like(&self->tensors, x, &dst.data)) == NULL)
-            return NULL;
-    } else if (out != x) {
-        /* a plain tensor of x's dtype and shape in memory apart from x's; anything else the
-         * Python path refuses, or finds in place, and says so */
-        r = jl_tensors_is_tensor(&self->tensors, out);
-        if (r > 0)
-            r = jl_tensors_view(&self->tensors, out, 0, &dst);
-        if (r > 0)
-            r = dst.dtype == src.dtype && (src.data + src.nbytes <= dst.data || dst.data + dst.nbytes <= src.data);
-        if (r > 0 && (r = jl_tensors_same_shape(x, out)) < 0) {
-            PyErr_Clear(); /* the Python path reads the shapes again and words what failed */
-            r = 0;
-        }
-        if (r <= 0)
-            return r < 0 ? NULL : Py_NewRef(Py_NotImplemented);
-        result = Py_NewRef(out);
-    } else {
-        dst = src;
-        result = Py_NewRef(out);
-    }
-    shell_call c = {SHELL_ALL_REDUCE, src.data, dst.data, src.nbytes / jl_dtype_size(src.dtype), src.nbytes, src.dtype,
-                    op, 0};
-    return jl_shell_run(self, &c, Py_NewRef(x), result);
-}
-
 PyObject *jl_shell_all_reduce(Shell *self, PyObject *const *args, Py_ssize_t n) {
     if (arguments("all_reduce", n, 3) < 0)
         return NULL;
@@ -162,10 +126,18 @@ PyObject *jl_shell_all_reduce(Shell *self, PyObject *const *args, Py_ssize_t n) 
     int r = jl_tensors_is_tensor(&self->tensors, x);
     if (r <= 0)
         return r < 0 ? NULL : Py_NewRef(Py_NotImplemented);
-    return tensors_all_reduce(self, x, out, op);
+    return jl_shell_tensor_all_reduce(self, x, out, op);
 }
 
-/* ---- reduce_scatter, all_gather, broadcast, barrier (numpy arrays) --------------------------- */
+/* ---- reduce_scatter, all_gather, broadcast, barrier ---------------------------------------- */
+
+/* The call for an x that is no numpy array: plain tensors' (shell_tensors.c), else the Python path's. */
+static PyObject *tensor_call(Shell *self, int kind, PyObject *x, PyObject *out, int op, int32_t root) {
+    int r = jl_tensors_is_tensor(&self->tensors, x);
+    if (r <= 0)
+        return r < 0 ? NULL : Py_NewRef(Py_NotImplemented);
+    return jl_shell_tensor_collective(self, kind, x, out, op, root);
+}
 
 /* x as an input of a collective: an exact, usable array of a table dtype; its code, or 0. */
 static int input(Shell *self, PyObject *x, int writable) {
@@ -191,10 +163,14 @@ PyObject *jl_shell_reduce_scatter(Shell *self, PyObject *const *args, Py_ssize_t
     if (arguments("reduce_scatter", n, 3) < 0)
         return NULL;
     PyObject *x = args[0], *out = args[1];
-    int op = small_int(args[2], JL_OPS), dtype = input(self, x, 0);
+    int op = small_int(args[2], JL_OPS);
     jl_ctx *ctx = self->segment->ctx;
-    if (ctx == NULL || op < 0 || dtype == 0 || !(self->reducible[dtype] >> op & 1) ||
-        (out != Py_None && !PyArray_CheckExact(out)))
+    if (ctx == NULL || op < 0)
+        Py_RETURN_NOTIMPLEMENTED;
+    if (!PyArray_CheckExact(x))
+        return tensor_call(self, SHELL_REDUCE_SCATTER, x, out, op, 0);
+    int dtype = input(self, x, 0);
+    if (dtype == 0 || !(self->reducible[dtype] >> op & 1) || (out != Py_None && !PyArray_CheckExact(out)))
         Py_RETURN_NOTIMPLEMENTED;
     PyArrayObject *src = (PyArrayObject *)x, *dst;
     int nd = PyArray_NDIM(src);
@@ -214,9 +190,13 @@ PyObject *jl_shell_all_gather(Shell *self, PyObject *const *args, Py_ssize_t n) 
     if (arguments("all_gather", n, 2) < 0)
         return NULL;
     PyObject *x = args[0], *out = args[1];
-    int dtype = input(self, x, 0);
     jl_ctx *ctx = self->segment->ctx;
-    if (ctx == NULL || dtype == 0 || (out != Py_None && !PyArray_CheckExact(out)))
+    if (ctx == NULL)
+        Py_RETURN_NOTIMPLEMENTED;
+    if (!PyArray_CheckExact(x))
+        return tensor_call(self, SHELL_ALL_GATHER, x, out, 0, 0);
+    int dtype = input(self, x, 0);
+    if (dtype == 0 || (out != Py_None && !PyArray_CheckExact(out)))
         Py_RETURN_NOTIMPLEMENTED;
     PyArrayObject *src = (PyArrayObject *)x, *dst;
     int nd = PyArray_NDIM(src);
@@ -240,10 +220,14 @@ PyObject *jl_shell_broadcast(Shell *self, PyObject *const *args, Py_ssize_t n) {
         return NULL;
     PyObject *x = args[0], *out = args[1];
     jl_ctx *ctx = self->segment->ctx;
-    int dtype = input(self, x, out == x);
     int root = ctx == NULL ? -1 : small_int(args[2], jl_size(ctx));
-    if (root < 0 || dtype == 0 || (out != Py_None && !PyArray_CheckExact(out)))
+    if (root < 0)
         Py_RETURN_NOTIMPLEMENTED; /* a root out of range: the Python path says so */
+    if (!PyArray_CheckExact(x))
+        return tensor_call(self, SHELL_BROADCAST, x, out, 0, root);
+    int dtype = input(self, x, out == x);
+    if (dtype == 0 || (out != Py_None && !PyArray_CheckExact(out)))
+        Py_RETURN_NOTIMPLEMENTED;
     PyArrayObject *src = (PyArrayObject *)x, *dst = src;
     int is_root = jl_member(ctx) == root; /* the whole group's segment: members are its ranks */
     if (out == Py_None) {

@@ -1,6 +1,6 @@
-/* The fast path's collectives (Shell methods): each checks its arguments, and runs
- * (jl_shell_run) what the Python path would run without a copy, or returns NotImplemented
- * before anything happened. */
+/* The fast path's collectives (Shell methods): each checks its arguments (numpy arrays here,
+ * plain torch tensors in shell_tensors.c), and runs (jl_shell_run) what the Python path would run
+ * without a copy, or returns NotImplemented before anything happened. */
 #ifndef JL_SHELL_CALLS_H
 #define JL_SHELL_CALLS_H
 

@@ -1,6 +1,6 @@
 /* The binding's Shell object, a group's fast path, shared by the two files that make it:
  * shell.c (the type, the header, one collective's run) and shell_calls.c (each collective's
- * arguments: numpy arrays, and plain torch tensors for all_reduce). */
+ * arguments for numpy arrays; shell_tensors.c for plain torch tensors). */
 #ifndef JL_SHELL_OBJECT_H
 #define JL_SHELL_OBJECT_H
 

@@ -11,7 +11,7 @@
 #define CODE_COMPLEX128 15 /* the only ones a lazy conjugation can mark */
 
 static PyObject *is_cpu_name, *layout_name, *is_nested_name, *requires_grad_name, *dtype_name, *is_contiguous_name,
-    *is_neg_name, *is_conj_name, *numel_name, *data_ptr_name, *shape_name;
+    *is_neg_name, *is_conj_name, *numel_name, *data_ptr_name, *shape_name, *new_empty_name;
 
 static int intern(PyObject **name, const char *text) {
     if (*name == NULL)
@@ -25,7 +25,7 @@ int jl_tensors_init(jl_tensors *t, PyObject *lookup) {
         intern(&dtype_name, "dtype") < 0 || intern(&is_contiguous_name, "is_contiguous") < 0 ||
         intern(&is_neg_name, "is_neg") < 0 || intern(&is_conj_name, "is_conj") < 0 ||
         intern(&numel_name, "numel") < 0 || intern(&data_ptr_name, "data_ptr") < 0 ||
-        intern(&shape_name, "shape") < 0)
+        intern(&shape_name, "shape") < 0 || intern(&new_empty_name, "new_empty") < 0)
         return -1;
     jl_tensors_clear(t);
     if (lookup != Py_None) {
@@ -184,8 +184,12 @@ int jl_tensors_same_shape(PyObject *a, PyObject *b) {
     return r;
 }
 
-PyObject *jl_tensors_empty_like(jl_tensors *t, PyObject *x, char **data) {
-    PyObject *result = PyObject_CallOneArg(t->empty_like, x);
+PyObject *jl_tensors_shape(PyObject *x) {
+    return PyObject_GetAttr(x, shape_name);
+}
+
+/* result and its data pointer, or NULL (result released) with an exception set. */
+static PyObject *with_data(PyObject *result, char **data) {
     size_t at = 0;
     if (result == NULL)
         return NULL;
@@ -195,4 +199,12 @@ PyObject *jl_tensors_empty_like(jl_tensors *t, PyObject *x, char **data) {
     }
     *data = (char *)(uintptr_t)at;
     return result;
+}
+
+PyObject *jl_tensors_new_empty(PyObject *x, PyObject *shape, char **data) {
+    return with_data(PyObject_CallMethodOneArg(x, new_empty_name, shape), data);
+}
+
+PyObject *jl_tensors_empty_like(jl_tensors *t, PyObject *x, char **data) {
+    return with_data(PyObject_CallOneArg(t->empty_like, x), data);
 }

@@ -44,6 +44,13 @@ int jl_tensors_view(jl_tensors *t, PyObject *x, int grad_ok, jl_tensor_view *v);
 /* Whether two tensors have the same shape. 1, 0, or -1 with an exception set. */
 int jl_tensors_same_shape(PyObject *a, PyObject *b);
 
+/* x.shape (a torch.Size, a tuple): a new reference, or NULL with an exception set. */
+PyObject *jl_tensors_shape(PyObject *x);
+
+/* x.new_empty(shape) and its data pointer: a contiguous tensor of x's dtype and device that
+ * does not require grad. NULL with an exception set. */
+PyObject *jl_tensors_new_empty(PyObject *x, PyObject *shape, char **data);
+
 /* torch.empty_like(x) and its data pointer: a contiguous CPU tensor of x's shape and dtype
  * (x contiguous: its strides are kept) that does not require grad. NULL with an exception set. */
 PyObject *jl_tensors_empty_like(jl_tensors *t, PyObject *x, char **data);

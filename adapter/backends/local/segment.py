@@ -155,7 +155,7 @@ class SharedGroup:
         """The engine's fast path over this segment (_engine.Shell, csrc/python/shell.c):
         shell.all_reduce(x, out, OP_CODES[op]), reduce_scatter(x, out, OP_CODES[op]),
         all_gather(x, out), broadcast(x, out, root) and barrier() each run their collective of
-        numpy arrays (all_reduce: or plain torch CPU tensors, once torch is imported) in one
+        numpy arrays (or plain torch CPU tensors, once torch is imported) in one
         call, taking `lock` (engine.new_lock(): the one its group's other paths take; refuse:
         when it is busy, NotImplemented instead of a wait), refusing when failure.why is set,
         numbering it with this segment's sequence and packing the header in `layout`

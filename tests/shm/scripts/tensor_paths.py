@@ -11,6 +11,12 @@ path, 2 ranks over shared memory (ring or JACCL):
   view, lazy conjugation and negation, sparse, meta and empty tensors, a tensor that requires
   grad in place, an out= of another dtype or shape, overlapping x, or of numpy; and the Python
   path gives those the right results;
+- all_gather, sum_scatter and broadcast of tensors of several dtypes and sizes, a fresh result
+  or out= (broadcast: out=x), mixed per rank with the Python path (a strided view of the same
+  values, reduce_scatter(x, "sum")) as above; the fast path takes those calls, a 0-d all_gather
+  and a fresh result of a tensor that requires grad, and leaves a Parameter, a strided view, a
+  first axis the group does not divide, an out= of another shape or of numpy, and broadcast in
+  place into a tensor that requires grad;
 - the ring's sequence number is the segment's on every rank; a size mismatch through the fast
   path is worded as the numpy fast path words it."""
 
@@ -120,6 +126,63 @@ def taken_and_left() -> None:
         check(f"{label} on the Python path", adapter.all_sum(t), expected.resolve_conj(), expected)
 
 
+def strided(t: torch.Tensor) -> torch.Tensor:
+    """The same values in a non-contiguous view: the Python path's input."""
+    wide = torch.zeros(tuple(t.shape) + (2,), dtype=t.dtype)
+    wide[..., 0] = t
+    return wide[..., 0]
+
+
+def other_collectives() -> None:
+    i = 0
+    for dtype in (torch.float32, torch.int64, torch.bfloat16, torch.float16, torch.bool, torch.uint16):
+        for rows in (1, 5, 30000):  # 30000 x 3 x 8 bytes: beyond one chunk of the segment
+            i += 1
+            shape = (rows * n, 3)
+            x = data(r, shape, dtype)
+            fast, mode = (i + r) % 2 == 0, i // 2 % 2  # the ranks take different paths; fresh or out=
+            label = f"{dtype}{shape} ({'fast' if fast else 'Python'} path, mode {mode})"
+            gathered = torch.cat([data(q, shape, dtype) for q in range(n)])
+            out = torch.empty_like(gathered) if mode else None
+            check("all_gather " + label, adapter.all_gather(x if fast else strided(x), out=out), gathered, gathered)
+            block = want(shape, dtype, "sum")[r * rows:(r + 1) * rows]
+            out = torch.empty_like(block) if mode else None
+            got = adapter.sum_scatter(x, out=out) if fast else adapter.reduce_scatter(x, "sum", out=out)
+            check("sum_scatter " + label, got, block, block)
+            root = i % n
+            if fast and mode:
+                got = adapter.broadcast(x, root, out=x)
+                if got is not x:
+                    fail(f"broadcast {label}: out=x returned another tensor")
+            else:
+                got = adapter.broadcast(x if fast else strided(x), root)
+            check("broadcast " + label, got, data(root, shape, dtype), x)
+    scalar = torch.tensor(float(r + 1))
+    check("all_gather of a 0-d tensor", adapter.all_gather(scalar), torch.arange(1.0, n + 1), torch.arange(1.0, n + 1))
+    x = data(r, (2 * n, 3), torch.float32)
+    grad = x.clone().requires_grad_()
+    taken = [("all_gather", g.fast.all_gather, (x, None)), ("all_gather of 0-d", g.fast.all_gather, (scalar, None)),
+             ("all_gather out=", g.fast.all_gather, (x, torch.empty(2 * n * n, 3))),
+             ("all_gather, requires grad", g.fast.all_gather, (grad, None)),
+             ("reduce_scatter", g.fast.reduce_scatter, (x, None, 0)),
+             ("reduce_scatter out=", g.fast.reduce_scatter, (x, torch.empty(2, 3), 0)),
+             ("broadcast", g.fast.broadcast, (x, None, 0)), ("broadcast out=x", g.fast.broadcast, (x, x, n - 1)),
+             ("broadcast out=", g.fast.broadcast, (x, torch.empty(2 * n, 3), 0))]
+    for label, call, args in taken:
+        got = call(*args)
+        if got is NotImplemented or got.requires_grad:
+            fail(f"the fast path left {label}, or its result requires grad")
+    left = [("Parameter", g.fast.all_gather, (torch.nn.Parameter(x.clone()), None)),
+            ("strided", g.fast.all_gather, (strided(x), None)),
+            ("indivisible", g.fast.reduce_scatter, (x[:2 * n - 1], None, 0)),
+            ("out= of another shape", g.fast.all_gather, (x, torch.empty(2 * n, 3))),
+            ("out= numpy", g.fast.reduce_scatter, (x, np.empty((2, 3), np.float32), 0)),
+            ("requires grad, in place", g.fast.broadcast, (grad, grad, 0))]
+    for label, call, args in left:
+        if call(*args) is not NotImplemented:
+            fail(f"the fast path took {label}")
+
+
 def sequence_and_mismatch() -> None:
     sequences_agree()
     worded_alike({"tensor": lambda sub: adapter.all_sum(torch.ones(3 + r), group=sub),
@@ -127,5 +190,6 @@ def sequence_and_mismatch() -> None:
 
 every_dtype_and_op()
 taken_and_left()
+other_collectives()
 sequence_and_mismatch()
 print(f"rank {r}: ok")
