@@ -41,8 +41,12 @@ static int takes_out(Shell *self, PyObject *out, const jl_tensor_view *src, PyOb
  * no exception when the Python path takes the call (a first axis the size does not divide). */
 static PyObject *result_shape(int kind, PyObject *x, Py_ssize_t size) {
     PyObject *shape = jl_tensors_shape(x);
-    if (shape == NULL || kind == SHELL_BROADCAST || !PyTuple_Check(shape))
+    if (shape == NULL || kind == SHELL_BROADCAST)
         return shape;
+    if (!PyTuple_Check(shape)) { /* a torch.Size is a tuple; anything else is the Python path's */
+        Py_DECREF(shape);
+        return NULL;
+    }
     Py_ssize_t nd = PyTuple_GET_SIZE(shape);
     Py_ssize_t first = nd == 0 ? 1 : PyLong_AsSsize_t(PyTuple_GET_ITEM(shape, 0));
     PyObject *made = NULL;
